@@ -1,0 +1,56 @@
+"""Cache policies: names, and the dynamic parameters each one sets.
+
+Every policy is the same engine (:mod:`cacheresearch.engine`) driven by four dynamic numbers, so a
+grid over policies is one compiled program:
+
+============  ==========  ===========  ================  ==========================================
+policy        capacity    TTL          recency order     meaning
+============  ==========  ===========  ================  ==========================================
+lru           C blocks    none         leaf-first        vLLM / SGLang: after a request its first
+                                                         block is the most recent, its last block the
+                                                         least recent; the cache stays prefix-closed
+lru_plain     C blocks    none         prompt order      blocks touched first to last (the seed's
+                                                         snippet, libCacheSim on a forward stream)
+ttl_refresh   unbounded   TTL          (unused)          present while now - last access <= TTL;
+                                                         every access refreshes
+ttl_fixed     unbounded   TTL          (unused)          expiry set at write; hits do not extend it
+unbounded     unbounded   none         (unused)          never evicts: the ideal hit rate
+============  ==========  ===========  ================  ==========================================
+
+Common semantics: the hit of a request is the longest leading run of its block keys present on the
+chosen replica at lookup (before any insertion or eviction for that request); afterwards every block of
+the request is stored and refreshed (``ttl_fixed``: only missing blocks are written), then the LRU
+policies evict least-recent blocks down to the capacity.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["POLICIES", "PolicySpec", "policy_spec", "INF"]
+
+INF = 2**31 - 1  # "no limit" for capacity and TTL (int32)
+
+
+class PolicySpec(NamedTuple):
+    id: int
+    uses_capacity: bool
+    uses_ttl: bool
+    leaf_first: bool
+    refresh_on_hit: bool
+
+
+POLICIES: dict[str, PolicySpec] = {
+    "lru": PolicySpec(0, True, False, True, True),
+    "lru_plain": PolicySpec(1, True, False, False, True),
+    "ttl_refresh": PolicySpec(2, False, True, True, True),
+    "ttl_fixed": PolicySpec(3, False, True, True, False),
+    "unbounded": PolicySpec(4, False, False, True, True),
+}
+
+
+def policy_spec(name: str) -> PolicySpec:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None

@@ -1,0 +1,369 @@
+"""Synthetic workloads with real chained block keys.
+
+Token ids are drawn with NumPy from a seed; block keys come from :mod:`cacheresearch.keys`
+(JAX). Shared prefixes are hashed once (per tenant) and each request's own tail is hashed as a
+continuation of the prefix's chain, which gives exactly the keys of hashing the whole prompt.
+
+Generators
+----------
+:func:`fleet_workload`
+    Prompt = [timestamp token, with ``layout="timestamp_top"``] + system prompt (same token ids
+    for every request) + tenant document (per-tenant token ids) + user suffix (fresh tokens per
+    request). With the defaults and ``layout="stable"`` a 2060-token prompt has 128 full blocks
+    (75 system + 50 document + 3 user; the last 12 tokens are a partial block, never hashed):
+    requests of one tenant share their first 125 keys, requests of different tenants their first
+    75. With ``"timestamp_top"`` a volatile token unique to each request comes first, so no block
+    is shared between requests at all.
+:func:`design_workload`
+    ``n_tenants`` tenants, each with its own ``prefix_tokens``-token prefix, plus a unique
+    ``suffix_tokens``-token suffix per request; Poisson arrivals over ``duration_s``; tenants
+    drawn uniformly or Zipf, optionally with a hot tenant 0.
+
+Both record their parameters in ``Workload.meta``. Token ids lie in ``[0, vocab_size)``;
+timestamp tokens are ``vocab_size + i`` for request ``i`` (a reserved range, unique per request).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .keys import block_keys_jit, split_uint64, to_uint64
+from .workload import MAX_ARRIVAL_MS, Workload
+
+__all__ = ["fleet_workload", "design_workload", "tenant_probabilities", "poisson_arrivals_ms"]
+
+_TENANT_LAWS = ("uniform", "zipf")
+_LAYOUTS = ("stable", "timestamp_top")
+_CHUNK = 8192  # requests hashed per JAX call (bounds host and device memory)
+
+
+# ------------------------------------------------------------------------------- validation
+def _int(name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    v = int(v)
+    if v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {rng}, got {v}")
+    return v
+
+
+def _float(name: str, v, lo: float, hi: float | None = None, *, lo_open: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    v = float(v)
+    bad = not np.isfinite(v) or (v <= lo if lo_open else v < lo) or (hi is not None and v > hi)
+    if bad:
+        rng = f"{'>' if lo_open else '>='} {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be finite and {rng}, got {v}")
+    return v
+
+
+def _choice(name: str, v, options) -> str:
+    if v not in options:
+        raise ValueError(f"{name} must be one of {options}, got {v!r}")
+    return v
+
+
+def _output_tokens(v, n: int) -> np.ndarray:
+    a = np.asarray(v)
+    if a.ndim == 0:
+        a = np.full(n, a)
+    if a.shape != (n,) or not np.issubdtype(a.dtype, np.integer) or np.any(a < 0):
+        raise ValueError(f"output_tokens must be a non-negative integer or an integer array of shape ({n},)")
+    return a.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------- pieces
+def tenant_probabilities(n_tenants: int, law: str = "uniform", zipf_s: float = 1.0, hot_share: float = 0.0) -> np.ndarray:
+    """Probability of each tenant: ``uniform`` or ``zipf`` (``p_k ∝ (k + 1) ** -zipf_s``, tenant 0
+    hottest), mixed with a point mass on tenant 0: ``p = hot_share * e_0 + (1 - hot_share) * p_law``.
+    """
+    n_tenants = _int("n_tenants", n_tenants, 1)
+    _choice("tenant_law", law, _TENANT_LAWS)
+    zipf_s = _float("zipf_s", zipf_s, 0.0)
+    hot_share = _float("hot_share", hot_share, 0.0, 1.0)
+    if law == "uniform":
+        p = np.full(n_tenants, 1.0 / n_tenants)
+    else:
+        p = np.arange(1, n_tenants + 1, dtype=np.float64) ** -zipf_s
+        p /= p.sum()
+    p = (1.0 - hot_share) * p
+    p[0] += hot_share
+    return p / p.sum()
+
+
+def poisson_arrivals_ms(n: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` Poisson-process arrival times (integer ms, floor), first gap included."""
+    gaps_ms = rng.exponential(1000.0 / rate_per_s, size=n)
+    t = np.floor(np.cumsum(gaps_ms)).astype(np.int64)
+    if n and t[-1] > MAX_ARRIVAL_MS:
+        raise ValueError(
+            f"{n} requests at {rate_per_s}/s span about {t[-1] / 3.6e6:.1f} h, beyond the "
+            f"{MAX_ARRIVAL_MS} ms the engine supports; raise rate_per_s or lower n_requests"
+        )
+    return t
+
+
+def _hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0) -> np.ndarray:
+    """uint64 ``[N, L // bs]`` keys of full-length rows ``tokens [N, L]``, chunked over rows."""
+    n, length = tokens.shape
+    out = np.empty((n, length // bs), dtype=np.uint64)
+    if out.size == 0:
+        return out
+    lengths = np.full(min(n, _CHUNK), length, dtype=np.int32)
+    for a in range(0, n, _CHUNK):
+        b = min(n, a + _CHUNK)
+        par = None if parent is None else (parent[0][a:b], parent[1][a:b])
+        hi, lo, _ = block_keys_jit(
+            tokens[a:b], lengths[: b - a], block_size=bs, parent=par, start_token=start_token
+        )
+        out[a:b] = to_uint64(hi, lo)
+    return out
+
+
+def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int) -> np.ndarray:
+    """Keys ``[N, nb]`` of prompts ``prefix[which[i]] ++ tail[i]``, hashing each prefix once.
+
+    The prefix's full blocks are hashed per row of ``prefix`` (one per tenant); its leftover
+    tokens (``P % bs``) are prepended to each tail, which is hashed as a continuation of the
+    chain from the prefix's last key.
+    """
+    p = prefix.shape[1]
+    p_full = (p // bs) * bs
+    pre = _hash_rows(prefix[:, :p_full], bs)  # [T, p_full // bs]
+    rest = prefix[:, p_full:]
+    if rest.shape[1]:
+        tail = np.concatenate([rest[which], tail], axis=1)
+    n = which.shape[0]
+    n_pre, n_tail = pre.shape[1], tail.shape[1] // bs
+    keys = np.empty((n, n_pre + n_tail), dtype=np.uint64)
+    keys[:, :n_pre] = pre[which]
+    if n_tail:
+        parent = None
+        if n_pre:
+            hi, lo = split_uint64(pre[:, -1])
+            parent = (hi[which], lo[which])
+        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=p_full)
+    return keys
+
+
+def _csr_workload(keys_2d, *, arrival_ms, input_tokens, output_tokens, tenant, bs, name, meta) -> Workload:
+    n, nb = keys_2d.shape
+    return Workload(
+        arrival_ms=arrival_ms,
+        input_tokens=np.full(n, input_tokens, dtype=np.int64),
+        output_tokens=output_tokens,
+        tenant=tenant,
+        keys=keys_2d.reshape(-1),
+        offsets=np.arange(n + 1, dtype=np.int64) * nb,
+        block_tokens=bs,
+        name=name,
+        meta=meta,
+    )
+
+
+def _output_meta(v):
+    return int(v) if np.ndim(v) == 0 else "per-request array"
+
+
+def _tokens(rng: np.random.Generator, shape, vocab: int) -> np.ndarray:
+    return rng.integers(0, vocab, size=shape, dtype=np.int32)
+
+
+# ------------------------------------------------------------------------------------ fleet
+def _fleet_parts(
+    *, n_tenants, system_tokens, doc_tokens, user_tokens, n_requests, tenant_law, zipf_s, layout,
+    rate_per_s, seed, vocab_size,
+):
+    """Token pieces and per-request draws of :func:`fleet_workload` (shared with the tests)."""
+    spawn = np.random.SeedSequence(seed).spawn(5)
+    r_sys, r_doc, r_user, r_ten, r_arr = (np.random.default_rng(s) for s in spawn)
+    system = _tokens(r_sys, (system_tokens,), vocab_size)
+    docs = _tokens(r_doc, (n_tenants, doc_tokens), vocab_size)
+    user = _tokens(r_user, (n_requests, user_tokens), vocab_size)
+    tenant = r_ten.choice(n_tenants, size=n_requests, p=tenant_probabilities(n_tenants, tenant_law, zipf_s))
+    if rate_per_s is None:
+        arrival = np.arange(n_requests, dtype=np.int64)
+    else:
+        arrival = poisson_arrivals_ms(n_requests, rate_per_s, r_arr)
+    stamp = None
+    if layout == "timestamp_top":
+        stamp = (vocab_size + np.arange(n_requests, dtype=np.int64)).astype(np.int32)
+    return dict(system=system, docs=docs, user=user, tenant=tenant.astype(np.int32), arrival=arrival, stamp=stamp)
+
+
+def fleet_workload(
+    *,
+    n_tenants: int = 8,
+    system_tokens: int = 1200,
+    doc_tokens: int = 800,
+    user_tokens: int = 60,
+    n_requests: int = 2000,
+    block_tokens: int = 16,
+    tenant_law: str = "uniform",
+    zipf_s: float = 1.0,
+    layout: str = "stable",
+    rate_per_s: float | None = None,
+    output_tokens=0,
+    seed: int = 0,
+    vocab_size: int = 128_256,
+    name: str = "",
+) -> Workload:
+    """The fleet scenario: shared system prompt + tenant document + unique user suffix.
+
+    Args:
+      n_tenants: number of tenants (each with its own ``doc_tokens``-token document).
+      system_tokens, doc_tokens, user_tokens: lengths of the three prompt parts.
+      n_requests: number of requests.
+      block_tokens: tokens per cache block.
+      tenant_law: ``"uniform"`` or ``"zipf"`` (tenant 0 hottest, exponent ``zipf_s``).
+      layout: ``"stable"`` or ``"timestamp_top"`` (a per-request token before everything).
+      rate_per_s: Poisson arrival rate; ``None`` = one request per ms (``arrival_ms = arange``).
+      output_tokens: non-negative int, or int array ``[n_requests]``.
+      seed: seeds every draw (tokens, tenants, arrivals).
+      vocab_size: token ids are drawn from ``[0, vocab_size)``.
+    """
+    n_tenants = _int("n_tenants", n_tenants, 1)
+    system_tokens = _int("system_tokens", system_tokens, 0)
+    doc_tokens = _int("doc_tokens", doc_tokens, 0)
+    user_tokens = _int("user_tokens", user_tokens, 0)
+    n_requests = _int("n_requests", n_requests, 0)
+    block_tokens = _int("block_tokens", block_tokens, 1)
+    tenant_law = _choice("tenant_law", tenant_law, _TENANT_LAWS)
+    zipf_s = _float("zipf_s", zipf_s, 0.0)
+    layout = _choice("layout", layout, _LAYOUTS)
+    if rate_per_s is not None:
+        rate_per_s = _float("rate_per_s", rate_per_s, 0.0, lo_open=True)
+    seed = _int("seed", seed, 0)
+    vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max - n_requests)
+    out = _output_tokens(output_tokens, n_requests)
+
+    parts = _fleet_parts(
+        n_tenants=n_tenants, system_tokens=system_tokens, doc_tokens=doc_tokens, user_tokens=user_tokens,
+        n_requests=n_requests, tenant_law=tenant_law, zipf_s=zipf_s, layout=layout,
+        rate_per_s=rate_per_s, seed=seed, vocab_size=vocab_size,
+    )
+    prefix = np.concatenate([np.broadcast_to(parts["system"], (n_tenants, system_tokens)), parts["docs"]], axis=1)
+    tenant = parts["tenant"]
+    if layout == "stable":
+        keys = _prefix_suffix_keys(prefix, tenant, parts["user"], block_tokens)
+    else:  # every prompt starts with its own token: nothing to share, hash whole prompts
+        prompt_len = 1 + system_tokens + doc_tokens + user_tokens
+        keys = np.empty((n_requests, prompt_len // block_tokens), dtype=np.uint64)
+        for a in range(0, n_requests, _CHUNK):
+            b = min(n_requests, a + _CHUNK)
+            full = np.concatenate([parts["stamp"][a:b, None], prefix[tenant[a:b]], parts["user"][a:b]], axis=1)
+            keys[a:b] = _hash_rows(full, block_tokens)
+    input_tokens = system_tokens + doc_tokens + user_tokens + (layout == "timestamp_top")
+    meta = dict(
+        generator="fleet_workload",
+        n_tenants=n_tenants,
+        system_tokens=system_tokens,
+        doc_tokens=doc_tokens,
+        user_tokens=user_tokens,
+        n_requests=n_requests,
+        block_tokens=block_tokens,
+        tenant_law=tenant_law,
+        zipf_s=zipf_s,
+        layout=layout,
+        rate_per_s=rate_per_s,
+        output_tokens=_output_meta(output_tokens),
+        seed=seed,
+        vocab_size=vocab_size,
+    )
+    return _csr_workload(
+        keys, arrival_ms=parts["arrival"], input_tokens=input_tokens, output_tokens=out, tenant=tenant,
+        bs=block_tokens, name=name or f"fleet-{layout}-{tenant_law}", meta=meta,
+    )
+
+
+# ----------------------------------------------------------------------------------- design
+def _design_parts(*, n_tenants, prefix_tokens, suffix_tokens, n_requests, rate_per_s, hot_share, tenant_law, zipf_s,
+                  seed, vocab_size):
+    """Token pieces and per-request draws of :func:`design_workload` (shared with the tests)."""
+    r_pre, r_suf, r_ten, r_arr = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+    prefix = _tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
+    suffix = _tokens(r_suf, (n_requests, suffix_tokens), vocab_size)
+    p = tenant_probabilities(n_tenants, tenant_law, zipf_s, hot_share)
+    tenant = r_ten.choice(n_tenants, size=n_requests, p=p).astype(np.int32)
+    arrival = poisson_arrivals_ms(n_requests, rate_per_s, r_arr)
+    return dict(prefix=prefix, suffix=suffix, tenant=tenant, arrival=arrival, p=p)
+
+
+def design_workload(
+    *,
+    n_tenants: int = 200,
+    prefix_tokens: int = 10_000,
+    suffix_tokens: int = 200,
+    n_requests: int = 50_000,
+    duration_s: float = 86_400.0,
+    rate_per_s: float | None = None,
+    hot_share: float = 0.0,
+    tenant_law: str = "uniform",
+    zipf_s: float = 1.0,
+    block_tokens: int = 16,
+    output_tokens=0,
+    seed: int = 0,
+    vocab_size: int = 128_256,
+    name: str = "",
+) -> Workload:
+    """The design scenario: per-tenant long prefixes, unique suffixes, Poisson arrivals over a day.
+
+    Args:
+      n_tenants: tenants, each with its own ``prefix_tokens``-token prefix.
+      suffix_tokens: fresh tokens appended per request.
+      n_requests: number of requests.
+      duration_s: the arrival rate defaults to ``n_requests / duration_s`` per second.
+      rate_per_s: explicit Poisson rate (overrides ``duration_s``).
+      hot_share: extra share of traffic sent to tenant 0: ``P(tenant 0) = hot_share +
+        (1 - hot_share) * p_law(0)``; 0 = no hot tenant, 1 = every request to tenant 0.
+      tenant_law, zipf_s: ``"uniform"`` or ``"zipf"`` (tenant 0 hottest).
+      block_tokens, output_tokens, seed, vocab_size: as in :func:`fleet_workload`.
+    """
+    n_tenants = _int("n_tenants", n_tenants, 1)
+    prefix_tokens = _int("prefix_tokens", prefix_tokens, 0)
+    suffix_tokens = _int("suffix_tokens", suffix_tokens, 0)
+    n_requests = _int("n_requests", n_requests, 0)
+    duration_s = _float("duration_s", duration_s, 0.0, lo_open=True)
+    if rate_per_s is None:
+        if n_requests == 0:
+            rate_per_s = 1.0
+        else:
+            rate_per_s = n_requests / duration_s
+    rate_per_s = _float("rate_per_s", rate_per_s, 0.0, lo_open=True)
+    hot_share = _float("hot_share", hot_share, 0.0, 1.0)
+    tenant_law = _choice("tenant_law", tenant_law, _TENANT_LAWS)
+    zipf_s = _float("zipf_s", zipf_s, 0.0)
+    block_tokens = _int("block_tokens", block_tokens, 1)
+    seed = _int("seed", seed, 0)
+    vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max)
+    out = _output_tokens(output_tokens, n_requests)
+
+    parts = _design_parts(
+        n_tenants=n_tenants, prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, n_requests=n_requests,
+        rate_per_s=rate_per_s, hot_share=hot_share, tenant_law=tenant_law, zipf_s=zipf_s, seed=seed,
+        vocab_size=vocab_size,
+    )
+    keys = _prefix_suffix_keys(parts["prefix"], parts["tenant"], parts["suffix"], block_tokens)
+    meta = dict(
+        generator="design_workload",
+        n_tenants=n_tenants,
+        prefix_tokens=prefix_tokens,
+        suffix_tokens=suffix_tokens,
+        n_requests=n_requests,
+        duration_s=duration_s,
+        rate_per_s=rate_per_s,
+        hot_share=hot_share,
+        tenant_law=tenant_law,
+        zipf_s=zipf_s,
+        block_tokens=block_tokens,
+        output_tokens=_output_meta(output_tokens),
+        seed=seed,
+        vocab_size=vocab_size,
+        tenant0_share=float(parts["p"][0]),
+    )
+    return _csr_workload(
+        keys, arrival_ms=parts["arrival"], input_tokens=prefix_tokens + suffix_tokens, output_tokens=out,
+        tenant=parts["tenant"], bs=block_tokens, name=name or f"design-{tenant_law}", meta=meta,
+    )

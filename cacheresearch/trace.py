@@ -1,0 +1,258 @@
+"""Trace input and output.
+
+Mooncake JSONL
+    One JSON object per line::
+
+        {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
+
+    ``timestamp`` is the arrival time in integer milliseconds (kept as given: it must be
+    non-negative and non-decreasing), ``input_length``/``output_length`` are token counts and
+    ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
+    whole prefix* (chained hashing), so the ids become the workload's block keys unchanged. The
+    block size is not in the file; the caller gives it (512 tokens for Mooncake) and
+    ``len(hash_ids) == ceil(input_length / block_tokens)`` must hold on every line. An optional
+    non-negative integer ``tenant`` field is read when present (default 0); other fields are
+    ignored. Blank lines are skipped.
+
+libCacheSim oracleGeneral
+    Packed 24-byte little-endian records ``(uint32 time, uint64 id, uint32 size,
+    int64 next_access_vtime)``; ``next_access_vtime`` is the index of the next record with the same
+    id, or -1. :func:`write_oracle_general` writes a block-id access stream in this format so that
+    libCacheSim can replay it as a cross-check.
+"""
+
+from __future__ import annotations
+
+import json
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from .workload import MAX_ARRIVAL_MS, Workload
+
+__all__ = [
+    "TraceError",
+    "load_mooncake",
+    "save_mooncake",
+    "write_oracle_general",
+    "read_oracle_general",
+    "ORACLE_GENERAL_DTYPE",
+]
+
+_U64_MAX = (1 << 64) - 1
+_I32_MAX = (1 << 31) - 1
+
+#: One oracleGeneral record: packed (no padding), little-endian, 24 bytes.
+ORACLE_GENERAL_DTYPE = np.dtype(
+    [("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next_access_vtime", "<i8")]
+)
+assert ORACLE_GENERAL_DTYPE.itemsize == 24
+
+
+class TraceError(ValueError):
+    """A trace file is malformed; the message names the file, the 1-based line and the field."""
+
+
+def _fail(path, lineno: int, field: str | None, msg: str) -> TraceError:
+    where = f"{path}:{lineno}"
+    if field is not None:
+        return TraceError(f"{where}: field {field!r}: {msg}")
+    return TraceError(f"{where}: {msg}")
+
+
+def _int_field(obj: dict, field: str, path, lineno: int, upper: int | None = None) -> int:
+    if field not in obj:
+        raise _fail(path, lineno, field, "missing")
+    v = obj[field]
+    if type(v) is not int:  # rejects bool, float, str, None, ...
+        raise _fail(path, lineno, field, f"expected a non-negative integer, got {v!r}")
+    if v < 0:
+        raise _fail(path, lineno, field, f"must be non-negative, got {v}")
+    if upper is not None and v > upper:
+        raise _fail(path, lineno, field, f"must be at most {upper}, got {v}")
+    return v
+
+
+def _check_hash_ids(ids, path, lineno: int) -> None:
+    if type(ids) is not list:
+        raise _fail(path, lineno, "hash_ids", f"expected a list of integers, got {type(ids).__name__}")
+    if not ids:
+        return
+    # Fast path: every element a plain int within [0, 2**64).
+    if all(type(h) is int for h in ids) and min(ids) >= 0 and max(ids) <= _U64_MAX:
+        if len(set(ids)) != len(ids):
+            seen = set()
+            for j, h in enumerate(ids):
+                if h in seen:
+                    raise _fail(
+                        path, lineno, "hash_ids",
+                        f"hash id {h} repeats within the request (position {j}); "
+                        "chained block ids are distinct within a request",
+                    )
+                seen.add(h)
+        return
+    for j, h in enumerate(ids):
+        if type(h) is not int:
+            raise _fail(path, lineno, "hash_ids", f"element {j} is not an integer: {h!r}")
+        if not 0 <= h <= _U64_MAX:
+            raise _fail(path, lineno, "hash_ids", f"element {j} = {h} is outside [0, 2**64)")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def load_mooncake(
+    path: str | PathLike,
+    *,
+    block_tokens: int,
+    max_requests: int | None = None,
+    name: str | None = None,
+) -> Workload:
+    """Load a Mooncake-format JSONL trace into a :class:`Workload`.
+
+    ``block_tokens`` is the tokens per ``hash_ids`` entry (512 for the Mooncake traces).
+    ``max_requests`` keeps only the first that many requests (the rest of the file is not read).
+    ``name`` defaults to the file's stem. Raises :class:`TraceError` on malformed input.
+    """
+    if type(block_tokens) is not int or block_tokens <= 0:
+        raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    if max_requests is not None and (type(max_requests) is not int or max_requests < 1):
+        raise ValueError(f"max_requests must be a positive integer or None, got {max_requests!r}")
+    p = Path(path)
+    ts_l: list[int] = []
+    in_l: list[int] = []
+    out_l: list[int] = []
+    ten_l: list[int] = []
+    len_l: list[int] = []
+    flat: list[int] = []
+    prev_ts = -1
+    prev_line = 0
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if max_requests is not None and len(ts_l) >= max_requests:
+                break
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
+            if type(obj) is not dict:
+                raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
+            ts = _int_field(obj, "timestamp", path, lineno, upper=MAX_ARRIVAL_MS)
+            if ts < prev_ts:
+                raise _fail(
+                    path, lineno, "timestamp",
+                    f"timestamps must be non-decreasing: {ts} after {prev_ts} (line {prev_line})",
+                )
+            n_in = _int_field(obj, "input_length", path, lineno)
+            n_out = _int_field(obj, "output_length", path, lineno)
+            tenant = _int_field(obj, "tenant", path, lineno, upper=_I32_MAX) if "tenant" in obj else 0
+            if "hash_ids" not in obj:
+                raise _fail(path, lineno, "hash_ids", "missing")
+            ids = obj["hash_ids"]
+            _check_hash_ids(ids, path, lineno)
+            expect = -(-n_in // block_tokens)
+            if len(ids) != expect:
+                raise _fail(
+                    path, lineno, "hash_ids",
+                    f"has {len(ids)} ids but input_length {n_in} with block_tokens {block_tokens} "
+                    f"needs ceil({n_in}/{block_tokens}) = {expect}",
+                )
+            prev_ts, prev_line = ts, lineno
+            ts_l.append(ts)
+            in_l.append(n_in)
+            out_l.append(n_out)
+            ten_l.append(tenant)
+            len_l.append(len(ids))
+            flat.extend(ids)
+    if not ts_l:
+        raise TraceError(f"{path}:1: empty trace: no requests found")
+    offsets = np.zeros(len(len_l) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(len_l, dtype=np.int64), out=offsets[1:])
+    return Workload(
+        arrival_ms=np.asarray(ts_l, dtype=np.int64),
+        input_tokens=np.asarray(in_l, dtype=np.int64),
+        output_tokens=np.asarray(out_l, dtype=np.int64),
+        tenant=np.asarray(ten_l, dtype=np.int32),
+        keys=np.asarray(flat, dtype=np.uint64),
+        offsets=offsets,
+        block_tokens=block_tokens,
+        name=p.stem if name is None else name,
+        meta={"format": "mooncake", "file": p.name},
+    )
+
+
+def save_mooncake(workload: Workload, path: str | PathLike) -> Path:
+    """Write ``workload`` in the Mooncake JSONL format (inverse of :func:`load_mooncake`).
+
+    A ``tenant`` field is written only when some request has a non-zero tenant. Raises
+    ``ValueError`` when a request's block count is not ``ceil(input_tokens / block_tokens)``
+    (the loader would reject the file).
+    """
+    w = workload
+    bt = w.block_tokens
+    need = -(-w.input_tokens // bt)
+    bad = np.nonzero(need != w.n_blocks)[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"request {i} has {int(w.n_blocks[i])} blocks but input_tokens {int(w.input_tokens[i])} "
+            f"needs {int(need[i])} at block_tokens {bt}; not representable as Mooncake JSONL"
+        )
+    with_tenant = bool(np.any(w.tenant != 0))
+    ts = w.arrival_ms.tolist()
+    n_in = w.input_tokens.tolist()
+    n_out = w.output_tokens.tolist()
+    ten = w.tenant.tolist()
+    off = w.offsets.tolist()
+    keys = w.keys.tolist()
+    lines = []
+    for i in range(w.n_requests):
+        rec = {"timestamp": ts[i], "input_length": n_in[i], "output_length": n_out[i]}
+        if with_tenant:
+            rec["tenant"] = ten[i]
+        rec["hash_ids"] = keys[off[i] : off[i + 1]]
+        lines.append(json.dumps(rec))
+    p = Path(path)
+    with open(p, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+        if lines:
+            f.write("\n")
+    return p
+
+
+def write_oracle_general(block_ids: np.ndarray, path: str | PathLike, *, times=None) -> int:
+    """Write a block-id access stream as a libCacheSim oracleGeneral binary trace.
+
+    Record ``i`` is ``(time, block_ids[i], 1, next)`` where ``next`` is the index of the next
+    access to the same id (or -1) and ``time`` is ``times[i]`` (default: ``i``). Returns the
+    number of records written.
+    """
+    ids = np.ascontiguousarray(np.asarray(block_ids), dtype=np.uint64).reshape(-1)
+    n = ids.shape[0]
+    if n >= 1 << 32:
+        raise ValueError("oracleGeneral supports fewer than 2**32 records")
+    if times is None:
+        t = np.arange(n, dtype=np.uint32)
+    else:
+        t64 = np.asarray(times, dtype=np.int64).reshape(-1)
+        if t64.shape != (n,) or (n and (t64.min() < 0 or t64.max() >= 1 << 32)):
+            raise ValueError("times must have one entry per id, each in [0, 2**32)")
+        t = t64.astype(np.uint32)
+    order = np.argsort(ids, kind="stable")  # equal ids stay in stream order
+    s = ids[order]
+    same = s[1:] == s[:-1]
+    nxt = np.full(n, -1, dtype=np.int64)
+    nxt[order[:-1][same]] = order[1:][same]
+    rec = np.empty(n, dtype=ORACLE_GENERAL_DTYPE)
+    rec["time"] = t
+    rec["id"] = ids
+    rec["size"] = 1
+    rec["next_access_vtime"] = nxt
+    rec.tofile(Path(path))
+    return n
+
+
+def read_oracle_general(path: str | PathLike) -> np.ndarray:
+    """Read an oracleGeneral file back as a structured array of :data:`ORACLE_GENERAL_DTYPE`."""
+    return np.fromfile(Path(path), dtype=ORACLE_GENERAL_DTYPE)

@@ -1,0 +1,279 @@
+"""Synthetic workload generators: block counts, sharing structure, determinism, tenant laws."""
+
+import time
+
+import numpy as np
+import pytest
+
+from cacheresearch.keys import reference_block_keys
+from cacheresearch.synthetic import (
+    _design_parts,
+    _fleet_parts,
+    design_workload,
+    fleet_workload,
+    tenant_probabilities,
+)
+from cacheresearch.workload import Workload
+
+FLEET_N = 160
+
+
+def _matrix(w: Workload) -> np.ndarray:
+    nb = w.n_blocks
+    assert np.all(nb == nb[0])
+    return w.keys.reshape(w.n_requests, nb[0])
+
+
+def _common_prefix_blocks(k: np.ndarray) -> np.ndarray:
+    """[N, N] number of leading equal keys of every pair of requests."""
+    eq = k[:, None, :] == k[None, :, :]
+    return np.cumprod(eq, axis=2).sum(axis=2)
+
+
+@pytest.fixture(scope="module")
+def stable():
+    return fleet_workload(n_requests=FLEET_N, seed=1)
+
+
+@pytest.fixture(scope="module")
+def stamped():
+    return fleet_workload(n_requests=FLEET_N, seed=1, layout="timestamp_top")
+
+
+# ------------------------------------------------------------------------------------ fleet
+def test_fleet_stable_block_counts(stable):
+    w = stable
+    assert w.n_requests == FLEET_N and w.block_tokens == 16
+    assert np.all(w.n_blocks == 128)  # 75 system + 50 doc + 3 user; 12 tokens left partial
+    assert np.all(w.input_tokens == 2060) and np.all(w.output_tokens == 0)
+    np.testing.assert_array_equal(w.arrival_ms, np.arange(FLEET_N))
+    assert set(np.unique(w.tenant)) == set(range(8))
+    w.check_distinct_keys()
+
+
+def test_fleet_stable_sharing_structure(stable):
+    w = stable
+    common = _common_prefix_blocks(_matrix(w))
+    same = w.tenant[:, None] == w.tenant[None, :]
+    off_diag = ~np.eye(w.n_requests, dtype=bool)
+    assert np.all(np.diag(common) == 128)
+    assert np.all(common[same & off_diag] == 125)
+    assert np.all(common[~same] == 75)
+    # Beyond the shared prefix nothing is shared: distinct keys = 75 + 50 per tenant + 3 per request.
+    assert np.unique(w.keys).size == 75 + 50 * 8 + 3 * w.n_requests
+
+
+def test_fleet_stable_keys_match_reference_of_the_full_prompt(stable):
+    parts = _fleet_parts(
+        n_tenants=8, system_tokens=1200, doc_tokens=800, user_tokens=60, n_requests=FLEET_N,
+        tenant_law="uniform", zipf_s=1.0, layout="stable", rate_per_s=None, seed=1, vocab_size=128_256,
+    )
+    np.testing.assert_array_equal(parts["tenant"], stable.tenant)
+    for i in (0, FLEET_N - 1):
+        prompt = np.concatenate([parts["system"], parts["docs"][parts["tenant"][i]], parts["user"][i]])
+        assert prompt.size == 2060
+        assert stable.request_keys(i).tolist() == reference_block_keys(prompt.tolist(), block_size=16)
+
+
+def test_fleet_timestamp_top_shares_nothing(stamped, stable):
+    w = stamped
+    assert np.all(w.n_blocks == 128) and np.all(w.input_tokens == 2061)
+    assert np.unique(w.keys).size == w.total_blocks
+    assert not np.isin(w.keys, stable.keys).any()
+    np.testing.assert_array_equal(w.tenant, stable.tenant)  # same draws, only the layout differs
+    parts = _fleet_parts(
+        n_tenants=8, system_tokens=1200, doc_tokens=800, user_tokens=60, n_requests=FLEET_N,
+        tenant_law="uniform", zipf_s=1.0, layout="timestamp_top", rate_per_s=None, seed=1, vocab_size=128_256,
+    )
+    i = 7
+    prompt = np.concatenate(
+        [parts["stamp"][i : i + 1], parts["system"], parts["docs"][parts["tenant"][i]], parts["user"][i]]
+    )
+    assert w.request_keys(i).tolist() == reference_block_keys(prompt.tolist())
+
+
+def test_fleet_determinism_per_seed(stable):
+    again = fleet_workload(n_requests=FLEET_N, seed=1)
+    for name in ("keys", "offsets", "tenant", "arrival_ms", "input_tokens", "output_tokens"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(stable, name))
+    other = fleet_workload(n_requests=FLEET_N, seed=2)
+    assert not np.isin(other.keys, stable.keys).any()
+    assert not np.array_equal(other.tenant, stable.tenant)
+
+
+def test_fleet_other_block_size_and_leftover_prefix_tokens():
+    # 40 + 30 = 70 prefix tokens: 2 full 32-token blocks, 6 leftover tokens shared per tenant.
+    w = fleet_workload(n_tenants=3, system_tokens=40, doc_tokens=30, user_tokens=50, n_requests=60, block_tokens=32, seed=3)
+    assert np.all(w.n_blocks == 120 // 32) and w.block_tokens == 32
+    common = _common_prefix_blocks(_matrix(w))
+    same = w.tenant[:, None] == w.tenant[None, :]
+    off = ~np.eye(60, dtype=bool)
+    assert np.all(common[same & off] == 2)  # block 2 mixes prefix leftovers and user tokens
+    assert np.all(common[~same] == 1)  # block 1 = system tokens 32..39 + tenant doc tokens
+    parts = _fleet_parts(
+        n_tenants=3, system_tokens=40, doc_tokens=30, user_tokens=50, n_requests=60, tenant_law="uniform",
+        zipf_s=1.0, layout="stable", rate_per_s=None, seed=3, vocab_size=128_256,
+    )
+    prompt = np.concatenate([parts["system"], parts["docs"][parts["tenant"][5]], parts["user"][5]])
+    assert w.request_keys(5).tolist() == reference_block_keys(prompt.tolist(), block_size=32)
+
+
+def test_fleet_zipf_skew_and_uniform_flatness():
+    kw = dict(system_tokens=16, doc_tokens=16, user_tokens=16, n_requests=8000, seed=4)
+    z = fleet_workload(tenant_law="zipf", zipf_s=1.0, **kw)
+    u = fleet_workload(tenant_law="uniform", **kw)
+    zc = np.bincount(z.tenant, minlength=8) / 8000
+    uc = np.bincount(u.tenant, minlength=8) / 8000
+    p = 1.0 / np.arange(1, 9)
+    p /= p.sum()
+    np.testing.assert_allclose(zc, p, atol=0.02)
+    assert zc[0] > 4 * zc[7]
+    np.testing.assert_allclose(uc, 1 / 8, atol=0.02)
+    assert z.meta["tenant_law"] == "zipf" and z.meta["zipf_s"] == 1.0
+
+
+def test_fleet_poisson_arrivals_and_output_tokens():
+    n = 3000
+    w = fleet_workload(system_tokens=16, doc_tokens=16, user_tokens=16, n_requests=n, rate_per_s=100.0,
+                       output_tokens=7, seed=5)
+    gaps = np.diff(w.arrival_ms)
+    assert np.all(gaps >= 0)
+    assert abs(w.arrival_ms[-1] / n - 10.0) < 0.6  # mean gap 10 ms
+    assert np.all(w.output_tokens == 7)
+    out = np.arange(n)
+    w2 = fleet_workload(system_tokens=16, doc_tokens=16, user_tokens=16, n_requests=n, output_tokens=out, seed=5)
+    np.testing.assert_array_equal(w2.output_tokens, out)
+
+
+def test_fleet_meta_records_parameters(stable):
+    m = stable.meta
+    assert m["generator"] == "fleet_workload"
+    assert (m["n_tenants"], m["system_tokens"], m["doc_tokens"], m["user_tokens"]) == (8, 1200, 800, 60)
+    assert (m["n_requests"], m["block_tokens"], m["layout"], m["seed"]) == (FLEET_N, 16, "stable", 1)
+    assert m["rate_per_s"] is None and m["tenant_law"] == "uniform"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(n_tenants=0),
+        dict(n_tenants=2.5),
+        dict(n_tenants=True),
+        dict(system_tokens=-1),
+        dict(n_requests=-3),
+        dict(block_tokens=0),
+        dict(tenant_law="pareto"),
+        dict(zipf_s=-0.5),
+        dict(zipf_s=float("nan")),
+        dict(layout="bottom"),
+        dict(rate_per_s=0.0),
+        dict(rate_per_s=-1.0),
+        dict(output_tokens=-1),
+        dict(output_tokens=np.zeros(3, np.int64)),
+        dict(seed=-1),
+        dict(vocab_size=0),
+    ],
+)
+def test_fleet_argument_errors(kw):
+    with pytest.raises(ValueError):
+        fleet_workload(**{"n_requests": 10, **kw})
+
+
+def test_fleet_arrivals_beyond_engine_range_are_rejected():
+    with pytest.raises(ValueError, match="rate_per_s"):
+        fleet_workload(system_tokens=16, doc_tokens=0, user_tokens=0, n_requests=100, rate_per_s=1e-6)
+
+
+def test_empty_fleet():
+    w = fleet_workload(n_requests=0)
+    assert w.n_requests == 0 and w.total_blocks == 0
+
+
+# ----------------------------------------------------------------------------------- design
+DESIGN = dict(n_tenants=5, prefix_tokens=330, suffix_tokens=40, n_requests=300, seed=6)
+
+
+@pytest.fixture(scope="module")
+def design():
+    return design_workload(**DESIGN)
+
+
+def test_design_shapes(design):
+    w = design
+    assert w.n_requests == 300 and np.all(w.n_blocks == 370 // 16)
+    assert np.all(w.input_tokens == 370)
+    assert set(np.unique(w.tenant)) == set(range(5))
+    w.check_distinct_keys()
+    # Poisson arrivals at n / day: the last arrival is about one day in.
+    assert np.all(np.diff(w.arrival_ms) >= 0)
+    assert 0.75 * 86_400_000 < w.arrival_ms[-1] < 1.25 * 86_400_000
+    assert w.meta["rate_per_s"] == pytest.approx(300 / 86_400)
+    assert w.meta["generator"] == "design_workload" and w.meta["prefix_tokens"] == 330
+
+
+def test_design_sharing_structure_and_reference(design):
+    w = design
+    common = _common_prefix_blocks(_matrix(w))
+    same = w.tenant[:, None] == w.tenant[None, :]
+    off = ~np.eye(w.n_requests, dtype=bool)
+    assert np.all(common[same & off] == 330 // 16)
+    assert np.all(common[~same] == 0)
+    assert np.unique(w.keys).size == 5 * 20 + 3 * w.n_requests
+    rate = 300 / 86_400
+    parts = _design_parts(n_tenants=5, prefix_tokens=330, suffix_tokens=40, n_requests=300, rate_per_s=rate,
+                          hot_share=0.0, tenant_law="uniform", zipf_s=1.0, seed=6, vocab_size=128_256)
+    np.testing.assert_array_equal(parts["arrival"], w.arrival_ms)
+    for i in (0, 299):
+        prompt = np.concatenate([parts["prefix"][parts["tenant"][i]], parts["suffix"][i]])
+        assert w.request_keys(i).tolist() == reference_block_keys(prompt.tolist())
+
+
+def test_design_hot_tenant_and_zipf():
+    kw = dict(n_tenants=10, prefix_tokens=16, suffix_tokens=16, n_requests=6000, seed=7)
+    hot = design_workload(hot_share=0.5, **kw)
+    share = np.bincount(hot.tenant, minlength=10) / 6000
+    assert share[0] == pytest.approx(0.5 + 0.5 / 10, abs=0.03)
+    np.testing.assert_allclose(share[1:], 0.05, atol=0.015)
+    assert hot.meta["tenant0_share"] == pytest.approx(0.55)
+    all_hot = design_workload(hot_share=1.0, **kw)
+    assert np.all(all_hot.tenant == 0)
+    z = design_workload(tenant_law="zipf", zipf_s=1.2, **kw)
+    np.testing.assert_allclose(
+        np.bincount(z.tenant, minlength=10) / 6000, tenant_probabilities(10, "zipf", 1.2), atol=0.02
+    )
+
+
+def test_design_determinism():
+    kw = dict(n_tenants=3, prefix_tokens=64, suffix_tokens=20, n_requests=50)
+    a, b, c = design_workload(seed=1, **kw), design_workload(seed=1, **kw), design_workload(seed=2, **kw)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.arrival_ms, b.arrival_ms)
+    assert not np.isin(c.keys, a.keys).any()
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(hot_share=1.5), dict(hot_share=-0.1), dict(duration_s=0), dict(rate_per_s=-2.0),
+           dict(prefix_tokens=-1), dict(tenant_law="zipfian"), dict(n_tenants=0)]
+)
+def test_design_argument_errors(kw):
+    with pytest.raises(ValueError):
+        design_workload(**{"n_tenants": 3, "prefix_tokens": 32, "suffix_tokens": 16, "n_requests": 10, **kw})
+
+
+def test_tenant_probabilities():
+    np.testing.assert_allclose(tenant_probabilities(4), 0.25)
+    p = tenant_probabilities(4, "zipf", 0.0)
+    np.testing.assert_allclose(p, 0.25)
+    p = tenant_probabilities(3, "zipf", 1.0, hot_share=0.4)
+    q = np.array([1, 1 / 2, 1 / 3]) / (11 / 6)
+    np.testing.assert_allclose(p, 0.6 * q + np.array([0.4, 0, 0]))
+
+
+@pytest.mark.slow
+def test_design_default_size_is_fast():
+    t = time.perf_counter()
+    w = design_workload()
+    elapsed = time.perf_counter() - t
+    assert w.n_requests == 50_000 and np.all(w.n_blocks == 10_200 // 16)
+    assert np.unique(w.tenant).size == 200
+    assert elapsed < 30.0, elapsed

@@ -1,0 +1,320 @@
+"""Mooncake JSONL loader/writer and the libCacheSim oracleGeneral writer."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cacheresearch.trace import (
+    ORACLE_GENERAL_DTYPE,
+    TraceError,
+    load_mooncake,
+    read_oracle_general,
+    save_mooncake,
+    write_oracle_general,
+)
+from cacheresearch.workload import Workload
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mini_mooncake.jsonl"
+SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+needs_shared = pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared Mooncake trace not present")
+
+
+def _assert_chained(w: Workload) -> None:
+    """Every key has one fixed predecessor (it names the block and its whole prefix)."""
+    pred = {}
+    for i in range(w.n_requests):
+        ks = w.request_keys(i).tolist()
+        for j, k in enumerate(ks):
+            p = ks[j - 1] if j else None
+            assert pred.setdefault(k, p) == p, f"key {k} has two predecessors"
+
+
+def _assert_same(a: Workload, b: Workload) -> None:
+    for f in ("arrival_ms", "input_tokens", "output_tokens", "tenant", "keys", "offsets"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and np.array_equal(x, y), f
+    assert a.block_tokens == b.block_tokens
+
+
+# ---------------------------------------------------------------------------------- loading
+def test_fixture_loads():
+    w = load_mooncake(FIXTURE, block_tokens=512)
+    assert w.n_requests == 200
+    assert w.name == "mini_mooncake" and w.meta["file"] == "mini_mooncake.jsonl"
+    assert w.keys.dtype == np.uint64 and w.arrival_ms.dtype == np.int64
+    assert np.all(np.diff(w.arrival_ms) >= 0) and w.arrival_ms[0] >= 0
+    assert np.array_equal(w.n_blocks, -(-w.input_tokens // 512))
+    assert np.all(w.input_tokens > 0)
+    w.check_distinct_keys()
+    _assert_chained(w)
+    # the fixture shares prefixes: many requests start with the same root block
+    first = w.keys[w.offsets[:-1]]
+    assert np.unique(first).size < w.n_requests // 2
+    assert np.unique(w.keys).size < w.total_blocks // 2
+
+
+def test_fixture_matches_generator():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_mini", FIXTURE.parent / "make_mini_mooncake.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.generate()
+    assert FIXTURE.read_text() == "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def test_max_requests_and_name():
+    w = load_mooncake(FIXTURE, block_tokens=512, max_requests=10, name="mini")
+    full = load_mooncake(FIXTURE, block_tokens=512)
+    assert w.n_requests == 10 and w.name == "mini"
+    _assert_same(w, full.slice(0, 10))
+    assert load_mooncake(FIXTURE, block_tokens=512, max_requests=10_000).n_requests == 200
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError):
+            load_mooncake(FIXTURE, block_tokens=512, max_requests=bad)
+    with pytest.raises(ValueError):
+        load_mooncake(FIXTURE, block_tokens=0)
+
+
+@needs_shared
+def test_shared_trace_loads_fast():
+    t0 = time.perf_counter()
+    w = load_mooncake(SHARED_TRACE, block_tokens=512)
+    elapsed = time.perf_counter() - t0
+    assert w.n_requests == 3993
+    assert w.total_blocks == 121_877
+    assert np.array_equal(w.n_blocks, -(-w.input_tokens // 512))
+    w.check_distinct_keys()
+    assert elapsed < 1.0, f"loading took {elapsed:.2f} s"
+
+
+def test_blank_lines_skipped_and_optional_fields(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(
+        '{"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [9], "extra": "x"}\n'
+        "\n"
+        '{"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": [], "tenant": 3}\n'
+    )
+    w = load_mooncake(p, block_tokens=4)
+    assert w.arrival_ms.tolist() == [5, 5]
+    assert w.input_tokens.tolist() == [3, 0]
+    assert w.tenant.tolist() == [0, 3]
+    assert w.keys.tolist() == [9] and w.offsets.tolist() == [0, 1, 1]
+
+
+def test_large_uint64_ids(tmp_path):
+    p = tmp_path / "t.jsonl"
+    big = 2**64 - 1
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 8, "output_length": 0, "hash_ids": [big, 2**63]}) + "\n")
+    w = load_mooncake(p, block_tokens=4)
+    assert w.keys.tolist() == [big, 2**63]
+
+
+# ------------------------------------------------------------------------------- bad input
+GOOD = {"timestamp": 10, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]}
+
+
+def _with(**changes):
+    d = dict(GOOD)
+    for k, v in changes.items():
+        if v is _DROP:
+            d.pop(k)
+        else:
+            d[k] = v
+    return json.dumps(d)
+
+
+_DROP = object()
+
+BAD_LINES = {
+    "missing timestamp": (_with(timestamp=_DROP), "timestamp"),
+    "missing input_length": (_with(input_length=_DROP), "input_length"),
+    "missing output_length": (_with(output_length=_DROP), "output_length"),
+    "missing hash_ids": (_with(hash_ids=_DROP), "hash_ids"),
+    "float timestamp": (_with(timestamp=10.5), "timestamp"),
+    "integral float timestamp": (_with(timestamp=10.0), "timestamp"),
+    "string timestamp": (_with(timestamp="10"), "timestamp"),
+    "bool timestamp": (_with(timestamp=True), "timestamp"),
+    "null timestamp": (_with(timestamp=None), "timestamp"),
+    "negative timestamp": (_with(timestamp=-1), "timestamp"),
+    "huge timestamp": (_with(timestamp=2**40), "timestamp"),
+    "decreasing timestamp": (_with(timestamp=9), "timestamp"),
+    "negative input_length": (_with(input_length=-5, hash_ids=[]), "input_length"),
+    "float input_length": (_with(input_length=1000.0), "input_length"),
+    "bool output_length": (_with(output_length=False), "output_length"),
+    "negative output_length": (_with(output_length=-1), "output_length"),
+    "hash_ids not a list": (_with(hash_ids="1,2"), "hash_ids"),
+    "hash_ids float element": (_with(hash_ids=[1, 2.0]), "hash_ids"),
+    "hash_ids bool element": (_with(hash_ids=[True, 2]), "hash_ids"),
+    "hash_ids negative element": (_with(hash_ids=[1, -2]), "hash_ids"),
+    "hash_ids too large": (_with(hash_ids=[1, 2**64]), "hash_ids"),
+    "too few hash_ids": (_with(hash_ids=[1]), "hash_ids"),
+    "too many hash_ids": (_with(hash_ids=[1, 2, 3]), "hash_ids"),
+    "repeated hash id": (_with(hash_ids=[4, 4]), "hash_ids"),
+    "negative tenant": (_with(tenant=-1), "tenant"),
+    "invalid JSON": ('{"timestamp": 10, "input_length": ', "invalid JSON"),
+    "not an object": ("[1, 2, 3]", "JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_bad_line_names_file_line_and_field(tmp_path, case):
+    line, field = BAD_LINES[case]
+    p = tmp_path / "bad_trace.jsonl"
+    # line 1 good, line 2 blank (still counted), line 3 good, line 4 bad
+    p.write_text(_with(timestamp=0) + "\n\n" + json.dumps(GOOD) + "\n" + line + "\n" + json.dumps(GOOD) + "\n")
+    with pytest.raises(TraceError) as ei:
+        load_mooncake(p, block_tokens=512)
+    msg = str(ei.value)
+    assert "bad_trace.jsonl:4:" in msg, msg
+    assert field in msg, msg
+    assert isinstance(ei.value, ValueError)
+
+
+def test_bad_line_beyond_max_requests_is_not_read(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(GOOD) + "\nnot json\n")
+    assert load_mooncake(p, block_tokens=512, max_requests=1).n_requests == 1
+    with pytest.raises(TraceError, match=r"t\.jsonl:2: invalid JSON"):
+        load_mooncake(p, block_tokens=512)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_empty_file(tmp_path, text):
+    p = tmp_path / "empty.jsonl"
+    p.write_text(text)
+    with pytest.raises(TraceError, match=r"empty\.jsonl.*empty"):
+        load_mooncake(p, block_tokens=512)
+
+
+def test_first_line_error_number(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(_with(hash_ids=[7]) + "\n")
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: field 'hash_ids'.*ceil\(1000/512\) = 2"):
+        load_mooncake(p, block_tokens=512)
+
+
+# -------------------------------------------------------------------------------- round trip
+def test_round_trip_fixture_is_byte_identical(tmp_path):
+    w = load_mooncake(FIXTURE, block_tokens=512)
+    out = save_mooncake(w, tmp_path / "rt.jsonl")
+    assert out.read_bytes() == FIXTURE.read_bytes()
+    _assert_same(load_mooncake(out, block_tokens=512), w)
+
+
+@needs_shared
+def test_round_trip_shared_trace(tmp_path):
+    w = load_mooncake(SHARED_TRACE, block_tokens=512)
+    out = save_mooncake(w, tmp_path / "rt.jsonl")
+    _assert_same(load_mooncake(out, block_tokens=512), w)
+
+
+def test_round_trip_tenant_and_big_keys(tmp_path):
+    w = Workload.from_lists(
+        [[2**64 - 1, 5], [], [2**64 - 1, 6, 7]],
+        block_tokens=16,
+        arrival_ms=[0, 0, 30],
+        input_tokens=[17, 0, 48],
+        output_tokens=[1, 2, 3],
+        tenant=[0, 4, 1],
+    )
+    out = save_mooncake(w, tmp_path / "rt.jsonl")
+    assert '"tenant": 4' in out.read_text()
+    _assert_same(load_mooncake(out, block_tokens=16), w)
+
+
+def test_save_rejects_inconsistent_block_counts(tmp_path):
+    w = Workload.from_lists([[1, 2]], block_tokens=16, input_tokens=[40])
+    with pytest.raises(ValueError, match="request 0"):
+        save_mooncake(w, tmp_path / "x.jsonl")
+
+
+# ----------------------------------------------------------------------------- oracleGeneral
+def test_oracle_general_records(tmp_path):
+    ids = np.array([5, 7, 5, 0, 7, 5, 2**64 - 1], dtype=np.uint64)
+    p = tmp_path / "s.oracleGeneral"
+    assert write_oracle_general(ids, p) == 7
+    raw = p.read_bytes()
+    assert len(raw) == 24 * 7 and ORACLE_GENERAL_DTYPE.itemsize == 24
+    rec = np.fromfile(p, dtype=ORACLE_GENERAL_DTYPE)
+    assert rec["time"].tolist() == list(range(7))
+    assert rec["id"].tolist() == ids.tolist()
+    assert rec["size"].tolist() == [1] * 7
+    assert rec["next_access_vtime"].tolist() == [2, 4, 5, -1, -1, -1, -1]
+    # byte layout independent of numpy: <I Q I q, packed
+    assert struct.unpack_from("<IQIq", raw, 24 * 2) == (2, 5, 1, 5)
+    assert struct.unpack_from("<IQIq", raw, 24 * 6) == (6, 2**64 - 1, 1, -1)
+    assert np.array_equal(read_oracle_general(p), rec)
+
+
+def test_oracle_general_times_and_empty(tmp_path):
+    p = tmp_path / "t.oracleGeneral"
+    write_oracle_general([3, 3], p, times=[100, 250])
+    assert read_oracle_general(p)["time"].tolist() == [100, 250]
+    with pytest.raises(ValueError):
+        write_oracle_general([3, 3], p, times=[1])
+    write_oracle_general(np.array([], dtype=np.uint64), p)
+    assert p.stat().st_size == 0
+
+
+def test_oracle_general_next_access_random(tmp_path):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50, size=2000).astype(np.uint64)
+    p = tmp_path / "r.oracleGeneral"
+    write_oracle_general(ids, p)
+    nxt = read_oracle_general(p)["next_access_vtime"]
+    last = {}
+    expect = [-1] * len(ids)
+    for i, k in enumerate(ids.tolist()):
+        if k in last:
+            expect[last[k]] = i
+        last[k] = i
+    assert nxt.tolist() == expect
+
+
+def _python_lru_miss_ratio(ids, capacity: int) -> float:
+    od: OrderedDict = OrderedDict()
+    miss = 0
+    for k in ids:
+        if k in od:
+            od.move_to_end(k)
+        else:
+            miss += 1
+            od[k] = None
+            if len(od) > capacity:
+                od.popitem(last=False)
+    return miss / len(ids)
+
+
+def _lcs_lru_miss_ratio(path: Path, capacity: int) -> float:
+    lcs = pytest.importorskip("libcachesim")
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    cache = lcs.LRU(cache_size=capacity, hashpower=16)
+    miss_ratio, _ = cache.process_trace(reader)
+    return float(miss_ratio)
+
+
+@pytest.mark.parametrize("capacity", [1, 10, 100, 500, 5000])
+def test_oracle_general_libcachesim_lru_fixture(tmp_path, capacity):
+    w = load_mooncake(FIXTURE, block_tokens=512)
+    p = tmp_path / "fixture.oracleGeneral"
+    write_oracle_general(w.keys, p)
+    expect = _python_lru_miss_ratio(w.keys.tolist(), capacity)
+    assert _lcs_lru_miss_ratio(p, capacity) == pytest.approx(expect, abs=1e-12)
+
+
+@needs_shared
+@pytest.mark.parametrize("capacity", [1000, 20000])
+def test_oracle_general_libcachesim_lru_shared(tmp_path, capacity):
+    w = load_mooncake(SHARED_TRACE, block_tokens=512)
+    p = tmp_path / "shared.oracleGeneral"
+    write_oracle_general(w.keys, p)
+    expect = _python_lru_miss_ratio(w.keys.tolist(), capacity)
+    assert _lcs_lru_miss_ratio(p, capacity) == pytest.approx(expect, abs=1e-12)
