@@ -296,8 +296,7 @@ def stack_params(params: list[Params]) -> Params:
 
 
 class _Carry(NamedTuple):
-    stamp: jax.Array  # int32 [R, K]; stored iff stamp >= ptr of the replica
-    t: jax.Array  # int32 [R, K]
+    kv: jax.Array  # int32 [R, K, 2]: (recency stamp, time); stored iff stamp >= ptr[replica]
     occ: jax.Array  # int32 [R]
     ptr: jax.Array  # int32 [R]
     max_occ: jax.Array  # int32 [R]
@@ -310,7 +309,7 @@ class _Carry(NamedTuple):
     req_hit: jax.Array
 
 
-def _evict(stamp, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window, do):
+def _evict(kv, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window, do):
     """Advance replica ``r``'s eviction pointer until ``occ_r <= cap`` (when ``do``).
 
     Eviction is lazy: a key is stored on a replica iff its stamp is >= the replica's pointer, so
@@ -319,7 +318,7 @@ def _evict(stamp, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window,
     """
     lane = jnp.arange(window, dtype=jnp.int32)
     S1 = log_leaf.shape[0]
-    K = stamp.shape[1]
+    K = kv.shape[1]
 
     def cond(c):
         occ, _ = c
@@ -331,7 +330,7 @@ def _evict(stamp, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window,
         safe = jnp.minimum(idx, S1 - 1)
         k = jnp.where(leaf_first, log_leaf[safe], log_plain[safe])
         k = jnp.where(idx < S1, k, K)
-        live = stamp.at[r, k].get(mode="fill", fill_value=-1) == idx
+        live = kv.at[r, k, 0].get(mode="fill", fill_value=-1) == idx
         cum = jnp.cumsum(live.astype(jnp.int32))
         need = occ - cap
         got = cum[-1]
@@ -345,8 +344,7 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
     Kn = stream.n_keys
     R = max_replicas
     carry = _Carry(
-        stamp=jnp.full((R, Kn), -1, jnp.int32),
-        t=jnp.zeros((R, Kn), jnp.int32),
+        kv=jnp.stack([jnp.full((R, Kn), -1, jnp.int32), jnp.zeros((R, Kn), jnp.int32)], axis=-1),
         occ=jnp.zeros(R, jnp.int32),
         ptr=jnp.zeros(R, jnp.int32),
         max_occ=jnp.zeros(R, jnp.int32),
@@ -375,12 +373,14 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
             prefix_hi=jnp.where(has, stream.key_hi[kpos], jnp.uint32(0)),
             prefix_lo=jnp.where(has, stream.key_lo[kpos], jnp.uint32(0)),
         )
-        chosen = route(params.router, rv, FleetView(c.stamp, c.ptr, c.occ, replicas), params, key)
+        chosen = route(params.router, rv, FleetView(c.kv[..., 0], c.ptr, c.occ, replicas), params, key)
         r = jnp.where(first, chosen, c.rep)
         # ---- lookup
         valid = ids < Kn
-        st = c.stamp.at[r, ids].get(mode="fill", fill_value=-1)
-        tt = c.t.at[r, ids].get(mode="fill", fill_value=0)
+        # one gather and one scatter of (stamp, time) pairs: with two separate arrays XLA copies
+        # the whole state on every step (the writes of one depend on reads of the other)
+        got = c.kv.at[r, ids].get(mode="fill", fill_value=-1)
+        st, tt = got[:, 0], got[:, 1]
         stored = st >= c.ptr[r]  # lazy eviction: stamps below the pointer are gone
         present = valid & stored & ((now - tt) <= params.ttl_ms)
         alive0 = jnp.where(first, True, c.alive)
@@ -393,12 +393,11 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         new_st = jnp.where(params.leaf_first, base + n - 1 - pos, base + pos)
         new_t = jnp.where(params.refresh | ~present, now, tt)
         tgt = jnp.where(valid, ids, Kn)
-        stamp = c.stamp.at[r, tgt].set(new_st, mode="drop")
-        t = c.t.at[r, tgt].set(new_t, mode="drop")
+        kv = c.kv.at[r, tgt].set(jnp.stack([new_st, new_t], axis=-1), mode="drop")
         occ_r = c.occ[r] + jnp.sum((valid & ~stored).astype(jnp.int32))
         # ---- evict after the request's last chunk
         occ_r, ptr_r = _evict(
-            stamp, occ_r, c.ptr[r], r, params.capacity, params.leaf_first,
+            kv, occ_r, c.ptr[r], r, params.capacity, params.leaf_first,
             stream.log_leaf, stream.log_plain, window, last,
         )
         occ = c.occ.at[r].set(occ_r)
@@ -412,7 +411,7 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         max_occ = c.max_occ.at[r].max(jnp.where(last, occ_r, 0))
         nreq = c.nreq.at[r].add(real.astype(jnp.int32))
         req_hit = c.req_hit + (real & (hit > 0)).astype(jnp.int32)
-        c = _Carry(stamp, t, occ, ptr, max_occ, nreq, r, hit, alive, tok_hi, lo, req_hit)
+        c = _Carry(kv, occ, ptr, max_occ, nreq, r, hit, alive, tok_hi, lo, req_hit)
         out = (hit, hit_tok, r) if per_request else ()
         return c, out
 
