@@ -313,31 +313,36 @@ def _evict(kv, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window, do
     """Advance replica ``r``'s eviction pointer until ``occ_r <= cap`` (when ``do``).
 
     Eviction is lazy: a key is stored on a replica iff its stamp is >= the replica's pointer, so
-    evicting the least recent block is just moving the pointer past its log entry. The loop reads
-    the stamps but never writes them, so under vmap only two scalars ride in the loop.
+    evicting the least recent block is just moving the pointer past its log entry. Each window looks
+    at ``window`` log entries at once (vectorized); the first window runs unconditionally (it covers
+    nearly every request), a while loop takes the rare remainder. The state is only read, so under
+    vmap only two scalars ride in the loop.
     """
     lane = jnp.arange(window, dtype=jnp.int32)
     S1 = log_leaf.shape[0]
     K = kv.shape[1]
 
-    def cond(c):
-        occ, _ = c
-        return do & (occ > cap)
-
-    def body(c):
-        occ, ptr = c
+    def one_window(occ, ptr):
         idx = ptr + lane
         safe = jnp.minimum(idx, S1 - 1)
         k = jnp.where(leaf_first, log_leaf[safe], log_plain[safe])
         k = jnp.where(idx < S1, k, K)
         live = kv.at[r, k, 0].get(mode="fill", fill_value=-1) == idx
         cum = jnp.cumsum(live.astype(jnp.int32))
-        need = occ - cap
+        need = jnp.maximum(occ - cap, 0)
         got = cum[-1]
         adv = jnp.where(got >= need, jnp.argmax(cum >= need).astype(jnp.int32) + 1, window)
+        adv = jnp.where(need > 0, adv, 0)
         return occ - jnp.minimum(need, got), ptr + adv
 
-    return jax.lax.while_loop(cond, body, (occ_r, ptr_r))
+    o2, p2 = one_window(occ_r, ptr_r)
+    occ_r, ptr_r = jnp.where(do, o2, occ_r), jnp.where(do, p2, ptr_r)
+
+    def cond(c):
+        occ, _ = c
+        return do & (occ > cap)
+
+    return jax.lax.while_loop(cond, lambda c: one_window(*c), (occ_r, ptr_r))
 
 
 def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_request: bool, window: int):
@@ -359,6 +364,9 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
     replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
     bt = stream.block_tokens
 
+    # per-request random bits for the random router, drawn once outside the scan
+    rbits = jax.random.bits(key, (stream.arrival_ms.shape[0],), jnp.uint32)
+
     def step(c: _Carry, x):
         ids, pos, req, first, last = x
         n = stream.n_blocks[req]
@@ -372,6 +380,7 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
             n_blocks=n,
             prefix_hi=jnp.where(has, stream.key_hi[kpos], jnp.uint32(0)),
             prefix_lo=jnp.where(has, stream.key_lo[kpos], jnp.uint32(0)),
+            random_bits=rbits[req],
         )
         chosen = route(params.router, rv, FleetView(c.kv[..., 0], c.ptr, c.occ, replicas), params, key)
         r = jnp.where(first, chosen, c.rep)

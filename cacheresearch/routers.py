@@ -14,7 +14,8 @@ A router is a pure function ``route(req, fleet, params, key) -> replica`` evalua
 
 Routers available now:
 
-``random``       uniform over the active replicas (a fresh draw per request from the PRNG key)
+``random``       uniform over the active replicas: 32 random bits per request, drawn from the PRNG
+                 key before the scan, mapped to ``floor(bits * R / 2**32)``
 ``round_robin``  request ``i`` goes to replica ``i mod R``
 ``prefix_hash``  ``mix(key of block K-1) mod R`` with ``K = prefix_blocks`` (requests shorter than K
                  hash their last block; a request without blocks hashes key 0)
@@ -49,6 +50,7 @@ class RequestView(NamedTuple):
     n_blocks: jax.Array  # int32
     prefix_hi: jax.Array  # uint32: key of block min(K, n) - 1
     prefix_lo: jax.Array  # uint32
+    random_bits: jax.Array  # uint32: this request's uniform draw (per key, drawn before the scan)
 
 
 class FleetView(NamedTuple):
@@ -84,8 +86,20 @@ def mix32(hi: jax.Array, lo: jax.Array) -> jax.Array:
 
 
 def _random(req: RequestView, fleet: FleetView, params, key):
-    k = jax.random.fold_in(key, req.index)
-    return jax.random.randint(k, (), 0, fleet.replicas, dtype=jnp.int32)
+    # multiply-shift maps 32 uniform bits onto [0, R) (bias below R / 2**32)
+    hi, _ = _mul32(req.random_bits, fleet.replicas.astype(jnp.uint32))
+    return hi.astype(jnp.int32)
+
+
+def _mul32(a, b):
+    """High and low 32 bits of the 64-bit product of two uint32 values (no x64 needed)."""
+    a0, a1 = a & 0xFFFF, a >> 16
+    b0, b1 = b & 0xFFFF, b >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> 16) + (p01 & 0xFFFF) + (p10 & 0xFFFF)
+    hi = p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
+    lo = (mid << 16) | (p00 & 0xFFFF)
+    return hi, lo
 
 
 def _round_robin(req: RequestView, fleet: FleetView, params, key):
@@ -102,5 +116,13 @@ assert len(_BRANCHES) == len(ROUTERS)
 
 
 def route(router: jax.Array, req: RequestView, fleet: FleetView, params, key) -> jax.Array:
-    """Replica index (int32) chosen by router id ``router`` (dynamic)."""
-    return jax.lax.switch(router, _BRANCHES, req, fleet, params, key)
+    """Replica index (int32) chosen by router id ``router`` (dynamic).
+
+    The routers here are a few integer operations each, so all are evaluated and the chosen one
+    selected (cheaper than a conditional per step, and identical under vmap). Routers that do real
+    work per request should be dispatched with ``lax.switch`` instead.
+    """
+    out = jnp.int32(0)
+    for i, fn in enumerate(_BRANCHES):
+        out = jnp.where(router == i, fn(req, fleet, params, key), out)
+    return out

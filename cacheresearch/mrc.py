@@ -1,0 +1,308 @@
+"""One-pass hit-rate curves: exact LRU hit rates at every capacity (Mattson et al. 1970).
+
+Both LRU policies of the engine are stack algorithms: after every request a replica holds exactly
+the ``C`` most recently stamped keys it has seen (stamps as in :mod:`cacheresearch.engine`: leaf-first
+order for ``lru``, prompt order for ``lru_plain``). So block ``j`` of a request is present at capacity
+``C`` iff its *stack distance* ``d_j`` (the number of distinct other keys stamped on that replica
+since its own last stamp) is below ``C``, and the request's hit at capacity ``C`` is the number of
+leading blocks with ``max(d_0..d_j) < C``. One pass that computes every ``d_j`` therefore gives the
+exact hit tokens of every request at every capacity at once.
+
+The pass is a ``lax.scan`` over chunks of requests. Per replica it keeps ``last[K]`` (each key's
+latest stamp, -1 if never seen) and a Fenwick tree over stamps with a one at every key's latest
+stamp; ``d = live - prefix(last)``. All lookups of a request happen before its updates (requests
+longer than a chunk get query chunks, then update chunks), exactly as in the engine.
+
+Routing must not depend on cache state (``random``, ``round_robin``, ``prefix_hash``): the routed
+request sequence of each replica is then fixed, and replicas are vmapped.
+
+:func:`hit_curve` returns token and request hit counts at capacities ``0..max_capacity`` and
+per-request thresholds from which the per-request hit at any capacity follows.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .workload import Workload
+
+__all__ = ["HitCurve", "hit_curve", "route_requests", "stack_distances", "shards_sample"]
+
+_BIG = np.int32(2**31 - 1)  # "never seen": a miss at every capacity
+
+
+class HitCurve(NamedTuple):
+    capacities: np.ndarray  # int64 [C+1]: 0..max_capacity
+    hit_tokens: np.ndarray  # int64 [C+1]: total hit tokens at each capacity
+    requests_hit: np.ndarray  # int64 [C+1]
+    input_tokens: int
+    n_requests: int
+    # per request: prefix maxima of stack distances (block j is a hit at C iff thresholds[j] < C)
+    thresholds: np.ndarray  # int32 [total blocks], CSR like the workload's keys
+    offsets: np.ndarray  # int64 [N+1]
+
+    @property
+    def token_hit_rate(self) -> np.ndarray:
+        return self.hit_tokens / max(self.input_tokens, 1)
+
+    @property
+    def request_hit_rate(self) -> np.ndarray:
+        return self.requests_hit / max(self.n_requests, 1)
+
+    def hit_blocks_at(self, capacity: int) -> np.ndarray:
+        """Per-request hit blocks at one capacity."""
+        hit = (self.thresholds < capacity).astype(np.int64)
+        return np.add.reduceat(np.concatenate([hit, [0]]), self.offsets[:-1]) * (np.diff(self.offsets) > 0)
+
+
+def route_requests(workload: Workload, router: str, replicas: int, *, prefix_blocks: int = 80, key=None) -> np.ndarray:
+    """The replica of every request under a state-independent router (same rule as the engine)."""
+    from .routers import mix32, _mul32  # noqa: PLC0415
+
+    n = workload.n_requests
+    if router == "round_robin":
+        return (np.arange(n) % replicas).astype(np.int32)
+    if router == "random":
+        if key is None:
+            raise ValueError("random routing needs a PRNG key")
+        bits = jax.random.bits(key, (n + 1,), jnp.uint32)[:n]
+        hi, _ = _mul32(bits, jnp.uint32(replicas))
+        return np.asarray(hi, dtype=np.int32)
+    if router == "prefix_hash":
+        nb = workload.n_blocks
+        pos = workload.offsets[:-1] + np.clip(np.minimum(prefix_blocks, nb) - 1, 0, None)
+        k = np.where(nb > 0, workload.keys[np.minimum(pos, max(workload.total_blocks - 1, 0))] if workload.total_blocks else 0, 0)
+        k = np.asarray(k, dtype=np.uint64)
+        h = mix32(jnp.asarray((k >> np.uint64(32)).astype(np.uint32)), jnp.asarray((k & np.uint64(0xFFFFFFFF)).astype(np.uint32)))
+        return np.asarray(h % np.uint32(replicas), dtype=np.int32)
+    raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need random, round_robin or prefix_hash")
+
+
+# ------------------------------------------------------------------------------------ host prep
+
+
+class _Steps(NamedTuple):
+    ids: np.ndarray  # int32 [T, W] dense key ids (K for padding)
+    stamp: np.ndarray  # int32 [T, W] new stamp of each lane (0-based, consecutive per replica)
+    query: np.ndarray  # bool [T]
+    update: np.ndarray  # bool [T]
+    out_pos: np.ndarray  # int64 [T, W] flat block position the lane's distance belongs to (-1 none)
+
+
+def _replica_steps(ids, nb, offsets, reqs, leaf_first: bool, W: int) -> _Steps:
+    """Query/update steps for the requests ``reqs`` (in order) routed to one replica."""
+    nbr = nb[reqs]
+    nch = -(-nbr // W)
+    nch = np.maximum(nch, 0)
+    # stamps: consecutive over this replica's blocks
+    base = np.concatenate([[0], np.cumsum(nbr)[:-1]])
+    single = nch == 1
+    # steps per request: 1 (query+update) if single chunk, else 2 * nch, 0 if no blocks
+    nsteps = np.where(single, 1, 2 * nch)
+    T = int(nsteps.sum())
+    step_req = np.repeat(np.arange(len(reqs)), nsteps)
+    first_step = np.concatenate([[0], np.cumsum(nsteps)[:-1]]).astype(np.int64)
+    k = np.arange(T) - first_step[step_req]
+    multi = ~single[step_req]
+    chunk = np.where(multi, k % np.maximum(nch[step_req], 1), 0)
+    is_query = np.where(multi, k < nch[step_req], True)
+    is_update = np.where(multi, k >= nch[step_req], True)
+    lane = np.arange(W)
+    j = chunk[:, None] * W + lane[None, :]
+    n_r = nbr[step_req][:, None]
+    valid = j < n_r
+    r = reqs[step_req][:, None]
+    flat = np.where(valid, offsets[:-1][r] + j, 0)
+    sid = np.where(valid, ids[flat], -1)
+    jj = np.where(leaf_first, n_r - 1 - j, j)
+    stamp = np.where(valid, base[step_req][:, None] + jj, 0)
+    out_pos = np.where(valid & is_query[:, None], flat, -1)
+    return _Steps(sid.astype(np.int32), stamp.astype(np.int32), is_query, is_update, out_pos)
+
+
+# ------------------------------------------------------------------------------------ the scan
+
+
+def _levels(n: int) -> int:
+    return max(1, int(n).bit_length())
+
+
+@partial(jax.jit, static_argnames=("n_keys", "n_stamps"))
+def _distances(ids, stamp, query, update, *, n_keys: int, n_stamps: int):
+    """Stack distances of every query lane; vmappable over replicas (leading axis of the inputs)."""
+    L = _levels(n_stamps + 1)
+    size = n_stamps + 1  # Fenwick tree, 1-based
+
+    def lowbit_chain_down(i):  # prefix-sum indices: i, i - lowbit(i), ... (0 = stop)
+        out = []
+        for _ in range(L):
+            out.append(i)
+            i = i - (i & -i)
+        return jnp.stack(out, -1)
+
+    def lowbit_chain_up(i):  # update indices: i, i + lowbit(i), ... (> size-1 = stop)
+        out = []
+        for _ in range(L):
+            out.append(i)
+            i = i + (i & -i)
+        return jnp.stack(out, -1)
+
+    # One array holds the Fenwick tree [0, size) and last stamp + 1 of every key [size, size + K)
+    # (0 = never seen): one gather phase and one scatter-add per step, so XLA updates it in place.
+    def step(c, x):
+        arr, live = c
+        sid, st, q, u = x
+        valid = sid >= 0
+        p = arr.at[jnp.where(valid, size + sid, size + n_keys)].get(mode="fill", fill_value=0) - 1
+        seen = valid & (p >= 0)
+        # query: live stamps strictly after p = live - prefix(p)
+        idx = lowbit_chain_down(jnp.where(seen, p + 1, 0))
+        idx = jnp.where(idx >= 1, idx, size + n_keys)  # 0 ends a chain (gathers fill 0)
+        pref = jnp.sum(arr.at[idx].get(mode="fill", fill_value=0), -1)
+        d = jnp.where(seen, live - pref, _BIG)
+        # update: -1 at the old stamp, +1 at the new one, last[key] = new stamp
+        do = u & valid
+        old_idx = lowbit_chain_up(jnp.where(do & seen, p + 1, size + 1))
+        new_idx = lowbit_chain_up(jnp.where(do, st + 1, size + 1))
+        # chains run past the tree (and may wrap negative in int32): drop those entries
+        drop = size + n_keys
+        old_idx = jnp.where((old_idx >= 1) & (old_idx < size), old_idx, drop)
+        new_idx = jnp.where((new_idx >= 1) & (new_idx < size), new_idx, drop)
+        key_idx = jnp.where(do, size + sid, drop)
+        upd_idx = jnp.concatenate([old_idx.reshape(-1), new_idx.reshape(-1), key_idx])
+        upd_val = jnp.concatenate(
+            [-jnp.ones(old_idx.size, jnp.int32), jnp.ones(new_idx.size, jnp.int32),
+             # lanes without an update are dropped; routing d through them makes the scatter depend
+             # on every gather, so XLA reads before it writes and updates in place (no copy per step)
+             jnp.where(do, st - p, d)]
+        )
+        arr = arr.at[upd_idx].add(upd_val, mode="drop")
+        live = live + jnp.sum((do & ~seen).astype(jnp.int32))
+        return (arr, live), jnp.where(q & valid, d, _BIG)
+
+    init = (jnp.zeros(size + n_keys, jnp.int32), jnp.int32(0))
+    _, d = jax.lax.scan(step, init, (ids, stamp, query, update))
+    return d
+
+
+def stack_distances(workload: Workload, replica: np.ndarray, *, policy: str = "lru", chunk_blocks: int = 64) -> np.ndarray:
+    """Stack distance of every block (flat, CSR like ``workload.keys``) on its request's replica.
+
+    ``replica`` gives each request's replica. ``policy`` is ``lru`` (leaf-first stamps) or
+    ``lru_plain`` (prompt order).
+    """
+    if policy not in ("lru", "lru_plain"):
+        raise ValueError("hit curves exist for the stack policies lru and lru_plain")
+    workload.check_distinct_keys()
+    replica = np.asarray(replica)
+    if replica.shape != (workload.n_requests,):
+        raise ValueError("replica must give one replica per request")
+    _, ids = np.unique(workload.keys, return_inverse=True)
+    K = int(ids.max(initial=-1)) + 1
+    nb = workload.n_blocks
+    steps = []
+    reps = np.unique(replica)
+    for r in reps:
+        steps.append(_replica_steps(ids.astype(np.int64), nb, workload.offsets, np.nonzero(replica == r)[0], policy == "lru", chunk_blocks))
+    T = max(s.ids.shape[0] for s in steps)
+    S = max(int(nb[replica == r].sum()) for r in reps) if len(reps) else 0
+
+    def pad(a, v):
+        return np.concatenate([a, np.full((T - a.shape[0],) + a.shape[1:], v, a.dtype)])
+
+    ids_b = np.stack([pad(s.ids, -1) for s in steps])
+    st_b = np.stack([pad(s.stamp, 0) for s in steps])
+    q_b = np.stack([pad(s.query, False) for s in steps])
+    u_b = np.stack([pad(s.update, False) for s in steps])
+    fn = jax.vmap(partial(_distances, n_keys=max(K, 1), n_stamps=max(S, 1)))
+    d = np.asarray(fn(jnp.asarray(ids_b), jnp.asarray(st_b), jnp.asarray(q_b), jnp.asarray(u_b)))
+    out = np.full(workload.total_blocks, _BIG, np.int32)
+    for s, dr in zip(steps, d):
+        m = s.out_pos >= 0
+        out[s.out_pos[m]] = dr[: s.ids.shape[0]][m]
+    return out
+
+
+def hit_curve(
+    workload: Workload,
+    *,
+    policy: str = "lru",
+    replicas: int = 1,
+    router: str = "round_robin",
+    prefix_blocks: int = 80,
+    key=None,
+    max_capacity: int | None = None,
+    chunk_blocks: int = 64,
+) -> HitCurve:
+    """Exact hit tokens and hit requests at every per-replica capacity 0..max_capacity."""
+    rep = route_requests(workload, router, replicas, prefix_blocks=prefix_blocks, key=key)
+    d = stack_distances(workload, rep, policy=policy, chunk_blocks=chunk_blocks)
+    return curve_from_distances(workload, d, max_capacity=max_capacity)
+
+
+def curve_from_distances(workload: Workload, d: np.ndarray, *, max_capacity: int | None = None) -> HitCurve:
+    nb = workload.n_blocks
+    n = workload.n_requests
+    off = workload.offsets
+    req = np.repeat(np.arange(n, dtype=np.int64), nb)
+    # prefix maximum within each request (segmented cummax via a monotone offset)
+    v = req * (1 << 32) + d.astype(np.int64)
+    thr = (np.maximum.accumulate(v) - req * (1 << 32)).astype(np.int64) if v.size else v
+    if max_capacity is None:
+        finite = thr[thr < _BIG]
+        max_capacity = int(finite.max()) + 1 if finite.size else 1
+    Cmax = int(max_capacity)
+    j = np.arange(workload.total_blocks, dtype=np.int64) - off[:-1][req]
+    inp = workload.input_tokens[req]
+    bt = workload.block_tokens
+    delta = np.minimum((j + 1) * bt, inp) - np.minimum(j * bt, inp)
+    bins = np.where(thr < _BIG, thr + 1, Cmax + 1)  # hit for every C >= thr + 1
+    bins = np.minimum(bins, Cmax + 1)
+    tok = np.bincount(bins, weights=delta.astype(np.float64), minlength=Cmax + 2)[: Cmax + 1]
+    first = off[:-1][nb > 0]
+    rb = np.minimum(np.where(thr[first] < _BIG, thr[first] + 1, Cmax + 1), Cmax + 1)
+    reqh = np.bincount(rb, minlength=Cmax + 2)[: Cmax + 1]
+    return HitCurve(
+        capacities=np.arange(Cmax + 1),
+        hit_tokens=np.cumsum(tok).round().astype(np.int64),
+        requests_hit=np.cumsum(reqh).astype(np.int64),
+        input_tokens=int(workload.input_tokens.sum()),
+        n_requests=n,
+        thresholds=np.minimum(thr, _BIG).astype(np.int32),
+        offsets=off,
+    )
+
+
+def shards_sample(workload: Workload, rate: float, *, seed: int = 0) -> tuple[Workload, float]:
+    """SHARDS spatial sampling (Waldspurger et al., FAST'15), adapted to prefix chains.
+
+    A request is kept when the hash of its first block key falls below ``rate`` (so whole prefix
+    trees are kept or dropped together). Returns the sampled workload and the factor by which
+    capacities scale: a sampled curve at capacity ``c`` estimates the full curve at ``c / rate``.
+    """
+    if not 0 < rate <= 1:
+        raise ValueError("rate must be in (0, 1]")
+    nb = workload.n_blocks
+    first = np.where(nb > 0, workload.keys[np.minimum(workload.offsets[:-1], max(workload.total_blocks - 1, 0))], 0)
+    h = (first.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) >> np.uint64(40)
+    keep = (h.astype(np.float64) / float(1 << 24)) < rate
+    idx = np.nonzero(keep)[0]
+    lens = nb[idx]
+    offs = np.concatenate([[0], np.cumsum(lens)])
+    keys = np.concatenate([workload.request_keys(i) for i in idx]) if idx.size else np.zeros(0, np.uint64)
+    sub = Workload(
+        arrival_ms=workload.arrival_ms[idx],
+        input_tokens=workload.input_tokens[idx],
+        output_tokens=workload.output_tokens[idx],
+        tenant=workload.tenant[idx],
+        keys=keys,
+        offsets=offs,
+        block_tokens=workload.block_tokens,
+        name=f"{workload.name}|shards{rate}",
+    )
+    return sub, rate
