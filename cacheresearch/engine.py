@@ -137,9 +137,9 @@ def compile_stream(workload: Workload, *, chunk_blocks: int = 32) -> Stream:
         raise ValueError(f"stream has {S} blocks; the int32 stamp bound is {2**31 - 3}")
     if w.input_tokens.max(initial=0) >= 2**31 - 1:
         raise ValueError("an input length exceeds the int32 token bound")
-    uniq, ids = np.unique(w.keys, return_inverse=True)
+    ids = w.dense_ids().astype(np.int32)
+    uniq = np.unique(w.keys)
     K = int(uniq.shape[0])
-    ids = ids.astype(np.int32)
     req_of_pos = np.repeat(np.arange(n, dtype=np.int64), nb)
     pos_in_req = np.arange(S, dtype=np.int64) - w.offsets[:-1][req_of_pos]
     # leaf-first stamp of flat position p: offset + (n - 1 - j)

@@ -190,21 +190,108 @@ def _distances(ids, stamp, query, update, *, n_keys: int, n_stamps: int):
     return d
 
 
-def stack_distances(workload: Workload, replica: np.ndarray, *, policy: str = "lru", chunk_blocks: int = 64) -> np.ndarray:
+def _distances_kernel(ids, offsets, replica, n_replicas, n_keys, leaf_first, out):  # pragma: no cover - compiled
+    """Sequential Fenwick-tree pass (compiled by numba): same arithmetic as the JAX scan."""
+    n = offsets.shape[0] - 1
+    # per replica: stamps are consecutive within the replica; the tree spans the busiest replica
+    per = np.zeros(n_replicas, np.int64)
+    for i in range(n):
+        per[replica[i]] += offsets[i + 1] - offsets[i]
+    size = per.max() + 1
+    tree = np.zeros((n_replicas, size), np.int32)
+    last = np.full((n_replicas, n_keys), -1, np.int64)
+    live = np.zeros(n_replicas, np.int64)
+    nxt = np.zeros(n_replicas, np.int64)
+    for i in range(n):
+        r = replica[i]
+        a, b = offsets[i], offsets[i + 1]
+        m = b - a
+        # lookups first
+        for f in range(a, b):
+            p = last[r, ids[f]]
+            if p < 0:
+                out[f] = 2147483647
+            else:
+                s = 0
+                k = p + 1
+                while k > 0:
+                    s += tree[r, k]
+                    k -= k & -k
+                out[f] = live[r] - s
+        # then restamp
+        base = nxt[r]
+        for f in range(a, b):
+            j = f - a
+            st = base + (m - 1 - j if leaf_first else j)
+            key = ids[f]
+            p = last[r, key]
+            if p >= 0:
+                k = p + 1
+                while k < size:
+                    tree[r, k] -= 1
+                    k += k & -k
+            else:
+                live[r] += 1
+            k = st + 1
+            while k < size:
+                tree[r, k] += 1
+                k += k & -k
+            last[r, key] = st
+        nxt[r] = base + m
+
+
+_KERNEL = None
+
+
+def _numba_kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            import numba  # noqa: PLC0415
+        except ImportError:  # pragma: no cover - numba is a declared dependency
+            return None
+        _KERNEL = numba.njit(cache=True, nogil=True)(_distances_kernel)
+    return _KERNEL
+
+
+def stack_distances(
+    workload: Workload,
+    replica: np.ndarray,
+    *,
+    policy: str = "lru",
+    chunk_blocks: int = 64,
+    backend: str = "auto",
+) -> np.ndarray:
     """Stack distance of every block (flat, CSR like ``workload.keys``) on its request's replica.
 
     ``replica`` gives each request's replica. ``policy`` is ``lru`` (leaf-first stamps) or
-    ``lru_plain`` (prompt order).
+    ``lru_plain`` (prompt order). ``backend``: ``jax`` (the vmapped scan, runs on any JAX device),
+    ``numba`` (a compiled sequential pass on the host CPU, the fastest on CPU), or ``auto``
+    (numba when JAX's default device is a CPU, else jax). Both compute identical integers.
     """
     if policy not in ("lru", "lru_plain"):
         raise ValueError("hit curves exist for the stack policies lru and lru_plain")
+    if backend not in ("auto", "jax", "numba"):
+        raise ValueError("backend must be auto, jax or numba")
     workload.check_distinct_keys()
     replica = np.asarray(replica)
     if replica.shape != (workload.n_requests,):
         raise ValueError("replica must give one replica per request")
-    _, ids = np.unique(workload.keys, return_inverse=True)
+    if replica.size and replica.min() < 0:
+        raise ValueError("replica indices must be >= 0")
+    ids = workload.dense_ids()
     K = int(ids.max(initial=-1)) + 1
     nb = workload.n_blocks
+    if backend == "auto":
+        backend = "numba" if jax.default_backend() == "cpu" and _numba_kernel() is not None else "jax"
+    if backend == "numba":
+        kern = _numba_kernel()
+        if kern is None:
+            raise RuntimeError("numba is not installed")
+        out = np.empty(workload.total_blocks, np.int32)
+        rep = replica.astype(np.int64)
+        kern(ids.astype(np.int64), workload.offsets, rep, int(rep.max(initial=0)) + 1, max(K, 1), policy == "lru", out)
+        return out
     steps = []
     reps = np.unique(replica)
     for r in reps:
@@ -238,10 +325,11 @@ def hit_curve(
     key=None,
     max_capacity: int | None = None,
     chunk_blocks: int = 64,
+    backend: str = "auto",
 ) -> HitCurve:
     """Exact hit tokens and hit requests at every per-replica capacity 0..max_capacity."""
     rep = route_requests(workload, router, replicas, prefix_blocks=prefix_blocks, key=key)
-    d = stack_distances(workload, rep, policy=policy, chunk_blocks=chunk_blocks)
+    d = stack_distances(workload, rep, policy=policy, chunk_blocks=chunk_blocks, backend=backend)
     return curve_from_distances(workload, d, max_capacity=max_capacity)
 
 

@@ -95,9 +95,18 @@ class Workload:
                     "shift or split the trace"
                 )
 
+    def dense_ids(self) -> np.ndarray:
+        """Each block key's rank among the distinct keys (int64 [total blocks]); cached."""
+        cache = self.__dict__.get("_dense")
+        if cache is None:
+            _, ids = np.unique(self.keys, return_inverse=True)
+            cache = ids.astype(np.int64).reshape(-1)
+            object.__setattr__(self, "_dense", cache)
+        return cache
+
     def check_distinct_keys(self) -> None:
-        """Chained keys never repeat inside one request; the engine relies on it."""
-        if self.total_blocks == 0:
+        """Chained keys never repeat inside one request; the engine relies on it (checked once)."""
+        if self.total_blocks == 0 or self.__dict__.get("_distinct_ok"):
             return
         req = np.repeat(np.arange(self.n_requests), self.n_blocks)
         order = np.lexsort((self.keys, req))
@@ -108,6 +117,7 @@ class Workload:
             raise WorkloadError(
                 f"request {i} repeats a block key; chained block keys are distinct within a request"
             )
+        object.__setattr__(self, "_distinct_ok", True)
 
     # ------------------------------------------------------------ conveniences
     def slice(self, start: int, stop: int) -> "Workload":

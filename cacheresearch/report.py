@@ -1,0 +1,365 @@
+"""Summaries and figures of sweep results (xarray Datasets written by :mod:`cacheresearch.sweep`).
+
+Shell-side helpers shared by the sweep command and the notebooks::
+
+    ds = report.load("outputs/seed_fleet/.../results.nc")
+    print(report.summarize(ds))                      # table (mean ± std over seeds) + published + comparisons
+    report.save_figure(report.plot(ds), "fig.png")    # generic: lines over the first numeric axis, else bars
+    report.save_figure(report.bar_chart(ds, hue="policy"), "bars.png")
+
+Figures are built on :class:`matplotlib.figure.Figure` with the Agg canvas (no pyplot, no global
+backend change), so they render the same headless, in tests and in notebooks. ``std`` is the sample
+standard deviation over the ``seed`` dimension (``ddof=1``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import xarray as xr
+import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = [
+    "load",
+    "config_of",
+    "seed_stats",
+    "format_table",
+    "published_comparison",
+    "paired_comparison",
+    "summarize",
+    "plot",
+    "line_chart",
+    "bar_chart",
+    "save_figure",
+]
+
+SEED = "seed"
+
+
+# ------------------------------------------------------------------------------ data
+def load(path) -> xr.Dataset:
+    """Read a ``results.nc`` (or the run directory that holds one) fully into memory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.nc"
+    return xr.load_dataset(p, engine="h5netcdf")
+
+
+def config_of(ds: xr.Dataset) -> dict:
+    """The resolved configuration stored in the dataset (``attrs["config"]``, YAML) as a dict."""
+    text = ds.attrs.get("config")
+    return yaml.safe_load(text) if text else {}
+
+
+def _base_of(ds: xr.Dataset) -> dict:
+    try:
+        return json.loads(ds.attrs.get("base", "{}"))
+    except ValueError:
+        return {}
+
+
+def _is_rate(da: xr.DataArray) -> bool:
+    return da.attrs.get("units") == "1"
+
+
+def _other_dims(da: xr.DataArray) -> list[str]:
+    return [d for d in da.dims if d != SEED]
+
+
+def seed_stats(da: xr.DataArray):
+    """``(mean, std, n)`` over the seed dimension (std is None without several seeds)."""
+    if SEED in da.dims and da.sizes[SEED] > 1:
+        return da.mean(SEED), da.std(SEED, ddof=1), int(da.sizes[SEED])
+    if SEED in da.dims:
+        return da.isel({SEED: 0}, drop=True), None, 1
+    return da, None, 1
+
+
+def _fmt(mean, std=None, rate=True, digits=1) -> str:
+    if rate:
+        s = f"{100 * float(mean):.{digits}f}"
+        return f"{s} ± {100 * float(std):.{digits}f}%" if std is not None else f"{s}%"
+    s = f"{float(mean):.6g}"
+    return f"{s} ± {float(std):.3g}" if std is not None else s
+
+
+def _label(d: str, v) -> str:
+    return f"{d}={v}"
+
+
+# ------------------------------------------------------------------------------ text
+def _render(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for j, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if i < len(r) - 1 else c.ljust(w).rstrip() for i, (c, w) in
+                               enumerate(zip(r, widths))).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_table(ds: xr.Dataset, var: str = "token_hit_rate") -> str:
+    """A text table of ``var``: rows are the combinations of all dims but the last, columns the last."""
+    da = ds[var]
+    mean, std, n = seed_stats(da)
+    rate = _is_rate(da)
+    dims = _other_dims(da)
+    cell = lambda sel: _fmt(mean.sel(sel), None if std is None else std.sel(sel), rate)  # noqa: E731
+    if not dims:
+        return f"{var}: {cell({})}"
+    col, rows_d = dims[-1], dims[:-1]
+    header = rows_d + [str(v) for v in da[col].values] if rows_d else [col] + [var]
+    rows = [header]
+    if rows_d:
+        for combo in itertools.product(*(da[d].values for d in rows_d)):
+            sel = dict(zip(rows_d, combo))
+            rows.append([str(v) for v in combo] + [cell({**sel, col: c}) for c in da[col].values])
+    else:
+        for c in da[col].values:
+            rows.append([str(c), cell({col: c})])
+    title = f"{var} ({da.attrs.get('long_name', var)})"
+    if rows_d:
+        title += f"; columns: {col}"
+    if n > 1:
+        title += f"; mean ± std over {n} seeds"
+    return title + "\n" + _render(rows)
+
+
+def _select(ds: xr.Dataset, select: dict):
+    """``ds`` at ``select``; keys that are not dims must equal the run's base value. None if absent."""
+    base = _base_of(ds)
+    sel = {}
+    for k, v in (select or {}).items():
+        if k in ds.dims:
+            if v not in list(ds[k].values):
+                return None
+            sel[k] = v
+        elif base.get(k) != v:
+            return None
+    return ds.sel(sel)
+
+
+def published_comparison(ds: xr.Dataset, published: list[dict], var: str = "token_hit_rate", source: str = "") -> str:
+    """Published numbers next to ours; each entry ``{label, select: {dim: value}, <var>: number}``."""
+    lines = [f"Published vs ours, {var}" + (f" (source: {source})" if source else "") + ":"]
+    rows = [["", "published", "ours", "cell"]]
+    for item in published or []:
+        if var not in item:
+            continue
+        label = item.get("label", "")
+        where = ", ".join(_label(k, v) for k, v in (item.get("select") or {}).items())
+        sub = _select(ds, item.get("select") or {})
+        if sub is None:
+            rows.append([label, _fmt(item[var], rate=_is_rate(ds[var])), "(not in this grid)", where])
+            continue
+        da = sub[var]
+        mean, std, n = seed_stats(da)
+        rest = _other_dims(mean if std is None else da)
+        rest = [d for d in rest if d in mean.dims]
+        if not rest:
+            ours = _fmt(mean, std, _is_rate(da))
+            if n > 1:
+                lo, hi = float(da.min()), float(da.max())
+                ours += f" ({n} seeds, range {_fmt(lo, rate=_is_rate(da))}-{_fmt(hi, rate=_is_rate(da))})"
+            rows.append([label, _fmt(item[var], rate=_is_rate(da)), ours, where])
+        else:  # unselected dims: one row per remaining combination
+            for combo in itertools.product(*(mean[d].values for d in rest)):
+                s = dict(zip(rest, combo))
+                ours = _fmt(mean.sel(s), None if std is None else std.sel(s), _is_rate(da))
+                extra = ", ".join(_label(k, v) for k, v in s.items())
+                rows.append([label, _fmt(item[var], rate=_is_rate(da)), ours, f"{where}, {extra}"])
+    return "\n".join(lines + ["  " + line for line in _render(rows).splitlines()])
+
+
+def paired_comparison(ds: xr.Dataset, dim: str, baseline, variant, var: str = "token_hit_rate", label: str = "") -> str:
+    """``variant - baseline`` along ``dim`` for every combination of the other dims, paired per seed.
+
+    Both sides of a pair see the same workload and the same router PRNG key, so the per-seed
+    difference isolates the effect of ``dim``.
+    """
+    if dim not in ds.dims or baseline not in ds[dim].values or variant not in ds[dim].values:
+        return f"{label or f'{variant} vs {baseline}'}: (not in this grid)"
+    da = ds[var]
+    a, b = da.sel({dim: baseline}), da.sel({dim: variant})
+    diff = b - a
+    rate = _is_rate(da)
+    unit = " pts" if rate else ""
+    scale = 100.0 if rate else 1.0
+    n = da.sizes.get(SEED, 1)
+    head = f"{label or f'{variant} vs {baseline}'}: {var}, {dim}={variant} minus {dim}={baseline}"
+    head += f", paired over {n} seeds (mean ± std)" if n > 1 else ""
+    rows = [["cell", str(baseline), str(variant), "change", ""]]
+    rest = [d for d in diff.dims if d != SEED]
+    for combo in itertools.product(*(diff[d].values for d in rest)) if rest else [()]:
+        s = dict(zip(rest, combo))
+        ma, sa, _ = seed_stats(a.sel(s))
+        mb, sb, _ = seed_stats(b.sel(s))
+        md, sd, _ = seed_stats(diff.sel(s))
+        dvals = np.asarray(diff.sel(s).values).reshape(-1)
+        if np.all(dvals == 0):
+            note = "identical on every seed" if n > 1 else "identical"
+        else:
+            note = f"changed on {int(np.sum(dvals != 0))}/{dvals.size} seeds" if n > 1 else "changed"
+        ch = f"{scale * float(md):+.{2 if rate else 4}f}"
+        if sd is not None:
+            ch += f" ± {scale * float(sd):.{2 if rate else 4}f}"
+        rows.append([", ".join(_label(k, v) for k, v in s.items()) or "(all)", _fmt(ma, sa, rate), _fmt(mb, sb, rate),
+                     ch + unit, note])
+    return head + "\n" + "\n".join("  " + line for line in _render(rows).splitlines())
+
+
+def summarize(ds: xr.Dataset, var: str = "token_hit_rate") -> str:
+    """The run's header, the table of ``var``, and the ``report`` section of its config (if any)."""
+    a = ds.attrs
+    parts = []
+    name = a.get("experiment", "?")
+    parts.append(f"experiment: {name}" + (f" — {a['description']}" if a.get("description") else ""))
+    try:
+        desc = json.loads(a.get("workload", "[]"))
+    except ValueError:
+        desc = []
+    if desc:
+        rng = lambda k: (f"{min(d[k] for d in desc):,}" if len({d[k] for d in desc}) == 1  # noqa: E731
+                         else f"{min(d[k] for d in desc):,}-{max(d[k] for d in desc):,}")
+        parts.append(
+            f"workload: {a.get('workload_source', '?')} ({desc[0]['name']}{', ...' if len(desc) > 1 else ''}); "
+            f"{len(desc)} stream(s): {rng('n_requests')} requests, {rng('total_blocks')} blocks, "
+            f"{rng('distinct_keys')} distinct keys, {desc[0]['block_tokens']} tokens/block"
+        )
+    dims = " x ".join(f"{d}({ds.sizes[d]})" for d in ds[var].dims) or "(single configuration)"
+    parts.append(f"grid: {dims} = {a.get('n_configs', '?')} configurations, max_replicas {a.get('max_replicas', '?')}")
+    if "wall_time_s" in a:
+        parts.append(
+            f"time: {a['wall_time_s']:.1f} s wall (workloads {a.get('build_time_s', 0):.1f} s, simulate "
+            f"{a.get('simulate_time_s', 0):.1f} s incl. compile {a.get('compile_time_s', 0):.1f} s, "
+            f"{a.get('n_compiled_calls', 1)} call(s)); jax {a.get('jax_version', '?')} on {a.get('jax_backend', '?')}, "
+            f"cacheresearch {a.get('cacheresearch_version', '?')}"
+        )
+    parts.append("")
+    parts.append(format_table(ds, var))
+    rep = config_of(ds).get("report") or {}
+    if rep.get("published"):
+        parts.append("")
+        parts.append(published_comparison(ds, rep["published"], var, rep.get("source", "")))
+    for c in rep.get("compare") or []:
+        parts.append("")
+        parts.append(paired_comparison(ds, c["dim"], c["baseline"], c["variant"], var, c.get("label", "")))
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------ figures
+def _new_figure(width=7.0, height=4.5) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _ylabel(da: xr.DataArray, var: str) -> str:
+    ln = da.attrs.get("long_name", var).split(":")[0]
+    return f"{ln} (%)" if _is_rate(da) else f"{ln} ({da.attrs['units']})" if da.attrs.get("units") else ln
+
+
+def _title(ds: xr.Dataset, n: int) -> str:
+    t = str(ds.attrs.get("experiment", ""))
+    return t + (f"  (mean ± std over {n} seeds)" if n > 1 else "")
+
+
+def line_chart(ds: xr.Dataset, var: str = "token_hit_rate", x: str | None = None) -> Figure:
+    """``var`` against dimension ``x`` (default: the first numeric dim), one line per other combination."""
+    da = ds[var]
+    dims = _other_dims(da)
+    if x is None:
+        x = next(d for d in dims if np.asarray(da[d].values).dtype.kind in "iuf")
+    mean, std, n = seed_stats(da)
+    scale = 100.0 if _is_rate(da) else 1.0
+    rest = [d for d in dims if d != x]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    xs = np.asarray(da[x].values, dtype=float)
+    combos = list(itertools.product(*(da[d].values for d in rest))) if rest else [()]
+    colors = matplotlib.colormaps["tab10" if len(combos) <= 10 else "tab20"]
+    styles = ("-", "--", ":", "-.")
+    for i, combo in enumerate(combos):
+        s = dict(zip(rest, combo))
+        style = dict(color=colors(i % colors.N), ls=styles[list(da[rest[0]].values).index(combo[0]) % 4] if rest else "-")
+        y = scale * np.asarray(mean.sel(s).transpose(x).values, dtype=float)
+        lab = ", ".join(f"{v}" if k in ("policy", "router", "layout") else _label(k, v) for k, v in s.items()) or var
+        if std is not None:
+            e = scale * np.asarray(std.sel(s).transpose(x).values, dtype=float)
+            ax.errorbar(xs, y, yerr=e, marker="o", ms=4, capsize=3, label=lab, **style)
+        else:
+            ax.plot(xs, y, marker="o", ms=4, label=lab, **style)
+    if xs.size > 1 and xs.min() > 0 and xs.max() / xs.min() >= 50:
+        ax.set_xscale("log")
+    units = da[x].attrs.get("units")
+    ax.set_xlabel(f"{x} ({units})" if units else x)
+    ax.set_ylabel(_ylabel(da, var))
+    ax.set_title(_title(ds, n))
+    ax.grid(True, alpha=0.3)
+    if rest:
+        fig.legend(fontsize="small" if len(combos) <= 12 else "x-small", ncols=1 if len(combos) <= 16 else 2,
+                   title=" / ".join(rest), loc="outside right upper")
+    return fig
+
+
+def bar_chart(ds: xr.Dataset, var: str = "token_hit_rate", hue: str | None = None) -> Figure:
+    """Grouped bars: one group per combination of the dims other than ``hue`` (default: the last dim),
+    one bar per ``hue`` value, error bars = std over seeds."""
+    da = ds[var]
+    dims = _other_dims(da)
+    mean, std, n = seed_stats(da)
+    scale = 100.0 if _is_rate(da) else 1.0
+    fig = _new_figure(max(5.0, 1.2 + 0.9 * int(np.prod([da.sizes[d] for d in dims], dtype=int))), 4.5)
+    ax = fig.add_subplot()
+    if not dims:
+        ax.bar([0], [scale * float(mean)], yerr=None if std is None else [scale * float(std)], capsize=4)
+        ax.set_xticks([0], [var])
+    else:
+        hue = hue or dims[-1]
+        groups = [d for d in dims if d != hue]
+        combos = list(itertools.product(*(da[d].values for d in groups))) if groups else [()]
+        hv = list(da[hue].values)
+        width = 0.8 / len(hv)
+        xs = np.arange(len(combos))
+        for j, h in enumerate(hv):
+            y, e = [], []
+            for combo in combos:
+                s = {**dict(zip(groups, combo)), hue: h}
+                y.append(scale * float(mean.sel(s)))
+                e.append(0.0 if std is None else scale * float(std.sel(s)))
+            pos = xs - 0.4 + width * (j + 0.5)
+            bars = ax.bar(pos, y, width, yerr=e if std is not None else None, capsize=3, label=str(h))
+            ax.bar_label(bars, labels=[f"{v:.1f}" for v in y], fontsize="x-small", padding=2)
+        ax.set_xticks(xs, ["\n".join(str(v) for v in c) for c in combos] if groups else [""])
+        if groups:
+            ax.set_xlabel(" / ".join(groups))
+        fig.legend(title=hue, fontsize="small", loc="outside right upper")
+    ax.set_ylabel(_ylabel(da, var))
+    if _is_rate(da):
+        ax.set_ylim(0, 105)
+    ax.set_title(_title(ds, n))
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+def plot(ds: xr.Dataset, var: str = "token_hit_rate") -> Figure:
+    """The generic figure: :func:`line_chart` over the first numeric dim, else :func:`bar_chart`."""
+    da = ds[var]
+    numeric = [d for d in _other_dims(da) if np.asarray(da[d].values).dtype.kind in "iuf" and da.sizes[d] > 1]
+    if numeric:
+        return line_chart(ds, var, numeric[0])
+    return bar_chart(ds, var)
+
+
+def save_figure(fig: Figure, path, dpi: int = 120) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=dpi)
+    return p

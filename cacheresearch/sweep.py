@@ -1,0 +1,666 @@
+"""Parameter sweeps from the command line: the thin Hydra shell around the engine.
+
+Usage (from the repository root)::
+
+    python -m cacheresearch.sweep                                   # the default: experiment=seed_fleet
+    python -m cacheresearch.sweep experiment=replay trace.path=FILE trace.block_tokens=512 \\
+        'grid.policy=[lru,lru_plain,unbounded]' 'grid.capacity_blocks=[1000,10000,30000]' \\
+        'grid.replicas=[1,2,4,8]' fleet.router=round_robin hydra.run.dir=OUT
+
+Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schema is
+:class:`SweepConfig`, registered in Hydra's ConfigStore as ``sweep_schema``):
+
+``workload.source``   ``fleet`` (:func:`~cacheresearch.synthetic.fleet_workload`, arguments under
+                      ``workload.fleet``), ``design`` (:func:`~cacheresearch.synthetic.design_workload`,
+                      ``workload.design``) or ``trace`` (a Mooncake JSONL file: ``trace.path``,
+                      ``trace.block_tokens``, ``trace.max_requests``)
+``fleet``             ``router``, ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
+                      largest replica count of the grid)
+``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
+``engine``            ``chunk_blocks``; ``max_batch`` (configurations per compiled call, default all)
+``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
+``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
+                      ``prefix_blocks``, ``layout``, ``seed``: a list makes the key an output dimension
+                      (coordinates as given); a scalar overrides the base value; null keeps the base
+``report``            free-form: published numbers and paired comparisons for the summary
+
+The whole product grid runs in ONE jit-compiled, vmapped :func:`~cacheresearch.engine.simulate_grid`
+call (or ``engine.max_batch``-sized calls of one compiled shape). Configuration axes (policy, capacity,
+TTL, replicas, router, prefix_blocks, and the seed as the router's PRNG key) are rows of the params
+batch; workload axes (``layout``, and ``seed`` for synthetic workloads) are separate streams, stacked
+with :func:`~cacheresearch.engine.stack_streams` and indexed per configuration (``stream_axis=True``).
+A parameter a policy does not use (TTL for ``lru``, capacity for TTL policies) is ignored in that cell.
+
+Outputs in the run directory (``hydra.run.dir=OUT``): ``results.nc`` (xarray Dataset, netCDF4 via
+h5netcdf), ``summary.txt`` (also printed) and ``figure.png``. :func:`run_experiment` does the same
+without a subprocess (Hydra's compose API), for tests and notebooks.
+
+Only this module and :mod:`cacheresearch.report` touch Hydra, xarray, matplotlib or files; the
+simulation core does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+import jax
+import numpy as np
+import xarray as xr
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from . import __version__
+from .engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params, stack_streams
+from .policies import INF, POLICIES, policy_spec
+from .routers import ROUTERS
+from .synthetic import design_workload, fleet_workload
+from .trace import TraceError, load_mooncake
+from .workload import Workload, WorkloadError
+
+__all__ = [
+    "SweepConfig",
+    "SweepError",
+    "GRID_KEYS",
+    "CONFIG_DIR",
+    "compose_config",
+    "run",
+    "run_experiment",
+    "main",
+]
+
+#: ``configs/`` at the repository root (the package is installed editable).
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+#: Keys the grid knows, in the order their dimensions appear in the output (seed last).
+GRID_KEYS = ("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks", "layout", "seed")
+LAYOUTS = ("stable", "timestamp_top")
+SOURCES = ("fleet", "design", "trace")
+RESULT_FILE, SUMMARY_FILE, FIGURE_FILE = "results.nc", "summary.txt", "figure.png"
+
+
+class SweepError(ValueError):
+    """A sweep configuration or its input is invalid (the message says which key and why)."""
+
+
+# ------------------------------------------------------------------------------ schema
+@dataclass
+class TraceConf:
+    path: Optional[str] = None  # Mooncake JSONL, relative to the directory the command runs in
+    block_tokens: int = 512
+    max_requests: Optional[int] = None
+
+
+@dataclass
+class FleetWorkloadConf:
+    """Arguments of :func:`cacheresearch.synthetic.fleet_workload` (``seed`` comes from ``seed``/``seeds``)."""
+
+    n_tenants: int = 8
+    system_tokens: int = 1200
+    doc_tokens: int = 800
+    user_tokens: int = 60
+    n_requests: int = 2000
+    block_tokens: int = 16
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    layout: str = "stable"
+    rate_per_s: Optional[float] = None
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+
+
+@dataclass
+class DesignWorkloadConf:
+    """Arguments of :func:`cacheresearch.synthetic.design_workload` (``seed`` comes from ``seed``/``seeds``)."""
+
+    n_tenants: int = 200
+    prefix_tokens: int = 10_000
+    suffix_tokens: int = 200
+    n_requests: int = 50_000
+    duration_s: float = 86_400.0
+    rate_per_s: Optional[float] = None
+    hot_share: float = 0.0
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    block_tokens: int = 16
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+
+
+@dataclass
+class WorkloadConf:
+    source: str = "fleet"  # fleet | design | trace
+    fleet: FleetWorkloadConf = field(default_factory=FleetWorkloadConf)
+    design: DesignWorkloadConf = field(default_factory=DesignWorkloadConf)
+
+
+@dataclass
+class FleetConf:
+    router: str = "round_robin"
+    replicas: int = 1
+    prefix_blocks: int = 80
+    max_replicas: Optional[int] = None  # static bound; default: the largest replica count in the grid
+
+
+@dataclass
+class CacheConf:
+    policy: str = "lru"
+    capacity_blocks: Optional[int] = None  # blocks per replica (LRU policies)
+    ttl_s: Optional[float] = None  # seconds (TTL policies)
+
+
+@dataclass
+class EngineConf:
+    chunk_blocks: int = 32
+    max_batch: Optional[int] = None  # configurations per compiled call (None: the whole grid at once)
+
+
+@dataclass
+class GridConf:
+    """Every known grid key is present (null = not swept), so ``grid.policy=[...]`` needs no ``+``."""
+
+    policy: Any = None
+    capacity_blocks: Any = None
+    ttl_s: Any = None
+    replicas: Any = None
+    router: Any = None
+    prefix_blocks: Any = None
+    layout: Any = None
+    seed: Any = None
+
+
+@dataclass
+class OutputConf:
+    variable: str = "token_hit_rate"  # the variable of the summary table and the figure
+    figure: bool = True
+
+
+@dataclass
+class SweepConfig:
+    name: str = "sweep"
+    description: str = ""
+    workload: WorkloadConf = field(default_factory=WorkloadConf)
+    trace: TraceConf = field(default_factory=TraceConf)
+    fleet: FleetConf = field(default_factory=FleetConf)
+    cache: CacheConf = field(default_factory=CacheConf)
+    engine: EngineConf = field(default_factory=EngineConf)
+    seed: int = 0
+    seeds: int = 1
+    grid: GridConf = field(default_factory=GridConf)
+    output: OutputConf = field(default_factory=OutputConf)
+    report: Any = None  # {source, published: [{label, select, <var>}], compare: [{dim, baseline, variant}]}
+
+
+ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)
+
+
+# ------------------------------------------------------------------------------ the plan
+@dataclass
+class Plan:
+    """The validated grid: output dimensions, their coordinates, and the base value of every key."""
+
+    source: str
+    dims: list[str]
+    coords: dict[str, list]
+    base: dict[str, Any]
+    max_replicas: int
+    workload_dims: list[str]  # dims that change the requests (separate streams)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(self.coords[d]) for d in self.dims)
+
+    def cells(self):
+        """Every configuration as a dict of all grid keys, in C order of :attr:`dims`."""
+        for combo in itertools.product(*(self.coords[d] for d in self.dims)):
+            cell = dict(self.base)
+            cell.update(zip(self.dims, combo))
+            yield cell
+
+
+def _integer(key: str, v, lo: int) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise SweepError(f"{key} must be an integer, got {v!r}")
+    if v < lo:
+        raise SweepError(f"{key} must be >= {lo}, got {v}")
+    return int(v)
+
+
+def _number(key: str, v, lo: float) -> float | int:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+        raise SweepError(f"{key} must be a finite number, got {v!r}")
+    if v < lo:
+        raise SweepError(f"{key} must be >= {lo}, got {v}")
+    return v
+
+
+def _check_value(key: str, v, source: str):
+    """Validate one value of a grid key (``key`` names where it came from, for the message)."""
+    name = key.split(".")[-1]
+    if name == "policy":
+        if v not in POLICIES:
+            raise SweepError(f"{key}: unknown policy {v!r}; choose one of {sorted(POLICIES)}")
+        return v
+    if name == "router":
+        if v not in ROUTERS:
+            raise SweepError(f"{key}: unknown router {v!r}; choose one of {sorted(ROUTERS)}")
+        return v
+    if name == "layout":
+        if v not in LAYOUTS:
+            raise SweepError(f"{key}: unknown layout {v!r}; choose one of {list(LAYOUTS)}")
+        return v
+    if name == "capacity_blocks":
+        if v is None:
+            return None
+        v = _integer(key, v, 0)
+        if v >= INF:
+            raise SweepError(f"{key} must be below {INF}; use policy 'unbounded' for no limit")
+        return v
+    if name == "ttl_s":
+        if v is None:
+            return None
+        v = _number(key, v, 0)
+        if v * 1000 >= INF:
+            raise SweepError(f"{key} must be below {INF / 1000:.0f} s")
+        return v
+    if name == "replicas":
+        return _integer(key, v, 1)
+    if name == "prefix_blocks":
+        return _integer(key, v, 1)
+    if name == "seed":
+        return _integer(key, v, 0)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _base_values(cfg) -> dict[str, Any]:
+    return {
+        "policy": cfg.cache.policy,
+        "capacity_blocks": cfg.cache.capacity_blocks,
+        "ttl_s": cfg.cache.ttl_s,
+        "replicas": cfg.fleet.replicas,
+        "router": cfg.fleet.router,
+        "prefix_blocks": cfg.fleet.prefix_blocks,
+        "layout": cfg.workload.fleet.layout if cfg.workload.source == "fleet" else None,
+        "seed": cfg.seed,
+    }
+
+
+_BASE_KEY = {
+    "policy": "cache.policy",
+    "capacity_blocks": "cache.capacity_blocks",
+    "ttl_s": "cache.ttl_s",
+    "replicas": "fleet.replicas",
+    "router": "fleet.router",
+    "prefix_blocks": "fleet.prefix_blocks",
+    "layout": "workload.fleet.layout",
+    "seed": "seed",
+}
+
+
+def make_plan(cfg: DictConfig) -> Plan:
+    """Validate ``cfg`` and lay out the grid (raises :class:`SweepError` with a readable message)."""
+    source = cfg.workload.source
+    if source not in SOURCES:
+        raise SweepError(f"workload.source: unknown source {source!r}; choose one of {list(SOURCES)}")
+    grid = OmegaConf.to_container(cfg.grid, resolve=True)
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:  # only reachable without the schema
+        raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
+    base = _base_values(cfg)
+    for k in GRID_KEYS:
+        if k in ("layout",) and base[k] is None:
+            continue
+        base[k] = _check_value(_BASE_KEY[k], base[k], source)
+
+    coords: dict[str, list] = {}
+    for k in GRID_KEYS:
+        v = grid.get(k)
+        if v is None:
+            continue
+        if k == "layout" and source != "fleet":
+            raise SweepError(f"grid.layout applies to workload.source=fleet only (the source is {source!r})")
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise SweepError(f"grid.{k} is an empty list")
+            vals = []
+            for x in v:
+                if isinstance(x, (list, tuple, dict)):
+                    raise SweepError(f"grid.{k}: elements must be scalars, got {x!r}")
+                if x is None:
+                    raise SweepError(f"grid.{k}: null is not a valid grid value")
+                vals.append(_check_value(f"grid.{k}", x, source))
+            if len(set(vals)) != len(vals):
+                raise SweepError(f"grid.{k} has repeated values: {v}")
+            coords[k] = vals
+        elif isinstance(v, dict):
+            raise SweepError(f"grid.{k} must be a scalar or a list, got a mapping")
+        else:
+            base[k] = _check_value(f"grid.{k}", v, source)
+
+    seeds = _integer("seeds", cfg.seeds, 1)
+    if "seed" not in coords and seeds > 1:
+        coords["seed"] = [base["seed"] + i for i in range(seeds)]
+
+    # policies that need a capacity / a TTL must get one in every cell where they appear
+    policies = coords.get("policy", [base["policy"]])
+    for p in policies:
+        spec = policy_spec(p)
+        if spec.uses_capacity and base["capacity_blocks"] is None and "capacity_blocks" not in coords:
+            raise SweepError(
+                f"policy {p!r} needs a capacity: set cache.capacity_blocks=N or grid.capacity_blocks=[...]"
+            )
+        if spec.uses_ttl and base["ttl_s"] is None and "ttl_s" not in coords:
+            raise SweepError(f"policy {p!r} needs a TTL: set cache.ttl_s=SECONDS or grid.ttl_s=[...]")
+
+    replicas = coords.get("replicas", [base["replicas"]])
+    max_r = cfg.fleet.max_replicas
+    if max_r is None:
+        max_r = max(replicas)
+    max_r = _integer("fleet.max_replicas", max_r, 1)
+    if max(replicas) > max_r:
+        raise SweepError(f"replicas {sorted(replicas)} exceed fleet.max_replicas={max_r}")
+
+    dims = [k for k in GRID_KEYS if k in coords]
+    wl_keys = ("layout", "seed") if source == "fleet" else ("seed",) if source == "design" else ()
+    return Plan(
+        source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
+        workload_dims=[d for d in dims if d in wl_keys],
+    )
+
+
+# ------------------------------------------------------------------------------ workloads
+def _resolve_path(p: str) -> Path:
+    try:
+        from hydra.utils import to_absolute_path
+
+        return Path(to_absolute_path(p))
+    except Exception:  # noqa: BLE001 - outside a Hydra run: relative to the working directory
+        return Path(p).resolve()
+
+
+def _workload_key(plan: Plan, cell: dict) -> tuple:
+    if plan.source == "fleet":
+        return (cell["layout"], cell["seed"])
+    if plan.source == "design":
+        return (cell["seed"],)
+    return ()
+
+
+def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
+    """The workload of one stream (``wkey`` from :func:`_workload_key`)."""
+    src = plan.source
+    try:
+        if src == "trace":
+            if cfg.trace.path is None:
+                raise SweepError("workload.source=trace needs trace.path=FILE (a Mooncake JSONL trace)")
+            path = _resolve_path(str(cfg.trace.path))
+            if not path.is_file():
+                raise SweepError(f"trace.path: file not found: {cfg.trace.path} (looked at {path})")
+            return load_mooncake(path, block_tokens=cfg.trace.block_tokens, max_requests=cfg.trace.max_requests)
+        if src == "fleet":
+            args = OmegaConf.to_container(cfg.workload.fleet, resolve=True)
+            args.update(layout=wkey[0], seed=wkey[1])
+            return fleet_workload(**args)
+        args = OmegaConf.to_container(cfg.workload.design, resolve=True)
+        return design_workload(**args, seed=wkey[0])
+    except SweepError:
+        raise
+    except (TraceError, WorkloadError) as e:
+        raise SweepError(f"trace: {e}") from None
+    except (ValueError, TypeError) as e:
+        where = "trace" if src == "trace" else f"workload.{src}"
+        raise SweepError(f"{where}: {e}") from None
+
+
+def describe_workload(w: Workload) -> dict:
+    return {
+        "name": w.name,
+        "n_requests": int(w.n_requests),
+        "total_blocks": int(w.total_blocks),
+        "distinct_keys": int(np.unique(w.keys).shape[0]),
+        "input_tokens": int(w.input_tokens.sum()),
+        "block_tokens": int(w.block_tokens),
+        "meta": {k: (v if isinstance(v, (str, int, float, type(None))) else str(v)) for k, v in w.meta.items()},
+    }
+
+
+# ------------------------------------------------------------------------------ the run
+class _CompileTimer:
+    """Sums JAX's compile-time events (tracing, lowering, backend compile) while active."""
+
+    EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def _listener(self, event, duration, **kwargs):
+        if event in self.EVENTS:
+            self.seconds += float(duration)
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            jax.monitoring.unregister_event_duration_listener(self._listener)
+        except Exception:  # noqa: BLE001 - older JAX: leave the (inactive) listener registered
+            pass
+        return False
+
+
+def _params_of(cell: dict):
+    try:
+        return make_params(
+            cell["policy"], capacity_blocks=cell["capacity_blocks"], ttl_s=cell["ttl_s"],
+            replicas=cell["replicas"], router=cell["router"], prefix_blocks=cell["prefix_blocks"],
+        )
+    except ValueError as e:
+        raise SweepError(f"configuration {cell}: {e}") from None
+
+
+def simulate_plan(cfg, plan: Plan):
+    """Build the streams and run the grid. Returns (metrics as NumPy [G], stream index [G], workloads, timings)."""
+    cells = list(plan.cells())
+    t0 = time.perf_counter()
+    wkeys: dict[tuple, int] = {}
+    idx = np.empty(len(cells), dtype=np.int64)
+    for g, cell in enumerate(cells):
+        idx[g] = wkeys.setdefault(_workload_key(plan, cell), len(wkeys))
+    workloads = [build_workload(cfg, plan, k) for k in wkeys]
+    chunk = _integer("engine.chunk_blocks", cfg.engine.chunk_blocks, 1)
+    streams = [compile_stream(w, chunk_blocks=chunk) for w in workloads]
+    t_build = time.perf_counter() - t0
+
+    params = [_params_of(c) for c in cells]
+    seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
+    G = len(cells)
+    B = G if cfg.engine.max_batch is None else min(G, _integer("engine.max_batch", cfg.engine.max_batch, 1))
+    stacked = stack_streams(streams) if len(streams) > 1 else None
+
+    t1 = time.perf_counter()
+    outs = []
+    with _CompileTimer() as ct:
+        for a in range(0, G, B):
+            sel = np.arange(a, a + B)
+            sel = np.minimum(sel, G - 1)  # pad the last batch by repeating its last cell: one compiled shape
+            P = stack_params([params[i] for i in sel])
+            keys = jax.vmap(jax.random.key)(jax.numpy.asarray(seeds[sel]))
+            if stacked is None:
+                m = simulate_grid(streams[0], P, keys, max_replicas=plan.max_replicas)
+            else:
+                take = jax.numpy.asarray(idx[sel])
+                st = jax.tree.map(lambda x: x[take], stacked)
+                m = simulate_grid(st, P, keys, max_replicas=plan.max_replicas, stream_axis=True)
+            m = jax.tree.map(np.asarray, jax.block_until_ready(m))
+            n_real = min(B, G - a)
+            outs.append(jax.tree.map(lambda x: x[:n_real], m))
+    t_sim = time.perf_counter() - t1
+    metrics = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
+    timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": -(-G // B)}
+    return metrics, idx, workloads, timing
+
+
+def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
+    """The results as an xarray Dataset (dims = list-valued grid keys, coordinates as given)."""
+    shape, dims = plan.shape, plan.dims
+    coords = {d: np.asarray(plan.coords[d]) for d in dims}
+
+    def grid(a, dtype):
+        return (dims, np.asarray(a).astype(dtype).reshape(shape))
+
+    inp = np.asarray([int(w.input_tokens.sum()) for w in workloads], dtype=np.int64)
+    nreq = np.asarray([w.n_requests for w in workloads], dtype=np.int64)
+    data = {
+        "token_hit_rate": grid(metrics.token_hit_rate, np.float64),
+        "request_hit_rate": grid(metrics.request_hit_rate, np.float64),
+        "hit_tokens": grid(combine_limbs(metrics.hit_tokens_hi, metrics.hit_tokens_lo), np.int64),
+        "input_tokens": grid(inp[idx], np.int64),
+        "requests_hit": grid(metrics.requests_hit, np.int64),
+        "n_requests": grid(nreq[idx], np.int64),
+    }
+    ds = xr.Dataset(data, coords=coords)
+    long = {
+        "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
+        "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
+        "hit_tokens": ("input tokens served from cache (exact)", "tokens"),
+        "input_tokens": ("input tokens of the workload", "tokens"),
+        "requests_hit": ("requests with at least one hit block", "requests"),
+        "n_requests": ("requests in the workload", "requests"),
+    }
+    for v, (ln, u) in long.items():
+        ds[v].attrs.update(long_name=ln, units=u)
+    coord_doc = {
+        "policy": ("cache policy", None),
+        "capacity_blocks": ("cache capacity per replica", "blocks"),
+        "ttl_s": ("time to live", "s"),
+        "replicas": ("number of replicas", None),
+        "router": ("router", None),
+        "prefix_blocks": ("prefix_hash key length", "blocks"),
+        "layout": ("prompt layout", None),
+        "seed": ("seed (workload draw and router PRNG key)" if plan.source != "trace" else "seed (router PRNG key)", None),
+    }
+    for d in dims:
+        ln, u = coord_doc[d]
+        ds[d].attrs["long_name"] = ln
+        if u:
+            ds[d].attrs["units"] = u
+
+    desc = []
+    wk = list({_workload_key(plan, c): None for c in plan.cells()})
+    for k, w in zip(wk, workloads):
+        d = describe_workload(w)
+        if plan.source == "fleet":
+            d.update(layout=k[0], seed=k[1])
+        elif plan.source == "design":
+            d.update(seed=k[0])
+        desc.append(d)
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    ds.attrs.update(
+        title=f"cacheresearch sweep: {cfg.name}",
+        experiment=str(cfg.name),
+        description=str(cfg.description or ""),
+        config=cfg_yaml,
+        workload_source=plan.source,
+        workload=json.dumps(desc),
+        workload_n_requests=np.asarray([d["n_requests"] for d in desc], dtype=np.int64),
+        workload_total_blocks=np.asarray([d["total_blocks"] for d in desc], dtype=np.int64),
+        workload_distinct_keys=np.asarray([d["distinct_keys"] for d in desc], dtype=np.int64),
+        n_configs=int(np.prod(shape, dtype=np.int64)),
+        n_streams=len(workloads),
+        max_replicas=int(plan.max_replicas),
+        base=json.dumps({k: v for k, v in plan.base.items()}),
+        cacheresearch_version=__version__,
+        jax_version=jax.__version__,
+        jax_backend=jax.default_backend(),
+        build_time_s=float(timing["build_s"]),
+        simulate_time_s=float(timing["simulate_s"]),
+        compile_time_s=float(timing["compile_s"]),
+        n_compiled_calls=int(timing["batches"]),
+        wall_time_s=float(timing.get("wall_s", 0.0)),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    return ds
+
+
+def run(cfg, output_dir: str | Path | None = None, *, write: bool = True) -> xr.Dataset:
+    """Validate ``cfg``, simulate the grid and (when ``write``) write the outputs into ``output_dir``."""
+    t0 = time.perf_counter()
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg)
+    plan = make_plan(cfg)
+    metrics, idx, workloads, timing = simulate_plan(cfg, plan)
+    timing["wall_s"] = time.perf_counter() - t0
+    ds = to_dataset(cfg, plan, metrics, idx, workloads, timing)
+    if write:
+        if output_dir is None:
+            raise ValueError("output_dir is required when write=True")
+        write_outputs(ds, output_dir, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+    return ds
+
+
+def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: str = "token_hit_rate") -> str:
+    """``results.nc``, ``summary.txt`` and (optionally) ``figure.png`` in ``output_dir``; returns the summary."""
+    from . import report
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ds.to_netcdf(out / RESULT_FILE, engine="h5netcdf")
+    text = report.summarize(ds, variable)
+    (out / SUMMARY_FILE).write_text(text + "\n", encoding="utf-8")
+    if figure:
+        report.save_figure(report.plot(ds, variable), out / FIGURE_FILE)
+    return text
+
+
+# ------------------------------------------------------------------------------ entry points
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The composed configuration for ``overrides`` (Hydra's compose API; no run directory)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="cacheresearch.sweep"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_experiment(overrides: list[str] | tuple[str, ...], output_dir: str | Path) -> xr.Dataset:
+    """Run an experiment in-process: ``run_experiment(["experiment=seed_fleet", "seeds=2"], "out")``.
+
+    Same outputs as the command line (``results.nc``, ``summary.txt``, ``figure.png`` in
+    ``output_dir``); returns the dataset. ``hydra.*`` overrides are not accepted here.
+    """
+    bad = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
+    if bad:
+        raise SweepError(f"run_experiment takes the output directory as an argument; drop {bad}")
+    cfg = compose_config(overrides)
+    return run(cfg, output_dir)
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    out = HydraConfig.get().runtime.output_dir
+    try:
+        ds = run(cfg, out, write=False)
+        text = write_outputs(ds, out, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+    except SweepError as e:
+        print(f"cacheresearch.sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(text)
+    print(f"\nwrote {Path(out) / RESULT_FILE}, {SUMMARY_FILE}, {FIGURE_FILE if cfg.output.figure else ''}".rstrip(", "))
+
+
+if __name__ == "__main__":
+    main()
