@@ -233,8 +233,10 @@ def summarize(ds: xr.Dataset, var: str = "token_hit_rate") -> str:
             f"{len(desc)} stream(s): {rng('n_requests')} requests, {rng('total_blocks')} blocks, "
             f"{rng('distinct_keys')} distinct keys, {desc[0]['block_tokens']} tokens/block"
         )
-    dims = " x ".join(f"{d}({ds.sizes[d]})" for d in ds[var].dims) or "(single configuration)"
-    parts.append(f"grid: {dims} = {a.get('n_configs', '?')} configurations, max_replicas {a.get('max_replicas', '?')}")
+    dims = " x ".join(f"{d}({ds.sizes[d]})" for d in ds[var].dims)
+    grid = f"{dims} = {a.get('n_configs', '?')} configurations" if dims else "a single configuration"
+    fixed = ", ".join(f"{k}={v}" for k, v in _base_of(ds).items() if k not in ds.dims and v is not None)
+    parts.append(f"grid: {grid}, max_replicas {a.get('max_replicas', '?')}" + (f"; fixed: {fixed}" if fixed else ""))
     if "wall_time_s" in a:
         parts.append(
             f"time: {a['wall_time_s']:.1f} s wall (workloads {a.get('build_time_s', 0):.1f} s, simulate "
@@ -288,7 +290,8 @@ def line_chart(ds: xr.Dataset, var: str = "token_hit_rate", x: str | None = None
     styles = ("-", "--", ":", "-.")
     for i, combo in enumerate(combos):
         s = dict(zip(rest, combo))
-        style = dict(color=colors(i % colors.N), ls=styles[list(da[rest[0]].values).index(combo[0]) % 4] if rest else "-")
+        ls = styles[list(da[rest[0]].values).index(combo[0]) % len(styles)] if rest else "-"
+        style = dict(color=colors(i % colors.N), ls=ls)
         y = scale * np.asarray(mean.sel(s).transpose(x).values, dtype=float)
         lab = ", ".join(f"{v}" if k in ("policy", "router", "layout") else _label(k, v) for k, v in s.items()) or var
         if std is not None:
@@ -298,6 +301,9 @@ def line_chart(ds: xr.Dataset, var: str = "token_hit_rate", x: str | None = None
             ax.plot(xs, y, marker="o", ms=4, label=lab, **style)
     if xs.size > 1 and xs.min() > 0 and xs.max() / xs.min() >= 50:
         ax.set_xscale("log")
+        ax.minorticks_off()
+    if xs.size <= 12:
+        ax.set_xticks(xs, [str(v) for v in da[x].values])
     units = da[x].attrs.get("units")
     ax.set_xlabel(f"{x} ({units})" if units else x)
     ax.set_ylabel(_ylabel(da, var))
@@ -309,9 +315,15 @@ def line_chart(ds: xr.Dataset, var: str = "token_hit_rate", x: str | None = None
     return fig
 
 
-def bar_chart(ds: xr.Dataset, var: str = "token_hit_rate", hue: str | None = None) -> Figure:
+def bar_chart(ds: xr.Dataset, var: str = "token_hit_rate", hue: str | None = None, published=None) -> Figure:
     """Grouped bars: one group per combination of the dims other than ``hue`` (default: the last dim),
-    one bar per ``hue`` value, error bars = std over seeds."""
+    one bar per ``hue`` value, error bars = std over seeds.
+
+    ``published`` (default: ``report.published`` of the run's config) marks published values on
+    the bars they refer to (entries ``{label, select: {dim: value}, <var>: number}`` naming one bar).
+    """
+    if published is None:
+        published = (config_of(ds).get("report") or {}).get("published") or []
     da = ds[var]
     dims = _other_dims(da)
     mean, std, n = seed_stats(da)
@@ -337,6 +349,16 @@ def bar_chart(ds: xr.Dataset, var: str = "token_hit_rate", hue: str | None = Non
             pos = xs - 0.4 + width * (j + 0.5)
             bars = ax.bar(pos, y, width, yerr=e if std is not None else None, capsize=3, label=str(h))
             ax.bar_label(bars, labels=[f"{v:.1f}" for v in y], fontsize="x-small", padding=2)
+        marked = False
+        for item in published:
+            sel = item.get("select") or {}
+            if var not in item or set(sel) != set(dims) or any(sel[d] not in list(da[d].values) for d in dims):
+                continue
+            g = combos.index(tuple(sel[d] for d in groups)) if groups else 0
+            x = xs[g] - 0.4 + width * (hv.index(sel[hue]) + 0.5)
+            ax.hlines(scale * float(item[var]), x - width / 2, x + width / 2, colors="k", lw=2.5,
+                      label=None if marked else "published")
+            marked = True
         ax.set_xticks(xs, ["\n".join(str(v) for v in c) for c in combos] if groups else [""])
         if groups:
             ax.set_xlabel(" / ".join(groups))

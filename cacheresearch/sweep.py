@@ -550,7 +550,8 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "router": ("router", None),
         "prefix_blocks": ("prefix_hash key length", "blocks"),
         "layout": ("prompt layout", None),
-        "seed": ("seed (workload draw and router PRNG key)" if plan.source != "trace" else "seed (router PRNG key)", None),
+        "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
+                 None),
     }
     for d in dims:
         ln, u = coord_doc[d]
