@@ -112,6 +112,7 @@ class Metrics(NamedTuple):
     hit_blocks: jax.Array  # int32 [N]
     hit_tokens: jax.Array  # int32 [N]
     replica: jax.Array  # int32 [N]
+    replicas_over_bound: jax.Array  # bool: params asked for more replicas than max_replicas (a bug)
 
 
 def combine_limbs(hi, lo) -> np.ndarray:
@@ -446,6 +447,7 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         hit_blocks=hit_blocks,
         hit_tokens=hit_tokens,
         replica=rep,
+        replicas_over_bound=(params.replicas > R) | (params.replicas < 1),
     )
 
 
@@ -457,6 +459,16 @@ def _last_chunk_index(stream: Stream):
 
 
 @partial(jax.jit, static_argnames=("max_replicas", "per_request", "window"))
+def _simulate_jit(stream, params, key, *, max_replicas, per_request, window):
+    return _simulate(stream, params, key, max_replicas=max_replicas, per_request=per_request, window=window)
+
+
+@partial(jax.jit, static_argnames=("max_replicas", "per_request", "window", "stream_axis"))
+def _simulate_grid_jit(stream, params, keys, *, max_replicas, per_request, window, stream_axis):
+    fn = partial(_simulate, max_replicas=max_replicas, per_request=per_request, window=window)
+    return jax.vmap(fn, in_axes=(0 if stream_axis else None, 0, 0))(stream, params, keys)
+
+
 def simulate(
     stream: Stream,
     params: Params,
@@ -466,11 +478,15 @@ def simulate(
     per_request: bool = True,
     window: int = 64,
 ) -> Metrics:
-    """Run one configuration over the stream. ``key`` is a PRNG key (used by ``random`` routing)."""
-    return _simulate(stream, params, key, max_replicas=max_replicas, per_request=per_request, window=window)
+    """Run one configuration over the stream (jit-compiled). ``key``: a PRNG key (``random`` routing).
+
+    ``max_replicas`` is the static bound on replicas; ``per_request`` adds per-request arrays;
+    ``window`` is how many log entries one eviction step examines (a speed knob, never a result).
+    """
+    check_bounds(params, max_replicas)
+    return _simulate_jit(stream, params, key, max_replicas=max_replicas, per_request=per_request, window=window)
 
 
-@partial(jax.jit, static_argnames=("max_replicas", "per_request", "window", "stream_axis"))
 def simulate_grid(
     stream: Stream,
     params: Params,
@@ -486,12 +502,22 @@ def simulate_grid(
     With ``stream_axis=True`` the stream is stacked too (:func:`stack_streams`, leading axis [G]),
     so several workloads (seeds, layouts) run in the same program.
     """
-    fn = partial(_simulate, max_replicas=max_replicas, per_request=per_request, window=window)
-    return jax.vmap(fn, in_axes=(0 if stream_axis else None, 0, 0))(stream, params, keys)
+    check_bounds(params, max_replicas)
+    return _simulate_grid_jit(
+        stream, params, keys, max_replicas=max_replicas, per_request=per_request, window=window,
+        stream_axis=stream_axis,
+    )
 
 
 def check_bounds(params: Params, max_replicas: int) -> None:
-    """Raise if any configuration asks for more replicas than the static bound."""
+    """Raise if a configuration asks for more replicas than the static bound (never clip silently).
+
+    Under an outer trace (params are tracers) the check moves into the metrics: ``replicas_over_bound``.
+    """
+    if max_replicas < 1:
+        raise ValueError("max_replicas must be >= 1")
+    if isinstance(params.replicas, jax.core.Tracer):
+        return
     r = np.asarray(params.replicas)
     if np.any(r > max_replicas) or np.any(r < 1):
         raise ValueError(f"replicas {np.unique(r).tolist()} outside [1, max_replicas={max_replicas}]")
