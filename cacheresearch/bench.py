@@ -5,6 +5,10 @@ Usage (from the repository root)::
     python -m cacheresearch.bench --quick --json bench.json
     python -m cacheresearch.bench --workloads seed_fleet,mooncake --configs 4096 --lcs-max-runs 64
     python -m cacheresearch.bench --memory-check --workloads none
+    bash benchmarks/gpu.sh      # the prepared GPU run (4,096 and 1,000 configurations)
+
+``--quick`` (under 5 minutes on 2 cores) reduces the design scenario to 2,000 requests (case names
+say ``@2000req``) and repeats each measurement at most 3 times.
 
 Everything runs in ONE process, on the IDENTICAL block stream for every simulator:
 
@@ -27,12 +31,16 @@ project's token hit rate.
 Timing: ``time.perf_counter`` around calls that end in ``jax.block_until_ready``. Engine programs are
 compiled ahead of time (``jit(...).lower(...).compile()``: that time is ``project_compile_s``);
 hit curves compile on their first call (warm-up; compile time = first call minus the best steady
-call). Each measurement is repeated (``--repeats``) within a time budget; ``*_s`` is the best run and
+call, about 0 when an earlier case compiled the same shapes or numba's on-disk cache holds the
+kernel). The hit curve's backend is ``--curve-backend`` (default ``auto``: numba's compiled loop when
+JAX runs on the CPU, the JAX scan on an accelerator); the JSON's ``settings.curve_backend`` names it.
+Each measurement is repeated (``--repeats``) within a time budget; ``*_s`` is the best run and
 ``*_s_median`` the median. ``ratio`` = libCacheSim seconds / project seconds for the same total work;
 ``ratio_with_compile`` adds the project's compile time. Host preparation (the engine's
 :func:`~cacheresearch.engine.compile_stream`, libCacheSim's trace files) is outside both timers and
-reported as ``project_prep_s`` / ``libcachesim_prep_s``; the hit curve's host work (routing, dense
-ids, steps) is inside its timer.
+reported as ``project_prep_s`` / ``libcachesim_prep_s``; the hit curve's host work (routing, the
+distance pass, the curve) is inside its timer, except the dense key ids, which the workload caches
+after :func:`~cacheresearch.engine.compile_stream` computed them.
 
 ``peak_rss_mb`` is the process's peak resident set (``resource.getrusage``) after the case, so it
 only grows along the run. ``--memory-check`` replays a generated 1,000,000-request workload through
@@ -102,6 +110,33 @@ def _ready(x):
     return jax.block_until_ready(x)
 
 
+def aot(fn, *args, **static):
+    """Compile ``fn(*args, **static)`` ahead of time (``static`` are static arguments); returns
+    ``(compiled, seconds)``; call ``compiled(*args)``."""
+    t = time.perf_counter()
+    try:
+        exe = jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile()
+    except Exception:  # noqa: BLE001 - fall back to a warm-up call (its time then includes one run)
+        def exe(*a):
+            return fn(*a, **static)
+
+        _ready(exe(*args))
+    return exe, time.perf_counter() - t
+
+
+def curve_backend(requested: str = "auto") -> str:
+    """The stack-distance backend :func:`~cacheresearch.mrc.hit_curve` uses for ``requested``."""
+    if requested != "auto":
+        return requested
+    if jax.default_backend() != "cpu":
+        return "jax"
+    try:
+        import numba  # noqa: F401, PLC0415
+    except ImportError:
+        return "jax"
+    return "numba"
+
+
 @dataclass
 class Timing:
     best: float
@@ -146,18 +181,13 @@ def _ratio(a, b):
 
 
 def _r(x, nd=6):
-    return None if x is None else round(float(x), nd)
+    """``x`` to ``nd`` significant digits (None stays None)."""
+    return None if x is None else float(f"{float(x):.{nd}g}")
 
 
-def slice_requests(w: Workload, n: int, name: str | None = None) -> Workload:
+def slice_requests(w: Workload, n: int) -> Workload:
     """The first ``n`` requests of ``w``."""
-    n = int(min(n, w.n_requests))
-    end = int(w.offsets[n])
-    return Workload(
-        arrival_ms=w.arrival_ms[:n], input_tokens=w.input_tokens[:n], output_tokens=w.output_tokens[:n],
-        tenant=w.tenant[:n], keys=w.keys[:end], offsets=w.offsets[: n + 1], block_tokens=w.block_tokens,
-        name=name or f"{w.name}[:{n}]", meta=dict(w.meta),
-    )
+    return w.slice(0, int(min(n, w.n_requests)))
 
 
 def capacity_grid(c0: int, n: int) -> np.ndarray:
@@ -183,6 +213,19 @@ def lcs_capacities(working_set: int, n: int) -> np.ndarray:
     return caps
 
 
+def _load_reference():
+    """``reference_simulate`` from the checkout's ``tests/reference.py`` (None outside a checkout)."""
+    import importlib.util  # noqa: PLC0415
+
+    path = REPO_ROOT / "tests" / "reference.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("_cacheresearch_bench_reference", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.reference_simulate
+
+
 # ------------------------------------------------------------------------------------ workloads
 @dataclass
 class WorkloadSpec:
@@ -192,6 +235,7 @@ class WorkloadSpec:
     capacity: int  # blocks per replica, for the single case
     source: str  # where it came from
     note: str = ""
+    case_suffix: str = ""  # appended to case names (reduced sizes say so)
 
     @property
     def label(self) -> str:
@@ -199,6 +243,9 @@ class WorkloadSpec:
 
 
 def _mooncake(quiet: bool) -> tuple[Workload, str, str]:
+    override = os.environ.get("CACHERESEARCH_TRACE")  # e.g. a copy carried to a device machine
+    if override and Path(override).exists():
+        return trace.load_mooncake(override, block_tokens=512, name="mooncake"), "trace " + Path(override).name, ""
     shared = REPO_ROOT / SHARED_TRACE
     if shared.exists():
         return trace.load_mooncake(shared, block_tokens=512, name="mooncake"), "shared trace " + SHARED_TRACE.as_posix(), ""
@@ -231,7 +278,8 @@ def make_workload(name: str, *, quick: bool, design_requests: int | None = None,
         label = "design" if n == FULL_DESIGN_REQUESTS else f"design-{n}req"
         w = synthetic.design_workload(n_requests=n, name=label)
         note = "" if n == FULL_DESIGN_REQUESTS else f"reduced from {FULL_DESIGN_REQUESTS} to {n} requests"
-        return WorkloadSpec("design", w, replicas=8, capacity=65_536, source=f"synthetic.design_workload(n_requests={n})", note=note)
+        return WorkloadSpec("design", w, replicas=8, capacity=65_536, source=f"synthetic.design_workload(n_requests={n})",
+                            note=note, case_suffix="" if n == FULL_DESIGN_REQUESTS else f"@{n}req")
     if name == "tiny":  # for tests and smoke runs
         w = synthetic.fleet_workload(
             n_tenants=3, system_tokens=48, doc_tokens=64, user_tokens=16, n_requests=80, block_tokens=16, name="tiny"
@@ -308,6 +356,7 @@ class Bench:
     reference_max_blocks: int = 250_000
     json_path: str | None = None
     quiet: bool = False
+    curve_backend: str = "auto"  # hit_curve's backend (auto: numba on a CPU JAX backend, else jax)
     report: dict = field(default_factory=dict)
     _tmp: tempfile.TemporaryDirectory | None = None
 
@@ -323,6 +372,7 @@ class Bench:
                 "quick": self.quick, "configs": self.configs, "repeats": self.repeats, "budget_s": self.budget_s,
                 "lcs_max_runs": self.lcs_max_runs, "reference_max_blocks": self.reference_max_blocks,
                 "policy": "lru (leaf-first)", "router": "random",
+                "curve_backend": curve_backend(self.curve_backend),
             },
             "workloads": {},
             "cases": [],
@@ -332,6 +382,10 @@ class Bench:
         self._exact_curves: dict[str, tuple[mrc.HitCurve, float]] = {}
         self._sweep64: dict[str, dict] = {}
         self._single: dict[str, dict] = {}
+        self.stream_prep_s: dict[str, float] = {}  # compile_stream seconds per workload (host work, untimed)
+
+    def curve(self, w: Workload, **kw) -> mrc.HitCurve:
+        return mrc.hit_curve(w, backend=self.curve_backend, **kw)
 
     # ---------------------------------------------------------------- output
     def log(self, msg: str) -> None:
@@ -345,7 +399,10 @@ class Bench:
             tmp.write_text(json.dumps(self.report, indent=1))
             os.replace(tmp, p)
 
-    def add_case(self, case: dict) -> dict:
+    def add_case(self, case: dict, spec: WorkloadSpec | None = None) -> dict:
+        if spec is not None and spec.case_suffix:
+            case["name"] += spec.case_suffix
+            case["reduced"] = spec.note
         case["peak_rss_mb"] = peak_rss_mb()
         self.report["cases"].append(case)
         self.log("  " + format_row(case))
@@ -378,21 +435,20 @@ class Bench:
     def case_single(self, spec: WorkloadSpec, stream=None) -> dict:
         w, R, C = spec.workload, spec.replicas, spec.capacity
         key = jax.random.PRNGKey(0)
-        t = time.perf_counter()
-        stream = compile_stream(w) if stream is None else stream
-        _ready(stream)
-        prep = time.perf_counter() - t
+        if stream is None:
+            t = time.perf_counter()
+            stream = _ready(compile_stream(w))
+            self.stream_prep_s[spec.name] = time.perf_counter() - t
+        prep = self.stream_prep_s.get(spec.name)
         params = make_params("lru", C, replicas=R, router="random")
-        t = time.perf_counter()
-        exe = simulate.lower(stream, params, key, max_replicas=R, per_request=True).compile()
-        eng_compile = time.perf_counter() - t
+        exe, eng_compile = aot(simulate, stream, params, key, max_replicas=R, per_request=True)
         eng = measure(lambda: _ready(exe(stream, params, key)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
         m = eng.value
         eng_tokens = int(combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo))
         eng_blocks = np.asarray(m.hit_blocks).astype(np.int64)
 
         cur = measure(
-            lambda: mrc.hit_curve(w, replicas=R, router="random", key=key, max_capacity=C),
+            lambda: self.curve(w, replicas=R, router="random", key=key, max_capacity=C),
             repeats=self.repeats, budget_s=self.budget_s, warmup=True,
         )
         hc = cur.value
@@ -415,6 +471,12 @@ class Bench:
 
         # reference (one config, on a prefix when large)
         ref = self.reference(spec, rep, eng_blocks)
+        if ref.get("reference_s_per_access"):
+            per = ref["reference_s_per_access"]
+            ref["reference_slowdown_vs_engine"] = _r(per / (eng.best / max(w.total_blocks, 1)), 4)
+            ref["reference_slowdown_vs_curve"] = _r(per / (cur.best / max(w.total_blocks, 1)), 4)
+            if lcs_s:
+                ref["reference_slowdown_vs_libcachesim"] = _r(per / (lcs_s / max(w.total_blocks, 1)), 4)
 
         use_engine = eng.best <= cur.best
         proj_s = eng.best if use_engine else cur.best
@@ -429,7 +491,7 @@ class Bench:
             "project_s": _r(proj_s),
             "project_s_median": _r(proj_med),
             "project_compile_s": _r(proj_compile),
-            "project_prep_s": _r(prep),
+            "project_prep_s": _r(prep) if use_engine else None,
             "libcachesim_s": _r(lcs_s),
             "libcachesim_s_median": _r(lcs_med),
             "libcachesim_prep_s": _r(lcs_prep),
@@ -437,10 +499,13 @@ class Bench:
             "ratio_with_compile": _r(_ratio(lcs_s, proj_s + proj_compile), 4),
             "project_hit_rate": _r(eng_blocks.sum() / total_blocks),
             "project_token_hit_rate": _r(eng_tokens / max(int(w.input_tokens.sum()), 1)),
+            "project_hit_tokens": eng_tokens, "project_hit_blocks": int(eng_blocks.sum()),
             "libcachesim_hit_rate": _r(lcs_hit),
             "method": ("engine: simulate (per_request=True), AOT-compiled" if use_engine
-                       else "curve: hit_curve(max_capacity=C), first call = compile"),
+                       else f"curve: hit_curve(max_capacity=C, backend={curve_backend(self.curve_backend)}), first call = compile"),
             "engine_s": _r(eng.best), "engine_s_median": _r(eng.median), "engine_compile_s": _r(eng_compile),
+            "engine_ratio": _r(_ratio(lcs_s, eng.best), 4), "engine_prep_s": _r(prep),
+            "curve_ratio": _r(_ratio(lcs_s, cur.best), 4),
             "curve_s": _r(cur.best), "curve_s_median": _r(cur.median), "curve_compile_s": _r(cur.compile_estimate),
             "curve_first_call_s": _r(cur.first),
             "capacity": C, "replicas": R, "repeats": max(eng.runs, cur.runs),
@@ -448,17 +513,12 @@ class Bench:
             **ref,
         }
         self._single[spec.name] = {"engine": eng, "curve": cur}
-        return self.add_case(case)
+        return self.add_case(case, spec)
 
     def reference(self, spec: WorkloadSpec, rep: np.ndarray, eng_blocks: np.ndarray) -> dict:
-        try:
-            sys.path.insert(0, str(REPO_ROOT / "tests"))
-            from reference import reference_simulate  # noqa: PLC0415
-        except Exception:  # noqa: BLE001
+        reference_simulate = _load_reference()
+        if reference_simulate is None:
             return {"reference_s": None, "reference_note": "tests/reference.py not found"}
-        finally:
-            if sys.path and sys.path[0] == str(REPO_ROOT / "tests"):
-                sys.path.pop(0)
         w = spec.workload
         n = int(np.searchsorted(w.offsets, self.reference_max_blocks, side="right")) - 1
         n = max(1, min(n, w.n_requests))
@@ -469,7 +529,7 @@ class Bench:
         ref_s = time.perf_counter() - t
         res = {
             "reference_s": _r(ref_s), "reference_accesses": sub.total_blocks, "reference_requests": n,
-            "reference_s_per_access": _r(ref_s / max(sub.total_blocks, 1), 12),
+            "reference_s_per_access": _r(ref_s / max(sub.total_blocks, 1)),
         }
         if n == w.n_requests:
             res["reference_equals_engine"] = bool(np.array_equal(out["hit_blocks"], eng_blocks))
@@ -489,9 +549,7 @@ class Bench:
     def engine_grid(self, stream, cells, max_replicas: int):
         params = stack_params([make_params("lru", int(c), replicas=int(r), router="random") for c, r, _ in cells])
         keys = jnp.stack([jax.random.PRNGKey(int(s)) for _, _, s in cells])
-        t = time.perf_counter()
-        exe = simulate_grid.lower(stream, params, keys, max_replicas=max_replicas, per_request=False).compile()
-        comp = time.perf_counter() - t
+        exe, comp = aot(simulate_grid, stream, params, keys, max_replicas=max_replicas, per_request=False)
         tm = measure(lambda: _ready(exe(stream, params, keys)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
         m = tm.value
         return tm, comp, combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo)
@@ -505,7 +563,7 @@ class Bench:
         # (b) one-pass curves: one per (replicas, seed) routing group, all capacities read off
         def curves():
             return {
-                (r, s): mrc.hit_curve(w, replicas=r, router="random", key=jax.random.PRNGKey(s), max_capacity=int(caps.max()))
+                (r, s): self.curve(w, replicas=r, router="random", key=jax.random.PRNGKey(s), max_capacity=int(caps.max()))
                 for r, s in groups
             }
 
@@ -552,7 +610,8 @@ class Bench:
                 lcs_hit[i] = 1.0 - miss / max(streams[(r, s)].total, 1)
 
         per_config = [
-            {"capacity": int(c), "replicas": int(r), "seed": int(s), "project_hit_rate": _r(proj_block[i]),
+            {"capacity": int(c), "replicas": int(r), "seed": int(s), "project_hit_tokens": int(curve_tokens[i]),
+             "project_hit_rate": _r(proj_block[i]),
              "project_token_hit_rate": _r(proj_token[i]), "libcachesim_hit_rate": _r(None if np.isnan(lcs_hit[i]) else lcs_hit[i])}
             for i, (c, r, s) in enumerate(cells)
         ]
@@ -563,10 +622,13 @@ class Bench:
             "workload": spec.name, "accesses": w.total_blocks, "configs": len(cells),
             "total_accesses": w.total_blocks * len(cells),
             "libcachesim_s": _r(lcs_s), "libcachesim_s_median": _r(lcs_med), "libcachesim_prep_s": _r(lcs_prep),
-            "project_hit_rate": _r(proj_block.mean()), "project_token_hit_rate": _r(proj_token.mean()),
+            # means over the configurations libCacheSim ran (all, unless --lcs-max-runs)
+            "project_hit_rate": _r(proj_block[have].mean() if have.any() else proj_block.mean()),
+            "project_token_hit_rate": _r(proj_token[have].mean() if have.any() else proj_token.mean()),
             "libcachesim_hit_rate": _r(lcs_mean), "max_abs_hit_rate_diff": _r(max_diff),
             "grid": {"capacities": [int(c) for c in caps], "replicas": list(reps), "seeds": list(seeds)},
             "engine_equals_curve": exact,
+            "per_config": per_config,
         }
         if lcs_note:
             common["libcachesim_note"] = lcs_note
@@ -574,21 +636,22 @@ class Bench:
         e = {
             "name": f"sweep{N}_engine", **common,
             "project_s": _r(eng.best), "project_s_median": _r(eng.median), "project_compile_s": _r(eng_comp),
-            "project_prep_s": None,
+            "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
             "ratio": _r(_ratio(lcs_s, eng.best), 4), "ratio_with_compile": _r(_ratio(lcs_s, eng.best + eng_comp), 4),
             "method": f"engine: simulate_grid over {len(cells)} configs in one call (vmap, per_request=False), AOT-compiled",
             "repeats": eng.runs,
         }
-        out.append(self.add_case(e))
+        out.append(self.add_case(e, spec))
         c = {
             "name": f"sweep{N}_curve", **common,
             "project_s": _r(cur.best), "project_s_median": _r(cur.median), "project_compile_s": _r(cur.compile_estimate),
             "ratio": _r(_ratio(lcs_s, cur.best), 4),
             "ratio_with_compile": _r(_ratio(lcs_s, cur.best + cur.compile_estimate), 4),
-            "method": f"curve: hit_curve per (replicas, seed) group ({len(groups)} groups), all capacities read off",
+            "method": (f"curve: hit_curve (backend={curve_backend(self.curve_backend)}) per (replicas, seed) group "
+                       f"({len(groups)} groups), all capacities read off"),
             "repeats": cur.runs, "curve_first_call_s": _r(cur.first),
         }
-        out.append(self.add_case(c))
+        out.append(self.add_case(c, spec))
         self._sweep64[spec.name] = {"engine_s": eng.best, "configs": len(cells), "cells": cells, "tokens": eng_tokens}
         return out
 
@@ -596,7 +659,7 @@ class Bench:
     def case_mrc(self, spec: WorkloadSpec, stream) -> dict:
         w = spec.workload
         key = jax.random.PRNGKey(0)
-        cur = measure(lambda: mrc.hit_curve(w, replicas=1, router="random", key=key),
+        cur = measure(lambda: self.curve(w, replicas=1, router="random", key=key),
                       repeats=self.repeats, budget_s=self.budget_s, warmup=True)
         hc = cur.value
         ws = int(hc.capacities[-1])
@@ -615,17 +678,23 @@ class Bench:
         exact = bool(np.array_equal(eng_tokens, cur_tokens))
         if not exact:
             raise AssertionError(f"{spec.name}: mrc curve {cur_tokens.tolist()} != engine {eng_tokens.tolist()} at {pick.tolist()}")
-        lcs_s = lcs_med = lcs_prep = None
+        lcs_s = lcs_med = lcs_prep = lcs_note = None
         lcs_hit = None
         max_diff = None
         if self.lcs is not None:
             t = time.perf_counter()
             streams = LcsStreams(self.lcs, w, leaf_first_ids(w), np.zeros(w.n_requests, np.int64), 1, self.tmp, f"{spec.name}_mrc")
             lcs_prep = time.perf_counter() - t
-            lt = measure(lambda: [streams.run(int(c)) for c in caps], repeats=self.repeats, budget_s=self.budget_s, warmup=False)
-            lcs_s, lcs_med = lt.best, lt.median
-            lcs_hit = 1.0 - np.asarray(lt.value) / max(streams.total, 1)
-            max_diff = float(np.abs(lcs_hit - proj_block).max())
+            run_idx = np.arange(caps.size)
+            if self.lcs_max_runs and caps.size > self.lcs_max_runs:
+                run_idx = np.unique(np.linspace(0, caps.size - 1, self.lcs_max_runs).round().astype(np.int64))
+                lcs_note = f"timed {run_idx.size} of {caps.size} capacities (evenly spaced), time scaled by {caps.size / run_idx.size:.2f}"
+            lt = measure(lambda: [streams.run(int(caps[i])) for i in run_idx], repeats=self.repeats, budget_s=self.budget_s, warmup=False)
+            scale = caps.size / run_idx.size
+            lcs_s, lcs_med = lt.best * scale, lt.median * scale
+            lcs_hit = np.full(caps.size, np.nan)
+            lcs_hit[run_idx] = 1.0 - np.asarray(lt.value) / max(streams.total, 1)
+            max_diff = float(np.nanmax(np.abs(lcs_hit - proj_block)))
         case = {
             "name": "mrc",
             "workload": spec.name,
@@ -636,23 +705,26 @@ class Bench:
             "libcachesim_s": _r(lcs_s), "libcachesim_s_median": _r(lcs_med), "libcachesim_prep_s": _r(lcs_prep),
             "ratio": _r(_ratio(lcs_s, cur.best), 4),
             "ratio_with_compile": _r(_ratio(lcs_s, cur.best + cur.compile_estimate), 4),
-            "project_hit_rate": _r(proj_block.mean()),
-            "libcachesim_hit_rate": _r(None if lcs_hit is None else lcs_hit.mean()),
+            "project_hit_rate": _r(proj_block[~np.isnan(lcs_hit)].mean() if lcs_hit is not None else proj_block.mean()),
+            "libcachesim_hit_rate": _r(None if lcs_hit is None else np.nanmean(lcs_hit)),
             "max_abs_hit_rate_diff": _r(max_diff),
-            "method": (f"curve: one hit_curve (1 replica) gives all {ws + 1} capacities 0..working set; "
+            "method": (f"curve: one hit_curve (1 replica, backend={curve_backend(self.curve_backend)}) gives all {ws + 1} capacities 0..working set; "
                        f"libCacheSim: {caps.size} log-spaced capacities; hit rates are means over those capacities"),
             "working_set_blocks": ws,
             "engine_checked_capacities": [int(c) for c in pick],
+            "engine_checked_hit_tokens": [int(x) for x in eng_tokens],
             "curve_equals_engine": exact,
             "curve": {
                 "capacities": [int(c) for c in caps],
                 "project_block_hit_rate": [_r(x) for x in proj_block],
                 "project_token_hit_rate": [_r(x) for x in hc.token_hit_rate[caps]],
-                "libcachesim_hit_rate": None if lcs_hit is None else [_r(x) for x in lcs_hit],
+                "libcachesim_hit_rate": None if lcs_hit is None else [None if np.isnan(x) else _r(x) for x in lcs_hit],
             },
             "repeats": cur.runs,
         }
-        return self.add_case(case)
+        if lcs_note:
+            case["libcachesim_note"] = lcs_note
+        return self.add_case(case, spec)
 
     # scaling --------------------------------------------------------------------------------------
     def scaling(self, spec: WorkloadSpec, stream) -> list[dict]:
@@ -667,9 +739,9 @@ class Bench:
             else:
                 s = stream if sub is w else compile_stream(sub)
                 params = make_params("lru", C, replicas=R, router="random")
-                exe = simulate.lower(s, params, key, max_replicas=R, per_request=True).compile()
+                exe, _ = aot(simulate, s, params, key, max_replicas=R, per_request=True)
                 eng = measure(lambda: _ready(exe(s, params, key)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
-                cur = measure(lambda: mrc.hit_curve(sub, replicas=R, router="random", key=key, max_capacity=C),
+                cur = measure(lambda: self.curve(sub, replicas=R, router="random", key=key, max_capacity=C),
                               repeats=self.repeats, budget_s=self.budget_s, warmup=True)
             for method, tm in (("engine single", eng), ("curve single", cur)):
                 out.append({
@@ -709,7 +781,7 @@ class Bench:
         if spec.name in self._exact_curves:
             exact, exact_s = self._exact_curves[spec.name]
         else:
-            tm = measure(lambda: mrc.hit_curve(w, replicas=1, router="random", key=key), repeats=1, budget_s=0, warmup=True)
+            tm = measure(lambda: self.curve(w, replicas=1, router="random", key=key), repeats=1, budget_s=0, warmup=True)
             exact, exact_s = tm.value, tm.best
         ex = exact.token_hit_rate
         out = []
@@ -722,7 +794,7 @@ class Bench:
             if sub.n_requests == 0 or sub.total_blocks == 0:
                 row.update({"curve_s": None, "max_abs_error": None, "note": "the sample is empty"})
             else:
-                tm = measure(lambda: mrc.hit_curve(sub, replicas=1, router="random", key=key), repeats=self.repeats,
+                tm = measure(lambda: self.curve(sub, replicas=1, router="random", key=key), repeats=self.repeats,
                              budget_s=self.budget_s, warmup=True)
                 sc = tm.value
                 c = sc.capacities[1:]
@@ -751,13 +823,13 @@ def format_row(c: dict) -> str:
     def f(x, spec):
         return "-" if x is None else format(x, spec)
 
-    return (f"{c['workload']:<11} {c['name']:<16} {c['accesses']:>10} {c['configs']:>5} "
+    return (f"{c['workload']:<11} {c['name']:<24} {c['accesses']:>10} {c['configs']:>5} "
             f"{f(c['project_s'], '10.4f')} {f(c['project_compile_s'], '8.2f')} {f(c['libcachesim_s'], '10.4f')} "
             f"{f(c['ratio'], '8.3f')} {f(c['ratio_with_compile'], '8.3f')} {f(c['project_hit_rate'], '7.4f')} "
             f"{f(c['libcachesim_hit_rate'], '7.4f')} {f(c.get('peak_rss_mb'), '8.0f')}  {c['method'].split(':')[0]}")
 
 
-HEADER = (f"{'workload':<11} {'case':<16} {'accesses':>10} {'cfgs':>5} {'project_s':>10} {'compile':>8} "
+HEADER = (f"{'workload':<11} {'case':<24} {'accesses':>10} {'cfgs':>5} {'project_s':>10} {'compile':>8} "
           f"{'lcs_s':>10} {'ratio':>8} {'r+comp':>8} {'p_hit':>7} {'lcs_hit':>7} {'rss_mb':>8}  method")
 
 
@@ -840,8 +912,12 @@ def memory_workload(n_requests: int = 1_000_000, *, seed: int = 0, prefixes: int
     )
 
 
-def memory_check(n_requests: int = 1_000_000, *, capacity: int = 20_000, curve_chunk_blocks: int = 8) -> dict:
-    """Replay ``n_requests`` through the engine (one config) and the hit curve; peak RSS after each."""
+def memory_check(n_requests: int = 1_000_000, *, capacity: int = 20_000, engine_chunk_blocks: int = 32,
+                 curve_chunk_blocks: int = 64, backend: str = "auto") -> dict:
+    """Replay ``n_requests`` through the engine (one config) and the hit curve; peak RSS after each.
+
+    The chunk sizes default to the engine's and the curve's own defaults (32 and 64 blocks), which pad
+    these 4-block requests 8 and 16 times over; smaller chunks lower the peak."""
     out = {"requests": n_requests, "rss_mb_at_start": peak_rss_mb()}
     t = time.perf_counter()
     w = memory_workload(n_requests)
@@ -849,7 +925,7 @@ def memory_check(n_requests: int = 1_000_000, *, capacity: int = 20_000, curve_c
     out["build_s"] = _r(time.perf_counter() - t)
     out["peak_rss_mb_after_build"] = peak_rss_mb()
     t = time.perf_counter()
-    stream = compile_stream(w, chunk_blocks=8)
+    stream = compile_stream(w, chunk_blocks=engine_chunk_blocks)
     _ready(stream)
     out["compile_stream_s"] = _r(time.perf_counter() - t)
     out["peak_rss_mb_after_compile_stream"] = peak_rss_mb()
@@ -862,15 +938,16 @@ def memory_check(n_requests: int = 1_000_000, *, capacity: int = 20_000, curve_c
     out["peak_rss_mb_after_engine"] = peak_rss_mb()
     del stream, m
     t = time.perf_counter()
-    hc = mrc.hit_curve(w, replicas=1, max_capacity=capacity, chunk_blocks=curve_chunk_blocks)
+    hc = mrc.hit_curve(w, replicas=1, max_capacity=capacity, chunk_blocks=curve_chunk_blocks, backend=backend)
     out["curve_s_with_compile"] = _r(time.perf_counter() - t)
     out["curve_chunk_blocks"] = curve_chunk_blocks
+    out["curve_backend"] = curve_backend(backend)
     out["curve_equals_engine"] = bool(int(hc.hit_tokens[capacity]) == eng_tokens)
     out["peak_rss_mb_after_curve"] = peak_rss_mb()
     out["peak_rss_mb"] = peak_rss_mb()
     out["target_mb"] = 4096
     out["within_target"] = out["peak_rss_mb"] < 4096
-    out["method"] = ("engine: simulate(per_request=True), chunk_blocks=8, capacity "
+    out["method"] = (f"engine: simulate(per_request=True), chunk_blocks={engine_chunk_blocks}, capacity "
                      f"{capacity}; curve: hit_curve(max_capacity={capacity}, chunk_blocks={curve_chunk_blocks})")
     return out
 
@@ -894,6 +971,7 @@ def run_bench(
     json_path: str | None = None,
     design_requests: int | None = None,
     lcs_max_runs: int | None = None,
+    curve_backend: str = "auto",
     cases=("single", "sweep", "mrc"),
     scaling_workload: str | None = "auto",
     shards_workload: str | None = "auto",
@@ -904,7 +982,7 @@ def run_bench(
     t0 = time.perf_counter()
     b = Bench(
         quick=quick, configs=configs, repeats=repeats or (3 if quick else 5), budget_s=budget_s or (6.0 if quick else 20.0),
-        lcs_max_runs=lcs_max_runs, reference_max_blocks=250_000 if quick else 1_000_000, json_path=json_path, quiet=quiet,
+        lcs_max_runs=lcs_max_runs, curve_backend=curve_backend, reference_max_blocks=300_000 if quick else 1_000_000, json_path=json_path, quiet=quiet,
     )
     try:
         b.log(f"[bench] jax {jax.__version__} on {jax.default_backend()} {jax.devices()}; libcachesim "
@@ -921,9 +999,9 @@ def run_bench(
         b.log(HEADER)
         for name, spec in specs.items():
             t = time.perf_counter()
-            stream = compile_stream(spec.workload)
-            _ready(stream)
-            b.report["workloads"][name]["compile_stream_s"] = _r(time.perf_counter() - t)
+            stream = _ready(compile_stream(spec.workload))
+            b.stream_prep_s[name] = time.perf_counter() - t
+            b.report["workloads"][name]["compile_stream_s"] = _r(b.stream_prep_s[name])
             streams[name] = stream
             if "single" in cases:
                 b.case_single(spec, stream)
@@ -943,7 +1021,7 @@ def run_bench(
             b.log(f"[bench] memory check: {memory_requests} requests in a child process ...")
             b.report["memory_check"] = _memory_check_child(memory_requests)
             b.log(f"  memory check: {b.report['memory_check']}")
-        b.report["total_s"] = _r(time.perf_counter() - t0, 2)
+        b.report["total_s"] = round(time.perf_counter() - t0, 2)
         b.report["peak_rss_mb"] = peak_rss_mb()
         b.save()
         return b.report
@@ -963,6 +1041,8 @@ def main(argv=None) -> int:
     ap.add_argument("--design-requests", type=int, default=None, help="requests of the design workload")
     ap.add_argument("--lcs-max-runs", type=int, default=None,
                     help="time at most this many libCacheSim runs of a sweep and scale the time (default: all)")
+    ap.add_argument("--curve-backend", default="auto", choices=("auto", "jax", "numba"),
+                    help="hit_curve backend (auto: numba when JAX runs on the CPU, else the JAX scan)")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--no-shards", action="store_true")
     ap.add_argument("--scaling-workload", default="auto")
@@ -981,6 +1061,7 @@ def main(argv=None) -> int:
     report = run_bench(
         workloads, quick=args.quick, configs=args.configs, repeats=args.repeats, budget_s=args.budget,
         json_path=args.json, design_requests=args.design_requests, lcs_max_runs=args.lcs_max_runs,
+        curve_backend=args.curve_backend,
         cases=tuple(s.strip() for s in args.cases.split(",") if s.strip()),
         scaling_workload=None if args.no_scaling else args.scaling_workload,
         shards_workload=None if args.no_shards else "auto",
