@@ -30,7 +30,7 @@ OUT=${OUT:-bench-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-TOTAL_S=${TOTAL_S:-470}          # the whole script, seconds
+TOTAL_S=${TOTAL_S:-430}          # the whole script, seconds
 PHASE1_S=${PHASE1_S:-220}        # phase 1 limit, seconds
 DESIGN_REQUESTS=${DESIGN_REQUESTS:-5000}
 DESIGN_CONFIGS=${DESIGN_CONFIGS:-1000}
