@@ -36,6 +36,13 @@ DESIGN_REQUESTS=${DESIGN_REQUESTS:-5000}
 DESIGN_CONFIGS=${DESIGN_CONFIGS:-1000}
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-4096}
 
+# libCacheSim's extension links libglib-2.0 and libpcre2-8, which the device image lacks: carry them in
+# .libs/ (ignored; unpacked from Debian's libglib2.0-0 and libpcre2-8-0 with apt-get download + dpkg -x)
+if [ -d .libs ]; then export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
+CHUNK1=${CHUNK1:-128}            # engine chunk width, phase 1 (seed_fleet: 128 blocks per request)
+CHUNK2=${CHUNK2:-256}            # engine chunk width, phase 2 (design: 637 blocks per request)
+CURVE_BACKEND=${CURVE_BACKEND:-numba}   # the one-pass curve is host work: numba on the host CPU
+
 # ---- packages (no network: only what is carried)
 if ls .whl/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -79,8 +86,8 @@ fi
 
 # ---- phase 1: the 4,096-configuration sweep on seed_fleet and mooncake
 echo "== phase 1 (limit ${PHASE1_S}s) =="
-timeout --signal=INT --kill-after=10 "$PHASE1_S" \
-    $PY -m cacheresearch.bench --workloads seed_fleet,mooncake --configs "$SWEEP_CONFIGS" --lcs-max-runs 64 \
+CACHERESEARCH_CHUNK_BLOCKS=$CHUNK1 timeout --signal=INT --kill-after=10 "$PHASE1_S" \
+    $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads seed_fleet,mooncake --configs "$SWEEP_CONFIGS" --lcs-max-runs 64 \
         --repeats 2 --budget 10 --no-scaling --no-shards --json "$OUT/bench_4096.json" 2>&1 | tee "$OUT/phase1.log"
 echo "phase 1 exit ${PIPESTATUS[0]} after ${SECONDS}s"
 
@@ -91,8 +98,8 @@ if [ "$left" -lt 60 ]; then
     exit 0
 fi
 echo "== phase 2 (limit ${left}s) =="
-timeout --signal=INT --kill-after=10 "$left" \
-    $PY -m cacheresearch.bench --workloads design --design-requests "$DESIGN_REQUESTS" --configs "$DESIGN_CONFIGS" \
+CACHERESEARCH_CHUNK_BLOCKS=$CHUNK2 timeout --signal=INT --kill-after=10 "$left" \
+    $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads design --design-requests "$DESIGN_REQUESTS" --configs "$DESIGN_CONFIGS" \
         --lcs-max-runs 16 --repeats 1 --budget 5 --no-scaling --no-shards --json "$OUT/bench_design.json" 2>&1 | tee "$OUT/phase2.log"
 echo "phase 2 exit ${PIPESTATUS[0]} after ${SECONDS}s"
 ls -la "$OUT"

@@ -86,6 +86,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: blocks per engine scan step (a speed knob: wide chunks suit accelerators and long prompts)
+ENGINE_CHUNK_BLOCKS = int(os.environ.get("CACHERESEARCH_CHUNK_BLOCKS", "32"))
 SHARED_TRACE = Path("..") / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"  # relative to the repo root
 FIXTURE_TRACE = Path("tests") / "fixtures" / "mini_mooncake.jsonl"
 
@@ -437,7 +439,7 @@ class Bench:
         key = jax.random.PRNGKey(0)
         if stream is None:
             t = time.perf_counter()
-            stream = _ready(compile_stream(w))
+            stream = _ready(compile_stream(w, chunk_blocks=ENGINE_CHUNK_BLOCKS))
             self.stream_prep_s[spec.name] = time.perf_counter() - t
         prep = self.stream_prep_s.get(spec.name)
         params = make_params("lru", C, replicas=R, router="random")
@@ -737,7 +739,7 @@ class Bench:
             if sub is w and spec.name in self._single:  # measured by the single case
                 eng, cur = self._single[spec.name]["engine"], self._single[spec.name]["curve"]
             else:
-                s = stream if sub is w else compile_stream(sub)
+                s = stream if sub is w else compile_stream(sub, chunk_blocks=ENGINE_CHUNK_BLOCKS)
                 params = make_params("lru", C, replicas=R, router="random")
                 exe, _ = aot(simulate, s, params, key, max_replicas=R, per_request=True)
                 eng = measure(lambda: _ready(exe(s, params, key)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
@@ -999,7 +1001,7 @@ def run_bench(
         b.log(HEADER)
         for name, spec in specs.items():
             t = time.perf_counter()
-            stream = _ready(compile_stream(spec.workload))
+            stream = _ready(compile_stream(spec.workload, chunk_blocks=ENGINE_CHUNK_BLOCKS))
             b.stream_prep_s[name] = time.perf_counter() - t
             b.report["workloads"][name]["compile_stream_s"] = _r(b.stream_prep_s[name])
             streams[name] = stream

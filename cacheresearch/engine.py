@@ -105,6 +105,9 @@ class Metrics(NamedTuple):
     hit_tokens_hi: jax.Array  # int32 limbs of total hit tokens (see combine_limbs)
     hit_tokens_lo: jax.Array
     requests_hit: jax.Array  # int32
+    # Occupancy counts stored blocks. LRU policies evict down to the capacity; TTL policies and
+    # ``unbounded`` never evict, so there an expired block stays stored (invisible to lookups)
+    # until it is rewritten: for them these count every distinct block ever written.
     max_occupancy: jax.Array  # int32 [R_max]: most blocks stored at once after a request
     occupancy: jax.Array  # int32 [R_max]: blocks stored at the end
     requests_per_replica: jax.Array  # int32 [R_max]
@@ -140,6 +143,8 @@ def compile_stream(workload: Workload, *, chunk_blocks: int = 32) -> Stream:
         raise ValueError("an input length exceeds the int32 token bound")
     ids = w.dense_ids().astype(np.int32)
     uniq = np.unique(w.keys)
+    if uniq.shape[0] == 0:  # no block keys at all: one dummy key keeps the state's shapes valid
+        uniq = np.zeros(1, np.uint64)
     K = int(uniq.shape[0])
     req_of_pos = np.repeat(np.arange(n, dtype=np.int64), nb)
     pos_in_req = np.arange(S, dtype=np.int64) - w.offsets[:-1][req_of_pos]
@@ -414,10 +419,14 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         ptr = c.ptr.at[r].set(ptr_r)
         # ---- metrics
         real = last & (req < stream.n_requests)
-        hit_tok = jnp.minimum(hit * bt, stream.input_tokens[req])
-        lo = c.tok_lo + jnp.where(real, hit_tok, 0)
-        tok_hi = c.tok_hi + (lo >> _LIMB)
-        lo = lo & ((1 << _LIMB) - 1)
+        inp = stream.input_tokens[req]
+        # min(hit * bt, input) without overflowing int32: past input // bt full blocks it is input
+        hit_tok = jnp.where(hit > inp // bt, inp, hit * bt)
+        add = jnp.where(real, hit_tok, 0)
+        mask = (1 << _LIMB) - 1
+        lo = c.tok_lo + (add & mask)  # < 2**21: no overflow
+        tok_hi = c.tok_hi + (add >> _LIMB) + (lo >> _LIMB)
+        lo = lo & mask
         max_occ = c.max_occ.at[r].max(jnp.where(last, occ_r, 0))
         nreq = c.nreq.at[r].add(real.astype(jnp.int32))
         req_hit = c.req_hit + (real & (hit > 0)).astype(jnp.int32)
