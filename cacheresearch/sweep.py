@@ -23,6 +23,10 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       ``prefix_blocks``, ``layout``, ``seed``: a list makes the key an output dimension
                       (coordinates as given); a scalar overrides the base value; null keeps the base
 ``report``            free-form: published numbers and paired comparisons for the summary
+``kind``, ``study``   ``kind: grid`` (default) is the product grid above; any other value names a study of
+                      :mod:`cacheresearch.studies` (``economics``, ``ttl``, ``che``, ``ttl_advisor``) that
+                      runs with the free-form settings under ``study`` (plus ``seed``/``seeds``) and
+                      writes the same three outputs with its own dimensions
 
 The whole product grid runs in ONE jit-compiled, vmapped :func:`~cacheresearch.engine.simulate_grid`
 call (or ``engine.max_batch``-sized calls of one compiled shape). Configuration axes (policy, capacity,
@@ -35,8 +39,8 @@ Outputs in the run directory (``hydra.run.dir=OUT``): ``results.nc`` (xarray Dat
 h5netcdf), ``summary.txt`` (also printed) and ``figure.png``. :func:`run_experiment` does the same
 without a subprocess (Hydra's compose API), for tests and notebooks.
 
-Only this module and :mod:`cacheresearch.report` touch Hydra, xarray, matplotlib or files; the
-simulation core does not.
+Only this module, :mod:`cacheresearch.report` and :mod:`cacheresearch.studies` touch Hydra, xarray,
+matplotlib or files; the simulation core does not.
 """
 
 from __future__ import annotations
@@ -185,6 +189,8 @@ class OutputConf:
 class SweepConfig:
     name: str = "sweep"
     description: str = ""
+    kind: str = "grid"  # "grid" (this module's product grid) or a study of cacheresearch.studies (economics, ttl, ...)
+    study: Any = None  # free-form settings of the study named by ``kind``
     workload: WorkloadConf = field(default_factory=WorkloadConf)
     trace: TraceConf = field(default_factory=TraceConf)
     fleet: FleetConf = field(default_factory=FleetConf)
@@ -601,6 +607,18 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True) -> xr.
     t0 = time.perf_counter()
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg)
+    if str(cfg.get("kind", "grid")) != "grid":  # a study (cacheresearch.studies): its own dims and outputs
+        from . import studies
+
+        try:
+            ds = studies.run_study(cfg)
+        except studies.StudyError as e:
+            raise SweepError(str(e)) from None
+        if write:
+            if output_dir is None:
+                raise ValueError("output_dir is required when write=True")
+            write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
+        return ds
     plan = make_plan(cfg)
     metrics, idx, workloads, timing = simulate_plan(cfg, plan)
     timing["wall_s"] = time.perf_counter() - t0
@@ -616,6 +634,10 @@ def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: 
     """``results.nc``, ``summary.txt`` and (optionally) ``figure.png`` in ``output_dir``; returns the summary."""
     from . import report
 
+    if "study_kind" in ds.attrs:  # datasets of cacheresearch.studies summarize and plot themselves
+        from . import studies
+
+        return studies.write_outputs(ds, output_dir, figure=figure)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     ds.to_netcdf(out / RESULT_FILE, engine="h5netcdf")

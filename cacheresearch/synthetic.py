@@ -18,8 +18,14 @@ Generators
     ``n_tenants`` tenants, each with its own ``prefix_tokens``-token prefix, plus a unique
     ``suffix_tokens``-token suffix per request; Poisson arrivals over ``duration_s``; tenants
     drawn uniformly or Zipf, optionally with a hot tenant 0.
+:func:`prefix_poisson_workload`
+    ``n_prefixes`` prefixes (optionally after a ``shared_tokens``-token head common to all), each
+    requested by its own arrival process over ``duration_s``: Poisson at a per-prefix rate
+    (``arrival="poisson"``), a diurnal inhomogeneous Poisson rate (``"diurnal"``) or a bursty
+    renewal process with gamma gaps (``"bursty"``); prefix popularity uniform or Zipf. Built for
+    comparing the engine with closed-form models (:mod:`cacheresearch.analytic`).
 
-Both record their parameters in ``Workload.meta``. Token ids lie in ``[0, vocab_size)``;
+All record their parameters in ``Workload.meta``. Token ids lie in ``[0, vocab_size)``;
 timestamp tokens are ``vocab_size + i`` for request ``i`` (a reserved range, unique per request).
 """
 
@@ -30,10 +36,18 @@ import numpy as np
 from .keys import block_keys_jit, split_uint64, to_uint64
 from .workload import MAX_ARRIVAL_MS, Workload
 
-__all__ = ["fleet_workload", "design_workload", "tenant_probabilities", "poisson_arrivals_ms"]
+__all__ = [
+    "fleet_workload",
+    "design_workload",
+    "prefix_poisson_workload",
+    "prefix_arrival_times",
+    "tenant_probabilities",
+    "poisson_arrivals_ms",
+]
 
 _TENANT_LAWS = ("uniform", "zipf")
 _LAYOUTS = ("stable", "timestamp_top")
+_ARRIVALS = ("poisson", "diurnal", "bursty")
 _CHUNK = 8192  # requests hashed per JAX call (bounds host and device memory)
 
 
@@ -366,4 +380,164 @@ def design_workload(
     return _csr_workload(
         keys, arrival_ms=parts["arrival"], input_tokens=prefix_tokens + suffix_tokens, output_tokens=out,
         tenant=parts["tenant"], bs=block_tokens, name=name or f"design-{tenant_law}", meta=meta,
+    )
+
+
+# ------------------------------------------------------------------------- prefix processes
+def _prefix_rates_per_s(n_prefixes, rate_per_hour, popularity, zipf_s) -> np.ndarray:
+    r = np.asarray(rate_per_hour, dtype=np.float64)
+    if r.ndim == 0:
+        r = _float("rate_per_hour", float(r), 0.0, lo_open=True)
+        p = tenant_probabilities(n_prefixes, popularity, zipf_s)
+        return n_prefixes * r * p / 3600.0
+    if r.shape != (n_prefixes,) or np.any(~np.isfinite(r)) or np.any(r < 0):
+        raise ValueError(f"rate_per_hour must be a positive number or a non-negative array of shape ({n_prefixes},)")
+    return r / 3600.0
+
+
+def prefix_arrival_times(
+    rates_per_s: np.ndarray,
+    duration_s: float,
+    rng: np.random.Generator,
+    *,
+    arrival: str = "poisson",
+    diurnal_amplitude: float = 0.8,
+    diurnal_period_s: float = 86_400.0,
+    burst_cv: float = 3.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times (float seconds, sorted) and prefix index of every request on ``[0, duration_s)``.
+
+    ``poisson``: prefix ``k`` is a Poisson process of rate ``rates_per_s[k]`` (a Poisson count, then
+    uniform times). ``diurnal``: an inhomogeneous Poisson process of rate
+    ``rates_per_s[k] * (1 - diurnal_amplitude * cos(2 pi t / diurnal_period_s))`` (by thinning; the
+    day starts at its trough; :func:`cacheresearch.analytic.diurnal_rate` is the same profile).
+    ``bursty``: a renewal process with gamma gaps of mean ``1 / rate`` and coefficient of variation
+    ``burst_cv`` (> 1 is burstier than Poisson), started at time 0 (first arrival after one gap).
+    """
+    _choice("arrival", arrival, _ARRIVALS)
+    lam = np.asarray(rates_per_s, dtype=np.float64)
+    D = float(duration_s)
+    P = lam.shape[0]
+    if arrival in ("poisson", "diurnal"):
+        a = _float("diurnal_amplitude", diurnal_amplitude, 0.0, 1.0) if arrival == "diurnal" else 0.0
+        counts = rng.poisson(lam * (1.0 + a) * D)
+        pref = np.repeat(np.arange(P, dtype=np.int64), counts)
+        t = rng.uniform(0.0, D, size=pref.shape[0])
+        if arrival == "diurnal":
+            _float("diurnal_period_s", diurnal_period_s, 0.0, lo_open=True)
+            keep = rng.uniform(size=t.shape[0]) * (1.0 + a) < 1.0 - a * np.cos(2.0 * np.pi * t / diurnal_period_s)
+            t, pref = t[keep], pref[keep]
+    else:
+        cv = _float("burst_cv", burst_cv, 0.0, lo_open=True)
+        shape = 1.0 / cv**2
+        ts, ps = [], []
+        for k in range(P):
+            if lam[k] <= 0:
+                continue
+            scale = 1.0 / (lam[k] * shape)
+            m = int(lam[k] * D + 6.0 * cv * np.sqrt(lam[k] * D) + 16)
+            cum = np.cumsum(rng.gamma(shape, scale, size=m))
+            while cum[-1] < D:
+                cum = np.concatenate([cum, cum[-1] + np.cumsum(rng.gamma(shape, scale, size=m))])
+            cum = cum[cum < D]
+            ts.append(cum)
+            ps.append(np.full(cum.shape[0], k, dtype=np.int64))
+        t = np.concatenate(ts) if ts else np.zeros(0)
+        pref = np.concatenate(ps) if ps else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((pref, t))
+    return t[order], pref[order]
+
+
+def prefix_poisson_workload(
+    *,
+    n_prefixes: int = 200,
+    prefix_tokens: int = 10_000,
+    rate_per_hour=50_000 / 200 / 24,
+    duration_s: float = 86_400.0,
+    suffix_tokens: int = 0,
+    shared_tokens: int = 0,
+    block_tokens: int = 16,
+    arrival: str = "poisson",
+    popularity: str = "uniform",
+    zipf_s: float = 1.0,
+    diurnal_amplitude: float = 0.8,
+    diurnal_period_s: float = 86_400.0,
+    burst_cv: float = 3.0,
+    output_tokens: int = 0,
+    seed: int = 0,
+    vocab_size: int = 128_256,
+    name: str = "",
+) -> Workload:
+    """Prefixes requested by independent arrival processes: the setting of the closed-form models.
+
+    Prompt of a request for prefix ``k`` = [``shared_tokens`` common to every prefix] + prefix ``k``'s
+    own ``prefix_tokens`` tokens + ``suffix_tokens`` fresh tokens. ``tenant`` is the prefix index.
+
+    Args:
+      n_prefixes: number of prefixes.
+      prefix_tokens: tokens of each prefix (after the shared head).
+      rate_per_hour: mean requests per hour *per prefix* (the average over prefixes; with
+        ``popularity="zipf"`` prefix ``k`` gets ``n_prefixes * rate_per_hour * p_k``), or an array of
+        per-prefix rates (requests per hour), which overrides ``popularity``. Default: the seed's
+        50,000 requests/day over 200 prefixes.
+      duration_s: arrivals lie in ``[0, duration_s)``.
+      arrival: ``"poisson"``, ``"diurnal"`` or ``"bursty"`` (see :func:`prefix_arrival_times`).
+      popularity, zipf_s: ``"uniform"`` or ``"zipf"`` (prefix 0 hottest, ``p_k ∝ (k + 1) ** -zipf_s``).
+      diurnal_amplitude, diurnal_period_s, burst_cv: shape of the diurnal and bursty processes.
+      block_tokens, output_tokens, seed, vocab_size: as in :func:`fleet_workload`.
+
+    ``meta`` records the arguments, ``duration_s`` and ``prefix_rate_per_s`` (the per-prefix mean rates).
+    """
+    n_prefixes = _int("n_prefixes", n_prefixes, 1)
+    prefix_tokens = _int("prefix_tokens", prefix_tokens, 0)
+    suffix_tokens = _int("suffix_tokens", suffix_tokens, 0)
+    shared_tokens = _int("shared_tokens", shared_tokens, 0)
+    block_tokens = _int("block_tokens", block_tokens, 1)
+    duration_s = _float("duration_s", duration_s, 0.0, lo_open=True)
+    if duration_s * 1000.0 > MAX_ARRIVAL_MS:
+        raise ValueError(f"duration_s must be at most {MAX_ARRIVAL_MS / 1000:.0f} s (the engine's int32 ms bound)")
+    arrival = _choice("arrival", arrival, _ARRIVALS)
+    popularity = _choice("popularity", popularity, _TENANT_LAWS)
+    zipf_s = _float("zipf_s", zipf_s, 0.0)
+    seed = _int("seed", seed, 0)
+    vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max)
+    rates = _prefix_rates_per_s(n_prefixes, rate_per_hour, popularity, zipf_s)
+
+    r_sh, r_pre, r_suf, r_arr = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+    t, which = prefix_arrival_times(
+        rates, duration_s, r_arr, arrival=arrival, diurnal_amplitude=diurnal_amplitude,
+        diurnal_period_s=diurnal_period_s, burst_cv=burst_cv,
+    )
+    n = int(t.shape[0])
+    out = _output_tokens(output_tokens, n)
+    shared = _tokens(r_sh, (shared_tokens,), vocab_size)
+    own = _tokens(r_pre, (n_prefixes, prefix_tokens), vocab_size)
+    prefix = np.concatenate([np.broadcast_to(shared, (n_prefixes, shared_tokens)), own], axis=1)
+    suffix = _tokens(r_suf, (n, suffix_tokens), vocab_size)
+    keys = _prefix_suffix_keys(prefix, which, suffix, block_tokens)
+    arrival_ms = np.floor(t * 1000.0).astype(np.int64)
+    meta = dict(
+        generator="prefix_poisson_workload",
+        n_prefixes=n_prefixes,
+        prefix_tokens=prefix_tokens,
+        suffix_tokens=suffix_tokens,
+        shared_tokens=shared_tokens,
+        rate_per_hour=float(np.mean(rates) * 3600.0),
+        duration_s=duration_s,
+        block_tokens=block_tokens,
+        arrival=arrival,
+        popularity=popularity if np.ndim(rate_per_hour) == 0 else "explicit",
+        zipf_s=zipf_s,
+        diurnal_amplitude=float(diurnal_amplitude),
+        diurnal_period_s=float(diurnal_period_s),
+        burst_cv=float(burst_cv),
+        output_tokens=_output_meta(output_tokens),
+        seed=seed,
+        vocab_size=vocab_size,
+        prefix_rate_per_s=rates,
+    )
+    return _csr_workload(
+        keys, arrival_ms=arrival_ms, input_tokens=shared_tokens + prefix_tokens + suffix_tokens,
+        output_tokens=out, tenant=which.astype(np.int32), bs=block_tokens,
+        name=name or f"prefixes-{arrival}-{popularity}", meta=meta,
     )

@@ -24,6 +24,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))
 #: experiment name -> overrides for a small dataset the notebook of the same name can read
 SMALL = {
     "seed_fleet": ["experiment=seed_fleet", "workload.fleet.n_requests=64", "seeds=2"],
+    "economics": ["experiment=economics", "seeds=1", "study.requests_per_hour=[6,60]", "study.sim.target_requests=2000",
+                  "study.sim.prefixes=20", "study.sim.arrivals=[poisson]"],
 }
 
 

@@ -277,3 +277,70 @@ def test_design_default_size_is_fast():
     assert w.n_requests == 50_000 and np.all(w.n_blocks == 10_200 // 16)
     assert np.unique(w.tenant).size == 200
     assert elapsed < 30.0, elapsed
+
+
+# ------------------------------------------------------------------------- prefix processes
+def test_prefix_poisson_workload_structure_and_determinism():
+    from cacheresearch.synthetic import prefix_poisson_workload
+
+    w = prefix_poisson_workload(n_prefixes=6, prefix_tokens=40, shared_tokens=32, suffix_tokens=20, block_tokens=16,
+                                rate_per_hour=60, duration_s=3600, seed=4)
+    assert np.all(w.n_blocks == (32 + 40 + 20) // 16) and np.all(w.input_tokens == 92)
+    k = _matrix(w)
+    assert np.all(k[:, :2] == k[0, :2])  # the shared head (2 blocks) is common to every prefix
+    same = w.tenant[:, None] == w.tenant[None, :]
+    common = _common_prefix_blocks(k)
+    # own prefix: 72 tokens = 4 full blocks shared within a prefix; the 5th block mixes in the suffix
+    assert np.all(common[same & ~np.eye(w.n_requests, dtype=bool)] == 4)
+    assert np.all(common[~same] == 2)
+    assert np.all(np.diff(w.arrival_ms) >= 0) and w.arrival_ms[-1] < 3_600_000
+    w2 = prefix_poisson_workload(n_prefixes=6, prefix_tokens=40, shared_tokens=32, suffix_tokens=20,
+                                 block_tokens=16, rate_per_hour=60, duration_s=3600, seed=4)
+    np.testing.assert_array_equal(w.keys, w2.keys)
+    np.testing.assert_array_equal(w.arrival_ms, w2.arrival_ms)
+    assert w.meta["duration_s"] == 3600 and w.meta["prefix_rate_per_s"].shape == (6,)
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "diurnal", "bursty"])
+def test_prefix_arrival_processes_have_the_stated_rates(arrival):
+    from cacheresearch.analytic import diurnal_cumulative
+    from cacheresearch.synthetic import prefix_arrival_times
+
+    rng = np.random.default_rng(0)
+    lam = np.full(200, 30 / 3600)
+    D = 86_400.0
+    t, p = prefix_arrival_times(lam, D, rng, arrival=arrival, diurnal_amplitude=0.8, burst_cv=3.0)
+    n = t.size
+    expect = lam.sum() * D
+    assert abs(n - expect) < 5 * np.sqrt(expect * (9 if arrival == "bursty" else 1))
+    assert np.all(np.diff(t) >= 0) and t.min() >= 0 and t.max() < D
+    if arrival == "diurnal":  # requests per 6 hours follow the profile
+        edges = np.arange(0, D + 1, 6 * 3600)
+        got = np.histogram(t, edges)[0]
+        want = np.array([diurnal_cumulative(a, b, lam.sum(), 0.8) for a, b in zip(edges[:-1], edges[1:])])
+        assert np.all(np.abs(got - want) < 5 * np.sqrt(want))
+    gaps = np.concatenate([np.diff(t[p == k]) for k in range(200)])
+    cv = gaps.std() / gaps.mean()
+    if arrival == "poisson":
+        assert cv == pytest.approx(1.0, abs=0.03)
+    if arrival == "bursty":
+        assert cv == pytest.approx(3.0, rel=0.15)
+
+
+def test_prefix_poisson_workload_validation_and_zipf():
+    from cacheresearch.synthetic import prefix_poisson_workload
+
+    w = prefix_poisson_workload(n_prefixes=50, prefix_tokens=16, block_tokens=16, rate_per_hour=100,
+                                duration_s=3600, popularity="zipf", zipf_s=1.0, seed=1)
+    counts = np.bincount(w.tenant, minlength=50)
+    assert counts[0] > 5 * counts[-1]
+    assert w.meta["prefix_rate_per_s"].sum() * 3600 == pytest.approx(50 * 100)
+    explicit = prefix_poisson_workload(n_prefixes=3, prefix_tokens=16, block_tokens=16,
+                                       rate_per_hour=np.array([0.0, 10.0, 1000.0]), duration_s=3600, seed=1)
+    assert np.sum(explicit.tenant == 0) == 0 and np.sum(explicit.tenant == 2) > 500
+    with pytest.raises(ValueError, match="arrival"):
+        prefix_poisson_workload(arrival="weekly")
+    with pytest.raises(ValueError, match="duration_s"):
+        prefix_poisson_workload(duration_s=30 * 86_400.0)
+    with pytest.raises(ValueError, match="rate_per_hour"):
+        prefix_poisson_workload(n_prefixes=2, rate_per_hour=np.array([1.0]))
