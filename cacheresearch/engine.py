@@ -12,9 +12,11 @@ Data structures (why this is exact and fast)
 * Recency stamps are *global positions in the block stream*: block ``j`` of request ``i`` gets
   ``offsets[i] + (n_i - 1 - j)`` under leaf-first order and ``offsets[i] + j`` under prompt order. So
   the log of stamp assignments ``log[s]`` (the key stamped ``s``) is known before the run, is sorted by
-  time, and the least recent stored block of a replica is the first log entry ``s >= ptr`` whose key
-  still carries stamp ``s`` on that replica. Each replica keeps a pointer that only moves forward,
-  skipping stale entries in vectorized windows: eviction is exact LRU in amortized O(1) per block.
+  time, and the least recent stored block of a replica is the first of its log entries at or after its
+  pointer whose key still carries that stamp on that replica. Each replica keeps the list of requests
+  routed to it and a pointer into their log segments that only moves forward, skipping stale entries
+  in vectorized windows: eviction is exact LRU in amortized O(1) per block, and a replica never scans
+  another replica's entries.
 * The scan runs over *chunks* of at most ``chunk_blocks`` blocks of one request, not over padded
   requests, so work follows real blocks. Lookup of every chunk of a request happens before any
   eviction for that request (restamping the request's own blocks never changes their presence, since
@@ -304,7 +306,11 @@ def stack_params(params: list[Params]) -> Params:
 class _Carry(NamedTuple):
     kv: jax.Array  # int32 [R, K, 2]: (recency stamp, time); stored iff stamp >= ptr[replica]
     occ: jax.Array  # int32 [R]
-    ptr: jax.Array  # int32 [R]
+    ptr: jax.Array  # int32 [R]: stamp threshold (stored iff stamp >= ptr)
+    rq: jax.Array  # int32 [R, N + 1]: requests routed to each replica, in order
+    cnt: jax.Array  # int32 [R]: how many
+    pq: jax.Array  # int32 [R]: eviction pointer: position in rq ...
+    poff: jax.Array  # int32 [R]: ... and block within that request
     max_occ: jax.Array  # int32 [R]
     nreq: jax.Array  # int32 [R]
     rep: jax.Array  # int32 current replica
@@ -315,40 +321,71 @@ class _Carry(NamedTuple):
     req_hit: jax.Array
 
 
-def _evict(kv, occ_r, ptr_r, r, cap, leaf_first, log_leaf, log_plain, window, do):
-    """Advance replica ``r``'s eviction pointer until ``occ_r <= cap`` (when ``do``).
+_SEGMENTS = 8  # request segments one eviction window may span
 
-    Eviction is lazy: a key is stored on a replica iff its stamp is >= the replica's pointer, so
-    evicting the least recent block is just moving the pointer past its log entry. Each window looks
-    at ``window`` log entries at once (vectorized); the first window runs unconditionally (it covers
-    nearly every request), a while loop takes the rare remainder. The state is only read, so under
-    vmap only two scalars ride in the loop.
+
+def _evict(kv, occ, pq, poff, r, cap, leaf_first, stream, rq, cnt, window, do):
+    """Evict replica ``r``'s least recent blocks until ``occ <= cap`` (when ``do``).
+
+    Eviction is lazy: a key is stored on a replica iff its stamp is >= the replica's threshold, so
+    evicting the least recent block is moving the threshold past its log entry. Each replica walks
+    only its own part of the log: ``rq[r]`` lists the requests routed to it, in order (their stamp
+    ranges ascend), and the pointer is (``pq``: position in that list, ``poff``: block within the
+    request). A window examines ``window`` entries at once across up to ``_SEGMENTS`` requests; the
+    first window runs unconditionally (it covers nearly every request), a while loop takes the
+    remainder. The state is only read, so under vmap only scalars ride in the loop.
+
+    Returns (occ, pq, poff, threshold stamp).
     """
     lane = jnp.arange(window, dtype=jnp.int32)
-    S1 = log_leaf.shape[0]
+    seg = jnp.arange(_SEGMENTS, dtype=jnp.int32)
     K = kv.shape[1]
+    nq = rq.shape[1]
 
-    def one_window(occ, ptr):
-        idx = ptr + lane
-        safe = jnp.minimum(idx, S1 - 1)
-        k = jnp.where(leaf_first, log_leaf[safe], log_plain[safe])
-        k = jnp.where(idx < S1, k, K)
-        live = kv.at[r, k, 0].get(mode="fill", fill_value=-1) == idx
+    def segments(pq, poff):
+        q = pq + seg
+        ok = q < cnt
+        reqs = rq[r, jnp.minimum(q, nq - 1)]
+        lens = jnp.where(ok, stream.n_blocks[reqs], 0)
+        ends = jnp.cumsum(lens) - poff  # exclusive end of each segment, in lanes from the pointer
+        starts = ends - lens
+        return reqs, ends, starts
+
+    def one_window(occ, pq, poff):
+        reqs, ends, starts = segments(pq, poff)
+        sidx = jnp.sum(ends[None, :] <= lane[:, None], axis=1)  # segment of each lane
+        valid = sidx < _SEGMENTS
+        sc = jnp.minimum(sidx, _SEGMENTS - 1)
+        idx = stream.offset[reqs[sc]] + lane - starts[sc]
+        safe = jnp.clip(idx, 0, stream.log_leaf.shape[0] - 1)
+        k = jnp.where(leaf_first, stream.log_leaf[safe], stream.log_plain[safe])
+        k = jnp.where(valid, k, K)
+        live = valid & (kv.at[r, k, 0].get(mode="fill", fill_value=-1) == idx)
         cum = jnp.cumsum(live.astype(jnp.int32))
         need = jnp.maximum(occ - cap, 0)
         got = cum[-1]
-        adv = jnp.where(got >= need, jnp.argmax(cum >= need).astype(jnp.int32) + 1, window)
+        span = jnp.clip(ends[-1], 0, window)  # entries this window could see
+        adv = jnp.where(got >= need, jnp.argmax(cum >= need).astype(jnp.int32) + 1, span)
         adv = jnp.where(need > 0, adv, 0)
-        return occ - jnp.minimum(need, got), ptr + adv
+        # the pointer moves ``adv`` entries: find its segment (skipping empty ones)
+        s_new = jnp.sum(ends <= adv)
+        poff_new = jnp.where(s_new < _SEGMENTS, adv - starts[jnp.minimum(s_new, _SEGMENTS - 1)], 0)
+        # (segments past the list's end have length 0: never step beyond it)
+        return occ - jnp.minimum(need, got), jnp.minimum(pq + s_new, cnt), poff_new
 
-    o2, p2 = one_window(occ_r, ptr_r)
-    occ_r, ptr_r = jnp.where(do, o2, occ_r), jnp.where(do, p2, ptr_r)
+    o2, q2, f2 = one_window(occ, pq, poff)
+    occ, pq, poff = jnp.where(do, o2, occ), jnp.where(do, q2, pq), jnp.where(do, f2, poff)
 
     def cond(c):
-        occ, _ = c
-        return do & (occ > cap)
+        occ, pq, _ = c
+        return do & (occ > cap) & (pq < cnt)
 
-    return jax.lax.while_loop(cond, lambda c: one_window(*c), (occ_r, ptr_r))
+    occ, pq, poff = jax.lax.while_loop(cond, lambda c: one_window(*c), (occ, pq, poff))
+    last = rq[r, jnp.clip(cnt - 1, 0, nq - 1)]
+    frontier = stream.offset[last] + stream.n_blocks[last]
+    at = rq[r, jnp.minimum(pq, nq - 1)]
+    thr = jnp.where(pq < cnt, stream.offset[at] + poff, frontier)
+    return occ, pq, poff, thr
 
 
 def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_request: bool, window: int):
@@ -358,6 +395,10 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         kv=jnp.stack([jnp.full((R, Kn), -1, jnp.int32), jnp.zeros((R, Kn), jnp.int32)], axis=-1),
         occ=jnp.zeros(R, jnp.int32),
         ptr=jnp.zeros(R, jnp.int32),
+        rq=jnp.zeros((R, stream.arrival_ms.shape[0]), jnp.int32),
+        cnt=jnp.zeros(R, jnp.int32),
+        pq=jnp.zeros(R, jnp.int32),
+        poff=jnp.zeros(R, jnp.int32),
         max_occ=jnp.zeros(R, jnp.int32),
         nreq=jnp.zeros(R, jnp.int32),
         rep=jnp.int32(0),
@@ -410,13 +451,19 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         tgt = jnp.where(valid, ids, Kn)
         kv = c.kv.at[r, tgt].set(jnp.stack([new_st, new_t], axis=-1), mode="drop")
         occ_r = c.occ[r] + jnp.sum((valid & ~stored).astype(jnp.int32))
-        # ---- evict after the request's last chunk
-        occ_r, ptr_r = _evict(
-            kv, occ_r, c.ptr[r], r, params.capacity, params.leaf_first,
-            stream.log_leaf, stream.log_plain, window, last,
+        # ---- the replica's request list (first chunk), then eviction (last chunk)
+        nq = c.rq.shape[1]
+        rq = c.rq.at[r, jnp.where(first, c.cnt[r], nq)].set(req, mode="drop")
+        cnt_r = c.cnt[r] + first.astype(jnp.int32)
+        occ_r, pq_r, poff_r, ptr_r = _evict(
+            kv, occ_r, c.pq[r], c.poff[r], r, params.capacity, params.leaf_first,
+            stream, rq, cnt_r, window, last,
         )
         occ = c.occ.at[r].set(occ_r)
         ptr = c.ptr.at[r].set(ptr_r)
+        cnt = c.cnt.at[r].set(cnt_r)
+        pq = c.pq.at[r].set(pq_r)
+        poff = c.poff.at[r].set(poff_r)
         # ---- metrics
         real = last & (req < stream.n_requests)
         inp = stream.input_tokens[req]
@@ -430,7 +477,7 @@ def _simulate(stream: Stream, params: Params, key, *, max_replicas: int, per_req
         max_occ = c.max_occ.at[r].max(jnp.where(last, occ_r, 0))
         nreq = c.nreq.at[r].add(real.astype(jnp.int32))
         req_hit = c.req_hit + (real & (hit > 0)).astype(jnp.int32)
-        c = _Carry(kv, occ, ptr, max_occ, nreq, r, hit, alive, tok_hi, lo, req_hit)
+        c = _Carry(kv, occ, ptr, rq, cnt, pq, poff, max_occ, nreq, r, hit, alive, tok_hi, lo, req_hit)
         out = (hit, hit_tok, r) if per_request else ()
         return c, out
 
