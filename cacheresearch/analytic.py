@@ -372,32 +372,15 @@ def che_partitioned(rates, capacity: float, assignment, replicas: int, weights=N
     return CheResult(max(Ts) if Ts else 0.0, h, overall)
 
 
-_M32 = np.uint64(0xFFFFFFFF)
-
-
-def _mix32_np(keys: np.ndarray) -> np.ndarray:
-    """NumPy twin of :func:`cacheresearch.routers.mix32` on uint64 keys."""
-    k = np.asarray(keys, dtype=np.uint64)
-    hi, lo = k >> np.uint64(32), k & _M32
-    h = (lo ^ ((hi * np.uint64(0x9E3779B1)) & _M32)) & _M32
-    h ^= h >> np.uint64(16)
-    h = (h * np.uint64(0x85EBCA6B)) & _M32
-    h ^= h >> np.uint64(13)
-    h = (h * np.uint64(0xC2B2AE35)) & _M32
-    h ^= h >> np.uint64(16)
-    return h
-
-
 def prefix_hash_replicas(workload, replicas: int, prefix_blocks: int = 80) -> np.ndarray:
     """Replica of every request under the engine's ``prefix_hash`` router (int64 [N]).
 
     The router hashes the key of block ``min(K, n) - 1`` (key 0 for a request without blocks) and
     takes it modulo ``R``, as :mod:`cacheresearch.routers` documents.
     """
-    nb = workload.n_blocks
-    idx = workload.offsets[:-1] + np.minimum(int(prefix_blocks), nb) - 1
-    key = np.where(nb > 0, workload.keys[np.maximum(idx, 0)] if workload.keys.size else 0, 0).astype(np.uint64)
-    return (_mix32_np(key) % np.uint64(int(replicas))).astype(np.int64)
+    from .mrc import route_requests  # noqa: PLC0415 - the one implementation of the routing rule
+
+    return route_requests(workload, "prefix_hash", int(replicas), prefix_blocks=int(prefix_blocks)).astype(np.int64)
 
 
 def che_fleet(workload, capacity: float, replicas: int = 1, router: str = "random",
