@@ -31,7 +31,7 @@ import numpy as np
 
 from .workload import Workload
 
-__all__ = ["HitCurve", "hit_curve", "route_requests", "stack_distances", "shards_sample"]
+__all__ = ["HitCurve", "hit_curve", "route_requests", "stack_distances", "shards_sample", "lru_replay"]
 
 _BIG = np.int32(2**31 - 1)  # "never seen": a miss at every capacity
 
@@ -240,7 +240,92 @@ def _distances_kernel(ids, offsets, replica, n_replicas, n_keys, leaf_first, out
         nxt[r] = base + m
 
 
+def _lru_kernel(ids, offsets, replica, n_replicas, n_keys, capacity, leaf_first, hits):  # pragma: no cover
+    """One capacity, sequentially (compiled by numba): a doubly linked recency list per replica.
+
+    Same semantics as the engine: lookup of the whole request first (leading run of present blocks),
+    then every block is touched (leaf-first: last block first, so the first ends most recent), then
+    least recent blocks are evicted down to the capacity.
+    """
+    n = offsets.shape[0] - 1
+    size = n_replicas * n_keys
+    prv = np.full(size, -1, np.int64)
+    nxt = np.full(size, -1, np.int64)
+    inl = np.zeros(size, np.bool_)
+    head = np.full(n_replicas, -1, np.int64)  # most recent
+    tail = np.full(n_replicas, -1, np.int64)  # least recent
+    occ = np.zeros(n_replicas, np.int64)
+    for i in range(n):
+        r = replica[i]
+        a, b = offsets[i], offsets[i + 1]
+        base = r * n_keys
+        h = 0
+        while a + h < b and inl[base + ids[a + h]]:
+            h += 1
+        hits[i] = h
+        m = b - a
+        for t in range(m):
+            f = b - 1 - t if leaf_first else a + t
+            node = base + ids[f]
+            if inl[node]:  # unlink
+                p, q = prv[node], nxt[node]
+                if p >= 0:
+                    nxt[p] = q
+                else:
+                    head[r] = q
+                if q >= 0:
+                    prv[q] = p
+                else:
+                    tail[r] = p
+            else:
+                inl[node] = True
+                occ[r] += 1
+            prv[node] = -1  # push front
+            nxt[node] = head[r]
+            if head[r] >= 0:
+                prv[head[r]] = node
+            head[r] = node
+            if tail[r] < 0:
+                tail[r] = node
+        while occ[r] > capacity:
+            node = tail[r]
+            p = prv[node]
+            inl[node] = False
+            tail[r] = p
+            if p >= 0:
+                nxt[p] = -1
+            else:
+                head[r] = -1
+            occ[r] -= 1
+
+
 _KERNEL = None
+_LRU_KERNEL = None
+
+
+def lru_replay(workload: Workload, replica: np.ndarray, capacity: int, *, policy: str = "lru") -> np.ndarray:
+    """Per-request hit blocks at one capacity per replica, by a compiled sequential replay (numba).
+
+    The fastest exact path for a single LRU configuration on a CPU; identical to the engine (tested).
+    """
+    global _LRU_KERNEL
+    if policy not in ("lru", "lru_plain"):
+        raise ValueError("lru_replay handles lru and lru_plain")
+    if capacity < 0:
+        raise ValueError("capacity must be >= 0")
+    replica = np.asarray(replica)
+    if replica.shape != (workload.n_requests,):
+        raise ValueError("replica must give one replica per request")
+    workload.check_distinct_keys()
+    if _LRU_KERNEL is None:
+        import numba  # noqa: PLC0415
+
+        _LRU_KERNEL = numba.njit(cache=True, nogil=True)(_lru_kernel)
+    ids = workload.dense_ids()
+    hits = np.zeros(workload.n_requests, np.int64)
+    _LRU_KERNEL(ids, workload.offsets, replica.astype(np.int64), int(replica.max(initial=0)) + 1,
+                max(int(ids.max(initial=-1)) + 1, 1), int(capacity), policy == "lru", hits)
+    return hits
 
 
 def _numba_kernel():

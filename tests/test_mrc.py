@@ -60,6 +60,8 @@ def test_curve_equals_engine_on_random_workloads(w, policy, replicas, router, pr
         np.testing.assert_array_equal(curve.hit_blocks_at(cap), hb, err_msg=ctx)
         assert curve.hit_tokens[cap] == tok, ctx
         assert curve.requests_hit[cap] == rh, ctx
+        if backend == "numba":  # the one-capacity replay as well
+            np.testing.assert_array_equal(mrc.lru_replay(w, rep, cap, policy=policy), hb, err_msg=ctx)
 
 
 @pytest.mark.parametrize("policy", ["lru", "lru_plain"])
