@@ -451,19 +451,54 @@ def curve_from_distances(workload: Workload, d: np.ndarray, *, max_capacity: int
     )
 
 
-def shards_sample(workload: Workload, rate: float, *, seed: int = 0) -> tuple[Workload, float]:
-    """SHARDS spatial sampling (Waldspurger et al., FAST'15), adapted to prefix chains.
+def _sample_hash(keys: np.ndarray, seed: int) -> np.ndarray:
+    """Uniform [0, 1) value per key: murmur3's 64-bit finaliser of key + seed, top 24 bits."""
+    with np.errstate(over="ignore"):
+        x = keys.astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(33)
+        x *= np.uint64(0xFF51AFD7ED558CCD)
+        x ^= x >> np.uint64(33)
+        x *= np.uint64(0xC4CEB9FE1A85EC53)
+        x ^= x >> np.uint64(33)
+    return (x >> np.uint64(40)).astype(np.float64) / float(1 << 24)
 
-    A request is kept when the hash of its first block key falls below ``rate`` (so whole prefix
-    trees are kept or dropped together). Returns the sampled workload and the factor by which
-    capacities scale: a sampled curve at capacity ``c`` estimates the full curve at ``c / rate``.
+
+def shards_sample(workload: Workload, rate: float, *, seed: int = 0, unit: str = "block") -> tuple[Workload, float]:
+    """SHARDS spatial sampling (Waldspurger et al., FAST'15) for prefix caches.
+
+    ``unit="block"`` (standard SHARDS): a block key is kept when its hash falls below ``rate``; each
+    request keeps its sampled blocks, in order, as a shorter request (``input_tokens`` = sampled
+    blocks x block size). Under leaf-first LRU with chained keys a block's stack distance grows along
+    the prompt, so the hit of a request is the number of its blocks whose distance is below the
+    capacity, and sampling blocks estimates the token hit rate. ``unit="root"``: whole requests are
+    kept when the hash of their first block falls below ``rate`` (whole prefix trees together; high
+    variance when there are few roots).
+
+    Returns the sampled workload and the factor by which capacities scale: the sampled curve at
+    capacity ``c`` estimates the full curve at ``c / rate``.
     """
     if not 0 < rate <= 1:
         raise ValueError("rate must be in (0, 1]")
+    if unit not in ("block", "root"):
+        raise ValueError("unit must be block or root")
     nb = workload.n_blocks
+    if unit == "block":
+        keep_block = _sample_hash(workload.keys, seed) < rate
+        req = np.repeat(np.arange(workload.n_requests), nb)
+        counts = np.bincount(req[keep_block], minlength=workload.n_requests).astype(np.int64)
+        sub = Workload(
+            arrival_ms=workload.arrival_ms,
+            input_tokens=counts * workload.block_tokens,
+            output_tokens=workload.output_tokens,
+            tenant=workload.tenant,
+            keys=workload.keys[keep_block],
+            offsets=np.concatenate([[0], np.cumsum(counts)]),
+            block_tokens=workload.block_tokens,
+            name=f"{workload.name}|shards-block{rate}",
+        )
+        return sub, rate
     first = np.where(nb > 0, workload.keys[np.minimum(workload.offsets[:-1], max(workload.total_blocks - 1, 0))], 0)
-    h = (first.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) >> np.uint64(40)
-    keep = (h.astype(np.float64) / float(1 << 24)) < rate
+    keep = _sample_hash(np.asarray(first, dtype=np.uint64), seed) < rate
     idx = np.nonzero(keep)[0]
     lens = nb[idx]
     offs = np.concatenate([[0], np.cumsum(lens)])
@@ -476,6 +511,6 @@ def shards_sample(workload: Workload, rate: float, *, seed: int = 0) -> tuple[Wo
         keys=keys,
         offsets=offs,
         block_tokens=workload.block_tokens,
-        name=f"{workload.name}|shards{rate}",
+        name=f"{workload.name}|shards-root{rate}",
     )
     return sub, rate

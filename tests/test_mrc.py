@@ -109,9 +109,30 @@ def test_bad_arguments():
 def test_shards_keeps_whole_prefix_trees():
     keys = [[1, 2, 3], [1, 2, 4], [7, 8], [7, 9], [11]]
     w = Workload.from_lists(keys, block_tokens=4)
-    sub, rate = mrc.shards_sample(w, 0.5, seed=3)
+    sub, rate = mrc.shards_sample(w, 0.5, seed=3, unit="root")
     roots = {int(sub.request_keys(i)[0]) for i in range(sub.n_requests)}
     for r in roots:  # every request of a kept root is kept
         assert sum(1 for k in keys if k[0] == r) == sum(1 for i in range(sub.n_requests) if int(sub.request_keys(i)[0]) == r)
-    full, _ = mrc.shards_sample(w, 1.0)
+    full, _ = mrc.shards_sample(w, 1.0, unit="root")
     assert full.n_requests == w.n_requests and rate == 0.5
+
+
+def test_shards_block_sampling_estimates_the_exact_curve():
+    from cacheresearch.synthetic import design_workload
+
+    w = design_workload(n_tenants=40, prefix_tokens=2_000, suffix_tokens=64, n_requests=600, seed=1)
+    sub, rate = mrc.shards_sample(w, 0.2, seed=0)
+    # the sample keeps whole requests' order, a subset of every request's blocks
+    assert sub.n_requests == w.n_requests
+    assert 0.1 < sub.total_blocks / w.total_blocks < 0.3
+    kept = set(sub.keys.tolist())
+    for i in (0, 17, 599):
+        assert sub.request_keys(i).tolist() == [k for k in w.request_keys(i).tolist() if k in kept]
+    exact = mrc.hit_curve(w, replicas=1)
+    est = mrc.hit_curve(sub, replicas=1)
+    caps = exact.capacities[1:]
+    at = np.minimum(np.round(caps * rate).astype(int), est.capacities[-1])
+    err = np.abs(est.token_hit_rate[at] - exact.token_hit_rate[1:])
+    assert err.max() < 0.05, err.max()
+    with pytest.raises(ValueError, match="unit"):
+        mrc.shards_sample(w, 0.5, unit="tenant")
