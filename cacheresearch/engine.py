@@ -7,8 +7,10 @@ come from the :class:`Stream` (number of distinct keys, chunks) and the ``max_re
 
 Data structures (why this is exact and fast)
 --------------------------------------------
-* Keys are made dense on the host (``np.unique``): each replica holds ``stamp[K]`` (recency stamp of a
-  key, -1 when not stored) and ``t[K]`` (last access, or write time for ``ttl_fixed``, in ms).
+* Keys are made dense on the host (``np.unique``): each replica holds one ``(stamp, time)`` pair per
+  key in a single ``[R, K, 2]`` array: the recency stamp (-1 never stored) and the last access (or
+  write time for ``ttl_fixed``) in ms. One array, so each step does one gather and one in-place
+  scatter (with two arrays XLA copied the whole state on every step).
 * Recency stamps are *global positions in the block stream*: block ``j`` of request ``i`` gets
   ``offsets[i] + (n_i - 1 - j)`` under leaf-first order and ``offsets[i] + j`` under prompt order. So
   the log of stamp assignments ``log[s]`` (the key stamped ``s``) is known before the run, is sorted by
@@ -23,8 +25,11 @@ Data structures (why this is exact and fast)
   keys are distinct within a request), which keeps the request-level semantics exact.
 * Token totals are carried as two int32 limbs, so aggregate hit-token counts are exact without x64.
 
-Overflow of a static bound (too many replicas, a stream longer than int32 stamps) raises before the
-run; nothing is truncated.
+* Routing happens at a request's first chunk (:mod:`cacheresearch.routers`); the random router's bits
+  are drawn once before the scan.
+
+Overflow of a static bound (too many replicas, a stream longer than int32 stamps, token counts beyond
+int32) raises before the run; nothing is truncated.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ __all__ = [
     "simulate",
     "simulate_grid",
     "combine_limbs",
+    "check_bounds",
+    "default_window",
 ]
 
 _LIMB = 20  # token counters: value = hi * 2**20 + lo
