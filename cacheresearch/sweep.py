@@ -670,6 +670,28 @@ def run_experiment(overrides: list[str] | tuple[str, ...], output_dir: str | Pat
     return run(cfg, output_dir)
 
 
+def notebook_dataset(reduced: list[str], env: str = "CACHERESEARCH_RESULTS") -> tuple[xr.Dataset, Path]:
+    """A notebook's dataset: the run named by ``$CACHERESEARCH_RESULTS`` (a run directory or a
+    ``results.nc``), else a reduced in-process run (``reduced`` overrides) in a temporary directory.
+
+    Returns the dataset and the directory its figures go to.
+    """
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from . import report  # noqa: PLC0415
+
+    results = os.environ.get(env)
+    if results:
+        return report.load(results), Path(results) if Path(results).is_dir() else Path(results).parent
+    name = next((o.split("=", 1)[1] for o in reduced if o.startswith("experiment=")), "run")
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{name}_"))
+    ds = run_experiment(reduced, out_dir)
+    print(f"reduced run ({' '.join(o for o in reduced if not o.startswith('experiment='))}) in {out_dir}")
+    print(f"full run: python -m cacheresearch.sweep experiment={name}")
+    return ds, out_dir
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig

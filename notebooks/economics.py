@@ -30,28 +30,17 @@
 # per cell, two seeds) goes to a temporary directory. The figure is saved next to the dataset.
 
 # %%
-import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
 from cacheresearch import report, studies
 from cacheresearch.analytic import break_even_hit_rate, cost_multiplier, ttl_refresh_hit
-from cacheresearch.sweep import run_experiment
+from cacheresearch.sweep import notebook_dataset
 
 REDUCED = ["experiment=economics", "seeds=2", "study.sim.target_requests=5000", "study.sim.prefixes=40",
            "study.sim.arrivals=[poisson,diurnal,bursty]"]
 
-results = os.environ.get("CACHERESEARCH_RESULTS")
-if results:
-    ds = report.load(results)
-    out_dir = Path(results) if Path(results).is_dir() else Path(results).parent
-else:
-    out_dir = Path(tempfile.mkdtemp(prefix="economics_"))
-    ds = run_experiment(REDUCED, out_dir)
-    print(f"reduced run ({' '.join(REDUCED[1:])}) in {out_dir}")
-    print("full run: python -m cacheresearch.sweep experiment=economics")
+ds, out_dir = notebook_dataset(REDUCED)
 
 assert ds.attrs["study_kind"] == "economics", ds.attrs.get("study_kind")
 assert {"pricing", "requests_per_hour"} <= set(ds.dims), dict(ds.sizes)

@@ -29,24 +29,13 @@
 # Run as a script (`python notebooks/seed_fleet.py`) or open with jupytext.
 
 # %%
-import os
-import tempfile
-from pathlib import Path
 
 from cacheresearch import report
-from cacheresearch.sweep import run_experiment
+from cacheresearch.sweep import notebook_dataset
 
 REDUCED = ["experiment=seed_fleet", "workload.fleet.n_requests=300", "seeds=3"]
 
-results = os.environ.get("CACHERESEARCH_RESULTS")
-if results:
-    ds = report.load(results)
-    out_dir = Path(results) if Path(results).is_dir() else Path(results).parent
-else:
-    out_dir = Path(tempfile.mkdtemp(prefix="seed_fleet_"))
-    ds = run_experiment(REDUCED, out_dir)
-    print(f"reduced run ({' '.join(REDUCED[1:])}) in {out_dir}")
-    print("full run: python -m cacheresearch.sweep experiment=seed_fleet")
+ds, out_dir = notebook_dataset(REDUCED)
 
 assert ds.attrs["experiment"] == "seed_fleet", ds.attrs["experiment"]
 assert {"policy", "router", "layout"} <= set(ds.dims), dict(ds.sizes)
