@@ -253,6 +253,9 @@ def summarize(ds: xr.Dataset, var: str = "token_hit_rate") -> str:
     for c in rep.get("compare") or []:
         parts.append("")
         parts.append(paired_comparison(ds, c["dim"], c["baseline"], c["variant"], var, c.get("label", "")))
+    if rep.get("kind") in ("routing", "hot_tenant", "llmd_blog"):
+        parts.append("")
+        parts.append(routing_summary(ds, rep))
     return "\n".join(parts)
 
 
@@ -372,7 +375,11 @@ def bar_chart(ds: xr.Dataset, var: str = "token_hit_rate", hue: str | None = Non
 
 
 def plot(ds: xr.Dataset, var: str = "token_hit_rate") -> Figure:
-    """The generic figure: :func:`line_chart` over the first numeric dim, else :func:`bar_chart`."""
+    """The generic figure: :func:`line_chart` over the first numeric dim, else :func:`bar_chart`
+    (routing experiments: :func:`routing_figure`)."""
+    rep = config_of(ds).get("report") or {}
+    if rep.get("kind") in ("routing", "hot_tenant", "llmd_blog") and "router" in ds.dims and "rate_per_s" in ds.dims:
+        return routing_figure(ds, rep)
     da = ds[var]
     numeric = [d for d in _other_dims(da) if np.asarray(da[d].values).dtype.kind in "iuf" and da.sizes[d] > 1]
     if numeric:
@@ -385,3 +392,155 @@ def save_figure(fig: Figure, path, dpi: int = 120) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(p, dpi=dpi)
     return p
+
+
+# ------------------------------------------------------------------------------ routing experiments
+ROUTING_VARS = ("token_hit_rate", "request_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "load_imbalance",
+                "prefix_copies", "overflow_share")
+
+
+def _fix(ds: xr.Dataset, keep: tuple[str, ...], prefer: dict | None = None) -> tuple[xr.Dataset, dict]:
+    """Select one value of every dim not in ``keep`` (``prefer`` names it; default: the last value)."""
+    prefer = prefer or {}
+    sel = {}
+    for d in ds.dims:
+        if d in keep:
+            continue
+        vals = list(ds[d].values)
+        sel[d] = prefer[d] if d in prefer and prefer[d] in vals else vals[-1]
+    return ds.sel(sel), sel
+
+
+def _sel_text(sel: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sel.items()) or "all cells"
+
+
+def routing_table(ds: xr.Dataset, sel: dict) -> str:
+    """Every router's metrics in one cell of the other dims."""
+    sub = ds.sel(sel)
+    rows = [["router", "hit rate", "req hit", "TTFT p50", "p90", "p99", "imbalance", "copies", "overflow"]]
+    for r in sub["router"].values:
+        c = sub.sel(router=r)
+        f = lambda v, pct=False: "-" if not np.isfinite(float(c[v])) else (  # noqa: E731
+            f"{100 * float(c[v]):.1f}%" if pct else f"{float(c[v]):.2f}")
+        rows.append([str(r), f("token_hit_rate", True), f("request_hit_rate", True), f("ttft_p50_s") + " s",
+                     f("ttft_p90_s") + " s", f("ttft_p99_s") + " s", f("load_imbalance"), f("prefix_copies"),
+                     f("overflow_share", True)])
+    return _render(rows)
+
+
+def slo_crossing(da: xr.DataArray, x: str, slo: float) -> str:
+    """The first ``x`` at which ``da`` (1-D over ``x``) exceeds ``slo``, linearly interpolated."""
+    xs = np.asarray(da[x].values, dtype=float)
+    ys = np.asarray(da.values, dtype=float)
+    if ys[0] > slo:
+        return f"already above at {x}={xs[0]:g}"
+    for i in range(1, len(xs)):
+        if ys[i] > slo:
+            t = (slo - ys[i - 1]) / (ys[i] - ys[i - 1])
+            return f"crosses at {x} ~ {xs[i - 1] + t * (xs[i] - xs[i - 1]):.3g}"
+    return f"stays below up to {x}={xs[-1]:g}"
+
+
+def routing_summary(ds: xr.Dataset, rep: dict) -> str:
+    """The answers of the routing experiments (``report.kind``: routing, hot_tenant, llmd_blog)."""
+    kind = rep.get("kind")
+    slo = float(rep.get("slo_s", 2.0))
+    x = "rate_per_s"
+    out = []
+    top = ds[x].values[-1] if x in ds.dims else None
+    pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
+            else None}
+    if "router" not in ds.dims:
+        return ""
+    if kind in ("routing", "hot_tenant"):
+        sub, sel = _fix(ds, ("router",), dict(pref, **({x: top} if top is not None else {})))
+        out.append(f"Routers at {_sel_text(sel)} (TTFT in seconds; copies = replicas holding a request's prefix; "
+                   "overflow = requests sent away from the replica holding most of their prefix):")
+        out.append(routing_table(ds, sel))
+        if x in ds.dims:
+            sub, sel2 = _fix(ds, ("router", x), pref)
+            out.append("")
+            out.append(f"TTFT p99 against the SLO of {slo:g} s ({_sel_text(sel2)}):")
+            for r in sub["router"].values:
+                out.append(f"  {str(r):20s} {slo_crossing(sub['ttft_p99_s'].sel(router=r), x, slo)}")
+    if kind == "routing":
+        sub, sel = _fix(ds, ("router",), dict(pref, **({x: top} if top is not None else {})))
+        p99 = sub["ttft_p99_s"].to_series()
+        hit = sub["token_hit_rate"].to_series()
+        best = p99.idxmin()
+        out.append("")
+        out.append("Answers to the design questions:")
+        out.append(f"* Which router: {best} (TTFT p99 {p99[best]:.2f} s, token hit rate {100 * hit[best]:.1f}% at "
+                   f"{_sel_text(sel)}); random {p99.get('random', np.nan):.2f} s / {100 * hit.get('random', np.nan):.1f}%, "
+                   f"pure affinity (prefix_hash) {p99.get('prefix_hash', np.nan):.2f} s / "
+                   f"{100 * hit.get('prefix_hash', np.nan):.1f}%.")
+        caps = [r for r in ("prefix_hash", "kubeai_chwbl", "chwbl_c2") if r in p99.index]
+        if len(caps) > 1:
+            txt = "; ".join(f"{r}: p99 {p99[r]:.2f} s, hit {100 * hit[r]:.1f}%" for r in caps)
+            out.append(f"* What cap: affinity must be capped by load. {txt} (prefix_hash = no cap, kubeai_chwbl = "
+                       f"c 1.25, chwbl_c2 = c 2.0).")
+        if "layout" in ds.dims and {"stable", "timestamp_top"} <= set(ds["layout"].values):
+            s2, _ = _fix(ds, ("router", "layout"), dict(pref, **({x: top} if top is not None else {})))
+            h = s2["token_hit_rate"].sel(router=best)
+            t = s2["ttft_p99_s"].sel(router=best)
+            out.append(f"* Which layout: keep the prompt stable and put dynamic content last. A timestamp at the top "
+                       f"takes {best}'s token hit rate from {100 * float(h.sel(layout='stable')):.1f}% to "
+                       f"{100 * float(h.sel(layout='timestamp_top')):.1f}% and its TTFT p99 from "
+                       f"{float(t.sel(layout='stable')):.2f} s to {float(t.sel(layout='timestamp_top')):.2f} s.")
+    if kind == "llmd_blog":
+        var = "ttft_p90_s"
+        sub, sel = _fix(ds, ("router", x), {})
+        rows = [["scheduler"] + [f"{v:g} QPS" for v in sub[x].values] + ["published (top rate)"]]
+        pub = {p["router"]: p["ttft_p90_s"] for p in rep.get("published", [])}
+        for r in sub["router"].values:
+            rows.append([str(r)] + [f"{float(v):.2f} s" for v in sub[var].sel(router=r).values]
+                        + [f"{pub[str(r)]:g} s" if str(r) in pub else "-"])
+        out.append(f"TTFT p90 by scheduler and load ({_sel_text(sel)}), published: {rep.get('source', '')}")
+        out.append(_render(rows))
+        ours = sub[var].sel({x: sub[x].values[-1]}).to_series()
+        order_ours = list(ours.sort_values().index)
+        order_pub = sorted(pub, key=pub.get)
+        same = [r for r in order_pub if r in ours.index]
+        out.append(f"ordering at the top rate: ours {' < '.join(order_ours)}; published {' < '.join(order_pub)}"
+                   f" -> {'same ordering' if [r for r in order_ours if r in pub] == same else 'DIFFERENT ordering'}")
+        for r in sub["router"].values:
+            out.append(f"  {str(r):12s} token hit rate {100 * float(sub['token_hit_rate'].sel(router=r, **{x: sub[x].values[-1]})):.1f}% "
+                       f"at the top rate")
+    return "\n".join(out)
+
+
+def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
+    """Panels over the load level, one line per router: TTFT p99 (or p90 for llmd_blog) with the SLO,
+    token hit rate, load imbalance and prefix copies."""
+    x = "rate_per_s"
+    kind = rep.get("kind")
+    tvar = "ttft_p90_s" if kind == "llmd_blog" else "ttft_p99_s"
+    pref = {"layout": "stable"}
+    if "capacity_blocks" in ds.dims:
+        pref["capacity_blocks"] = max(ds["capacity_blocks"].values)
+    sub, sel = _fix(ds, ("router", x), pref)
+    fig = _new_figure(11.0, 7.5)
+    axes = fig.subplots(2, 2)
+    panels = [(tvar, "TTFT " + tvar.split("_")[1] + " (s)", True), ("token_hit_rate", "token hit rate", False),
+              ("load_imbalance", "load imbalance (max / mean busy time)", False),
+              ("prefix_copies", "replicas holding a request's prefix", False)]
+    colors = matplotlib.colormaps["tab10"]
+    for ax, (v, lab, logy) in zip(axes.ravel(), panels):
+        for i, r in enumerate(sub["router"].values):
+            y = np.asarray(sub[v].sel(router=r).values, dtype=float)
+            ax.plot(sub[x].values, y, marker="o", ms=3, color=colors(i % 10), label=str(r),
+                    ls="-" if i < 10 else "--")
+        if logy:
+            ax.set_yscale("log")
+            if kind != "llmd_blog":
+                ax.axhline(float(rep.get("slo_s", 2.0)), color="k", ls=":", lw=1, label="SLO")
+            for p in rep.get("published", []) if kind == "llmd_blog" else []:
+                ax.plot([sub[x].values[-1]], [p["ttft_p90_s"]], marker="*", ms=10, ls="none",
+                        color=colors(list(sub["router"].values).index(p["router"]) % 10))
+        ax.set_xlabel(f"{x} (requests/s)")
+        ax.set_ylabel(lab)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].legend(fontsize="x-small")
+    fig.suptitle(f"{ds.attrs.get('experiment', '')}: {_sel_text(sel)}" + (" (stars: published)" if kind == "llmd_blog" else ""))
+    return fig

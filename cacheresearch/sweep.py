@@ -61,10 +61,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
-from .engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params, stack_streams
+from .engine import (
+    KNOBS, combine_limbs, compile_stream, make_params, simulate_grid, stack_params, stack_streams, static_options,
+)
 from .policies import INF, POLICIES, policy_spec
-from .routers import ROUTERS
-from .synthetic import design_workload, fleet_workload
+from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
+from .synthetic import design_workload, fleet_workload, tenant_workload
 from .trace import TraceError, load_mooncake
 from .workload import Workload, WorkloadError
 
@@ -83,9 +85,15 @@ __all__ = [
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 #: Keys the grid knows, in the order their dimensions appear in the output (seed last).
-GRID_KEYS = ("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks", "layout", "seed")
+#: Router and replica-speed knobs (:data:`cacheresearch.engine.KNOBS`) may be grid keys too.
+KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
+#: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
+TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival")
+GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
+             + TENANT_GRID_KEYS + ("layout", "seed"))
 LAYOUTS = ("stable", "timestamp_top")
-SOURCES = ("fleet", "design", "trace")
+SOURCES = ("fleet", "design", "trace", "tenant")
+ARRIVALS = ("poisson", "bursty", "diurnal")
 RESULT_FILE, SUMMARY_FILE, FIGURE_FILE = "results.nc", "summary.txt", "figure.png"
 
 
@@ -138,18 +146,52 @@ class DesignWorkloadConf:
 
 
 @dataclass
+class TenantWorkloadConf:
+    """Arguments of :func:`cacheresearch.synthetic.tenant_workload` (``seed`` from ``seed``/``seeds``;
+    ``rate_per_s``, ``hot_share``, ``arrival`` may be grid keys). ``layout: timestamp_top`` gives every
+    request a unique first block (a timestamp at the top of the prompt): every key changes."""
+
+    n_tenants: int = 200
+    prefix_tokens: int = 10_000
+    users_per_tenant: int = 1
+    user_tokens: int = 0
+    query_tokens: int = 200
+    rate_per_s: float = 50_000 / 86_400
+    duration_s: float = 86_400.0
+    n_requests: Optional[int] = None  # if set: duration_s = n_requests / rate_per_s (same expected count per load level)
+    arrival: str = "poisson"
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    hot_share: float = 0.0
+    burst_ratio: float = 10.0
+    burst_high_share: float = 0.1
+    burst_mean_high_s: float = 60.0
+    diurnal_amplitude: float = 0.8
+    diurnal_period_s: float = 86_400.0
+    block_tokens: int = 16
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+    layout: str = "stable"
+
+
+@dataclass
 class WorkloadConf:
-    source: str = "fleet"  # fleet | design | trace
+    source: str = "fleet"  # fleet | design | trace | tenant
     fleet: FleetWorkloadConf = field(default_factory=FleetWorkloadConf)
     design: DesignWorkloadConf = field(default_factory=DesignWorkloadConf)
+    tenant: TenantWorkloadConf = field(default_factory=TenantWorkloadConf)
 
 
 @dataclass
 class FleetConf:
-    router: str = "round_robin"
+    router: str = "round_robin"  # a rule, a preset of cacheresearch.routers.PRESETS, or a name under ``variants``
     replicas: int = 1
     prefix_blocks: int = 80
     max_replicas: Optional[int] = None  # static bound; default: the largest replica count in the grid
+    latency: str = "h100_8b"  # replica speed preset (cacheresearch.engine.LATENCY_PRESETS)
+    knobs: Any = field(default_factory=dict)  # base values of router / speed knobs (cacheresearch.engine.KNOBS)
+    # named router variants: {name: {router: RULE_OR_PRESET, KNOB: value, ...}}; usable as router names
+    variants: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -163,6 +205,8 @@ class CacheConf:
 class EngineConf:
     chunk_blocks: int = 32
     max_batch: Optional[int] = None  # configurations per compiled call (None: the whole grid at once)
+    match: Optional[bool] = None  # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
+    queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
 
 
 @dataclass
@@ -175,6 +219,29 @@ class GridConf:
     replicas: Any = None
     router: Any = None
     prefix_blocks: Any = None
+    view: Any = None
+    stale_lag_ms: Any = None
+    instances: Any = None
+    local_load: Any = None
+    index_capacity: Any = None
+    vnodes: Any = None
+    chwbl_c_pct: Any = None
+    cache_threshold_pm: Any = None
+    balance_abs: Any = None
+    balance_rel_pct: Any = None
+    miss_smallest_tree: Any = None
+    overlap_weight_pct: Any = None
+    temperature: Any = None
+    prefix_weight_pct: Any = None
+    load_weight_pct: Any = None
+    queue_threshold: Any = None
+    preble_rel_pct: Any = None
+    preble_abs: Any = None
+    prefill_tps: Any = None
+    decode_us_per_token: Any = None
+    rate_per_s: Any = None
+    hot_share: Any = None
+    arrival: Any = None
     layout: Any = None
     seed: Any = None
 
@@ -256,9 +323,9 @@ def _check_value(key: str, v, source: str):
             raise SweepError(f"{key}: unknown policy {v!r}; choose one of {sorted(POLICIES)}")
         return v
     if name == "router":
-        if v not in ROUTERS:
-            raise SweepError(f"{key}: unknown router {v!r}; choose one of {sorted(ROUTERS)}")
-        return v
+        if not isinstance(v, str):
+            raise SweepError(f"{key}: a router is a name, got {v!r}")
+        return v  # rules, presets and fleet.variants are resolved per configuration
     if name == "layout":
         if v not in LAYOUTS:
             raise SweepError(f"{key}: unknown layout {v!r}; choose one of {list(LAYOUTS)}")
@@ -283,20 +350,64 @@ def _check_value(key: str, v, source: str):
         return _integer(key, v, 1)
     if name == "seed":
         return _integer(key, v, 0)
+    if name == "rate_per_s":
+        v = _number(key, v, 0)
+        if v <= 0:
+            raise SweepError(f"{key} must be > 0, got {v}")
+        return v
+    if name == "hot_share":
+        v = _number(key, v, 0)
+        if v > 1:
+            raise SweepError(f"{key} must be in [0, 1], got {v}")
+        return v
+    if name == "arrival":
+        if v not in ARRIVALS:
+            raise SweepError(f"{key}: unknown arrival process {v!r}; choose one of {list(ARRIVALS)}")
+        return v
+    if name in KNOB_KEYS:
+        if v is None:
+            return None
+        if name == "view":
+            if not isinstance(v, str):
+                raise SweepError(f"{key}: a view is a name (precise, approximate, stale), got {v!r}")
+            return v
+        if name in ("local_load", "miss_smallest_tree"):
+            if not isinstance(v, bool):
+                raise SweepError(f"{key} must be true or false, got {v!r}")
+            return v
+        if name == "temperature":
+            return float(_number(key, v, 0))
+        return _integer(key, v, 0)
     raise AssertionError(name)  # pragma: no cover
 
 
+_TENANT_SOURCE_KEYS = {"rate_per_s": "rate_per_s", "hot_share": "hot_share", "arrival": "arrival"}
+
+
 def _base_values(cfg) -> dict[str, Any]:
-    return {
+    knobs = OmegaConf.to_container(cfg.fleet.knobs, resolve=True) if cfg.fleet.knobs else {}
+    if not isinstance(knobs, dict):
+        raise SweepError("fleet.knobs must be a mapping of router / speed knobs")
+    unknown = sorted(set(knobs) - set(KNOB_KEYS))
+    if unknown:
+        raise SweepError(f"fleet.knobs: unknown keys {unknown}; known: {list(KNOB_KEYS)}")
+    src = cfg.workload.source
+    base = {
         "policy": cfg.cache.policy,
         "capacity_blocks": cfg.cache.capacity_blocks,
         "ttl_s": cfg.cache.ttl_s,
         "replicas": cfg.fleet.replicas,
         "router": cfg.fleet.router,
         "prefix_blocks": cfg.fleet.prefix_blocks,
-        "layout": cfg.workload.fleet.layout if cfg.workload.source == "fleet" else None,
+        "layout": (cfg.workload.fleet.layout if src == "fleet" else cfg.workload.tenant.layout if src == "tenant"
+                   else None),
         "seed": cfg.seed,
     }
+    for k in KNOB_KEYS:
+        base[k] = knobs.get(k)
+    for k in TENANT_GRID_KEYS:
+        base[k] = cfg.workload.tenant[k] if src == "tenant" else None
+    return base
 
 
 _BASE_KEY = {
@@ -308,6 +419,8 @@ _BASE_KEY = {
     "prefix_blocks": "fleet.prefix_blocks",
     "layout": "workload.fleet.layout",
     "seed": "seed",
+    **{k: f"fleet.knobs.{k}" for k in KNOB_KEYS},
+    **{k: f"workload.tenant.{k}" for k in TENANT_GRID_KEYS},
 }
 
 
@@ -322,7 +435,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
     base = _base_values(cfg)
     for k in GRID_KEYS:
-        if k in ("layout",) and base[k] is None:
+        if k in ("layout",) + TENANT_GRID_KEYS and base[k] is None:
             continue
         base[k] = _check_value(_BASE_KEY[k], base[k], source)
 
@@ -331,8 +444,10 @@ def make_plan(cfg: DictConfig) -> Plan:
         v = grid.get(k)
         if v is None:
             continue
-        if k == "layout" and source != "fleet":
-            raise SweepError(f"grid.layout applies to workload.source=fleet only (the source is {source!r})")
+        if k == "layout" and source not in ("fleet", "tenant"):
+            raise SweepError(f"grid.layout applies to workload.source=fleet or tenant (the source is {source!r})")
+        if k in TENANT_GRID_KEYS and source != "tenant":
+            raise SweepError(f"grid.{k} applies to workload.source=tenant only (the source is {source!r})")
         if isinstance(v, (list, tuple)):
             if not v:
                 raise SweepError(f"grid.{k} is an empty list")
@@ -375,7 +490,8 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise SweepError(f"replicas {sorted(replicas)} exceed fleet.max_replicas={max_r}")
 
     dims = [k for k in GRID_KEYS if k in coords]
-    wl_keys = ("layout", "seed") if source == "fleet" else ("seed",) if source == "design" else ()
+    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(
+        source, ())
     return Plan(
         source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
         workload_dims=[d for d in dims if d in wl_keys],
@@ -397,7 +513,21 @@ def _workload_key(plan: Plan, cell: dict) -> tuple:
         return (cell["layout"], cell["seed"])
     if plan.source == "design":
         return (cell["seed"],)
+    if plan.source == "tenant":
+        return (cell["layout"], cell["seed"]) + tuple(cell[k] for k in TENANT_GRID_KEYS)
     return ()
+
+
+def timestamp_top(w: Workload) -> Workload:
+    """``w`` with a unique first block per request (a timestamp at the top of the prompt): chained
+    keys change from the first block on, so every key of request ``i`` is re-keyed with ``i``."""
+    req = np.repeat(np.arange(w.n_requests, dtype=np.uint64), w.n_blocks)
+    with np.errstate(over="ignore"):
+        salt = (req + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        keys = w.keys ^ salt ^ (salt >> np.uint64(29))
+    return Workload(arrival_ms=w.arrival_ms, input_tokens=w.input_tokens, output_tokens=w.output_tokens,
+                    tenant=w.tenant, keys=keys, offsets=w.offsets, block_tokens=w.block_tokens,
+                    name=w.name + "-timestamp_top", meta=dict(w.meta, layout="timestamp_top"))
 
 
 def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
@@ -415,6 +545,15 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
             args = OmegaConf.to_container(cfg.workload.fleet, resolve=True)
             args.update(layout=wkey[0], seed=wkey[1])
             return fleet_workload(**args)
+        if src == "tenant":
+            args = OmegaConf.to_container(cfg.workload.tenant, resolve=True)
+            layout = args.pop("layout")
+            n_req = args.pop("n_requests")
+            args.update(dict(zip(TENANT_GRID_KEYS, wkey[2:])), seed=wkey[1])
+            if n_req is not None:
+                args["duration_s"] = _integer("workload.tenant.n_requests", n_req, 1) / float(args["rate_per_s"])
+            w = tenant_workload(**args)
+            return timestamp_top(w) if layout == "timestamp_top" or wkey[0] == "timestamp_top" else w
         args = OmegaConf.to_container(cfg.workload.design, resolve=True)
         return design_workload(**args, seed=wkey[0])
     except SweepError:
@@ -467,11 +606,35 @@ class _CompileTimer:
         return False
 
 
-def _params_of(cell: dict):
+def router_knobs(cfg, cell: dict) -> tuple[str, dict]:
+    """(rule or preset, knobs) of a cell: a ``fleet.variants`` entry expands to its router and knobs;
+    explicit knobs (``fleet.knobs``, ``grid.*``) override the variant's."""
+    variants = OmegaConf.to_container(cfg.fleet.variants, resolve=True) if cfg.fleet.variants else {}
+    name = cell["router"]
+    knobs: dict = {}
+    if name in variants:
+        v = dict(variants[name])
+        if "router" not in v:
+            raise SweepError(f"fleet.variants.{name} needs a 'router' (a rule or preset)")
+        name = v.pop("router")
+        unknown = sorted(set(v) - set(KNOB_KEYS))
+        if unknown:
+            raise SweepError(f"fleet.variants: unknown knobs {unknown}; known: {list(KNOB_KEYS)}")
+        knobs.update(v)
+    elif name not in ROUTERS and name not in PRESETS:
+        raise SweepError(f"unknown router {name!r}: choose a rule {sorted(ROUTERS)}, a preset {sorted(PRESETS)} "
+                         f"or a name under fleet.variants {sorted(variants)}")
+    knobs.update({k: cell[k] for k in KNOB_KEYS if cell.get(k) is not None})
+    return name, knobs
+
+
+def _params_of(cell: dict, cfg=None):
     try:
+        name, knobs = router_knobs(cfg, cell) if cfg is not None else (cell["router"], {})
+        latency = str(cfg.fleet.latency) if cfg is not None else None
         return make_params(
             cell["policy"], capacity_blocks=cell["capacity_blocks"], ttl_s=cell["ttl_s"],
-            replicas=cell["replicas"], router=cell["router"], prefix_blocks=cell["prefix_blocks"],
+            replicas=cell["replicas"], router=name, prefix_blocks=cell["prefix_blocks"], latency=latency, **knobs,
         )
     except ValueError as e:
         raise SweepError(f"configuration {cell}: {e}") from None
@@ -490,7 +653,13 @@ def simulate_plan(cfg, plan: Plan):
     streams = [compile_stream(w, chunk_blocks=chunk) for w in workloads]
     t_build = time.perf_counter() - t0
 
-    params = [_params_of(c) for c in cells]
+    params = [_params_of(c, cfg) for c in cells]
+    opts = dict(queue_slots=_integer("engine.queue_slots", cfg.engine.queue_slots, 1))
+    if cfg.engine.match is not None:
+        opts["match"] = bool(cfg.engine.match)
+    grid_p = stack_params(params)
+    st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)  # one shape for every batch
+    opts.update(match=st_all.match, index=st_all.index, stale=st_all.stale, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
     G = len(cells)
     B = G if cfg.engine.max_batch is None else min(G, _integer("engine.max_batch", cfg.engine.max_batch, 1))
@@ -505,11 +674,11 @@ def simulate_plan(cfg, plan: Plan):
             P = stack_params([params[i] for i in sel])
             keys = jax.vmap(jax.random.key)(jax.numpy.asarray(seeds[sel]))
             if stacked is None:
-                m = simulate_grid(streams[0], P, keys, max_replicas=plan.max_replicas)
+                m = simulate_grid(streams[0], P, keys, max_replicas=plan.max_replicas, **opts)
             else:
                 take = jax.numpy.asarray(idx[sel])
                 st = jax.tree.map(lambda x: x[take], stacked)
-                m = simulate_grid(st, P, keys, max_replicas=plan.max_replicas, stream_axis=True)
+                m = simulate_grid(st, P, keys, max_replicas=plan.max_replicas, stream_axis=True, **opts)
             m = jax.tree.map(np.asarray, jax.block_until_ready(m))
             n_real = min(B, G - a)
             outs.append(jax.tree.map(lambda x: x[:n_real], m))
@@ -536,6 +705,15 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "input_tokens": grid(inp[idx], np.int64),
         "requests_hit": grid(metrics.requests_hit, np.int64),
         "n_requests": grid(nreq[idx], np.int64),
+        "ttft_p50_s": grid(np.asarray(metrics.ttft_p50_ms) / 1000.0, np.float64),
+        "ttft_p90_s": grid(np.asarray(metrics.ttft_p90_ms) / 1000.0, np.float64),
+        "ttft_p99_s": grid(np.asarray(metrics.ttft_p99_ms) / 1000.0, np.float64),
+        "ttft_mean_s": grid(np.asarray(metrics.ttft_mean_ms) / 1000.0, np.float64),
+        "load_imbalance": grid(metrics.load_imbalance, np.float64),
+        "utilisation_max": grid(np.max(np.asarray(metrics.utilisation), axis=-1), np.float64),
+        "prefix_copies": grid(metrics.prefix_copies, np.float64),
+        "overflow_share": grid(metrics.overflow_share, np.float64),
+        "queue_overflow": grid(metrics.queue_overflow, np.int64),
     }
     ds = xr.Dataset(data, coords=coords)
     long = {
@@ -545,6 +723,18 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "input_tokens": ("input tokens of the workload", "tokens"),
         "requests_hit": ("requests with at least one hit block", "requests"),
         "n_requests": ("requests in the workload", "requests"),
+        "ttft_p50_s": ("time to first token, median (queueing wait + prefill of the uncached suffix)", "s"),
+        "ttft_p90_s": ("time to first token, 90th percentile (nearest rank)", "s"),
+        "ttft_p99_s": ("time to first token, 99th percentile (nearest rank)", "s"),
+        "ttft_mean_s": ("time to first token, mean", "s"),
+        "load_imbalance": ("load imbalance: max / mean of replica work (busy time)", "1"),
+        "utilisation_max": ("busiest replica's utilisation: busy time / run horizon", "1"),
+        "prefix_copies": ("replicas holding a request's whole routing prefix at arrival, mean (NaN unless "
+                          "engine.match)", "replicas"),
+        "overflow_share": ("share of requests with a cached prefix sent to a replica holding less of it "
+                           "(NaN unless engine.match)", "1"),
+        "queue_overflow": ("dispatches that found every tracked queue slot in flight (raise engine.queue_slots)",
+                           "requests"),
     }
     for v, (ln, u) in long.items():
         ds[v].attrs.update(long_name=ln, units=u)
@@ -556,11 +746,17 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "router": ("router", None),
         "prefix_blocks": ("prefix_hash key length", "blocks"),
         "layout": ("prompt layout", None),
+        "rate_per_s": ("arrival rate (load level)", "requests/s"),
+        "hot_share": ("extra traffic share of the hot tenant", "1"),
+        "arrival": ("arrival process", None),
+        "view": ("what the router knows (precise, approximate, stale)", None),
+        "instances": ("router instances", None),
+        "prefill_tps": ("prefill throughput per replica", "tokens/s"),
         "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
                  None),
     }
     for d in dims:
-        ln, u = coord_doc[d]
+        ln, u = coord_doc.get(d, (f"router knob {d} (cacheresearch.routers)", None))
         ds[d].attrs["long_name"] = ln
         if u:
             ds[d].attrs["units"] = u
@@ -573,6 +769,8 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
             d.update(layout=k[0], seed=k[1])
         elif plan.source == "design":
             d.update(seed=k[0])
+        elif plan.source == "tenant":
+            d.update(layout=k[0], seed=k[1], **dict(zip(TENANT_GRID_KEYS, k[2:])))
         desc.append(d)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     ds.attrs.update(

@@ -18,6 +18,12 @@ Generators
     ``n_tenants`` tenants, each with its own ``prefix_tokens``-token prefix, plus a unique
     ``suffix_tokens``-token suffix per request; Poisson arrivals over ``duration_s``; tenants
     drawn uniformly or Zipf, optionally with a hot tenant 0.
+:func:`tenant_workload`
+    The routing experiments: ``n_tenants`` tenants with their own ``prefix_tokens``-token prefix,
+    ``users_per_tenant`` users per tenant with their own ``user_tokens``-token context after it,
+    and a fresh ``query_tokens``-token query per request; arrivals over ``duration_s`` at a total
+    rate ``rate_per_s``: Poisson, bursty (a two-state Markov-modulated Poisson process) or diurnal.
+    :func:`llmd_workload` is its llm-d benchmark setting (150 customers x 6,000-token prefix).
 :func:`prefix_poisson_workload`
     ``n_prefixes`` prefixes (optionally after a ``shared_tokens``-token head common to all), each
     requested by its own arrival process over ``duration_s``: Poisson at a per-prefix rate
@@ -39,6 +45,9 @@ from .workload import MAX_ARRIVAL_MS, Workload
 __all__ = [
     "fleet_workload",
     "design_workload",
+    "tenant_workload",
+    "llmd_workload",
+    "mmpp_parameters",
     "prefix_poisson_workload",
     "prefix_arrival_times",
     "tenant_probabilities",
@@ -143,14 +152,23 @@ def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray,
     tokens (``P % bs``) are prepended to each tail, which is hashed as a continuation of the
     chain from the prefix's last key.
     """
-    p = prefix.shape[1]
-    p_full = (p // bs) * bs
+    p_full = (prefix.shape[1] // bs) * bs
     pre = _hash_rows(prefix[:, :p_full], bs)  # [T, p_full // bs]
-    rest = prefix[:, p_full:]
+    return _extend_keys(pre, prefix[:, p_full:], which, tail, bs)
+
+
+def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int) -> np.ndarray:
+    """Keys ``[N, n_pre + n_tail]`` of prompts ``head[which[i]] ++ tail[i]`` for already keyed heads.
+
+    Head ``r`` is given by ``pre[r]`` (uint64 keys of its ``n_pre`` full blocks) and ``rest[r]`` (its
+    ``len(head) - n_pre * bs < bs`` leftover tokens); the leftover is prepended to each tail, which
+    is hashed as a continuation of the chain from the head's last key.
+    """
+    n_pre = pre.shape[1]
     if rest.shape[1]:
         tail = np.concatenate([rest[which], tail], axis=1)
     n = which.shape[0]
-    n_pre, n_tail = pre.shape[1], tail.shape[1] // bs
+    n_tail = tail.shape[1] // bs
     keys = np.empty((n, n_pre + n_tail), dtype=np.uint64)
     keys[:, :n_pre] = pre[which]
     if n_tail:
@@ -158,7 +176,7 @@ def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray,
         if n_pre:
             hi, lo = split_uint64(pre[:, -1])
             parent = (hi[which], lo[which])
-        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=p_full)
+        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=n_pre * bs)
     return keys
 
 
@@ -381,6 +399,282 @@ def design_workload(
         keys, arrival_ms=parts["arrival"], input_tokens=prefix_tokens + suffix_tokens, output_tokens=out,
         tenant=parts["tenant"], bs=block_tokens, name=name or f"design-{tenant_law}", meta=meta,
     )
+
+
+# ---------------------------------------------------------------------------------- routing
+def mmpp_parameters(burst_ratio: float = 10.0, burst_high_share: float = 0.1, burst_mean_high_s: float = 60.0):
+    """``(burst_low, burst_high, burst_mean_low_s)`` of the two-state MMPP of :func:`tenant_workload`.
+
+    See that function's docstring for the derivation; the long-run mean rate is 1 (in units of
+    ``rate_per_s``).
+    """
+    rho = _float("burst_ratio", burst_ratio, 1.0)
+    h = _float("burst_high_share", burst_high_share, 0.0, 1.0, lo_open=True)
+    if h >= 1.0:
+        raise ValueError(f"burst_high_share must be in (0, 1) (the process must visit the low state), got {h}")
+    m_high = _float("burst_mean_high_s", burst_mean_high_s, 0.0, lo_open=True)
+    low = 1.0 / (1.0 + h * (rho - 1.0))
+    return low, rho * low, m_high * (1.0 - h) / h
+
+
+def _mmpp_times(rate_low, rate_high, mean_low_s, mean_high_s, duration_s, rng) -> np.ndarray:
+    """Arrival times (float s, unsorted) of a two-state MMPP on ``[0, duration_s)``, started stationary."""
+    p_high = mean_high_s / (mean_low_s + mean_high_s)
+    high = bool(rng.random() < p_high)
+    starts, stops, highs = [], [], []
+    t0 = 0.0
+    while t0 < duration_s:
+        k = 2 * (int((duration_s - t0) / (mean_low_s + mean_high_s)) + 32)  # sojourns, states alternate
+        is_high = (np.arange(k) % 2 == 0) == high
+        dur = rng.exponential(np.where(is_high, mean_high_s, mean_low_s))
+        stop = t0 + np.cumsum(dur)
+        start = stop - dur
+        keep = start < duration_s
+        starts.append(start[keep])
+        stops.append(np.minimum(stop[keep], duration_s))
+        highs.append(is_high[keep])
+        t0, high = float(stop[-1]), not bool(is_high[-1])
+    start, stop, is_high = (np.concatenate(x) for x in (starts, stops, highs))
+    lam = np.where(is_high, rate_high, rate_low)
+    counts = rng.poisson(lam * (stop - start))
+    seg = np.repeat(np.arange(start.shape[0]), counts)
+    return start[seg] + rng.uniform(size=seg.shape[0]) * (stop - start)[seg]
+
+
+def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, query_tokens, duration_s, rate_per_s,
+                  arrival, hot_share, tenant_law, zipf_s, burst, diurnal_amplitude, diurnal_period_s, seed,
+                  vocab_size):
+    """Token pieces and per-request draws of :func:`tenant_workload` (shared with the tests).
+
+    ``burst`` is ``(burst_low, burst_high, burst_mean_low_s, burst_mean_high_s)``. Returns ``prefix``
+    ``[T, P]``, ``user_ctx`` ``[T * U, Ut]`` (row ``t * U + u`` = user ``u`` of tenant ``t``), ``query``
+    ``[N, Q]``, ``tenant`` and ``user`` (``[N]``, the user's row in ``user_ctx``), ``t`` (arrival
+    times, float s, sorted) and ``p`` (tenant probabilities).
+    """
+    r_arr, r_pre, r_usr, r_qry, r_ten, r_pick = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
+    )
+    if arrival == "bursty":
+        low, high, m_low, m_high = burst
+        t = _mmpp_times(rate_per_s * low, rate_per_s * high, m_low, m_high, duration_s, r_arr)
+    else:
+        t, _ = prefix_arrival_times(
+            np.array([rate_per_s]), duration_s, r_arr, arrival=arrival, diurnal_amplitude=diurnal_amplitude,
+            diurnal_period_s=diurnal_period_s,
+        )
+    t = np.sort(t)
+    n = int(t.shape[0])
+    prefix = _tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
+    user_ctx = _tokens(r_usr, (n_tenants * users_per_tenant, user_tokens), vocab_size)
+    query = _tokens(r_qry, (n, query_tokens), vocab_size)
+    p = tenant_probabilities(n_tenants, tenant_law, zipf_s, hot_share)
+    tenant = r_ten.choice(n_tenants, size=n, p=p).astype(np.int32)
+    user = tenant.astype(np.int64) * users_per_tenant + r_pick.integers(0, users_per_tenant, size=n)
+    return dict(prefix=prefix, user_ctx=user_ctx, query=query, tenant=tenant, user=user, t=t, p=p)
+
+
+def _tenant_keys(prefix, user_ctx, users_per_tenant, user, query, bs) -> np.ndarray:
+    """Keys ``[N, (P + Ut + Q) // bs]`` of ``prefix[tenant] ++ user_ctx[user] ++ query``: each tenant
+    prefix hashed once, each user context once (as its continuation), each query as a continuation."""
+    n_tenants, p_len = prefix.shape
+    u_len = user_ctx.shape[1]
+    owner = np.repeat(np.arange(n_tenants), users_per_tenant)
+    head = _prefix_suffix_keys(prefix, owner, user_ctx, bs)  # [T * U, (P + Ut) // bs]
+    r = (p_len + u_len) % bs  # leftover tokens of prefix ++ user context, carried into the query
+    if r:
+        last = prefix[:, p_len - min(r, p_len):]
+        rest = np.concatenate([last[owner], user_ctx], axis=1)[:, -r:]
+    else:
+        rest = np.zeros((owner.shape[0], 0), dtype=prefix.dtype)
+    return _extend_keys(head, rest, user, query, bs)
+
+
+def tenant_workload(
+    *,
+    n_tenants: int = 150,
+    prefix_tokens: int = 6000,
+    users_per_tenant: int = 1,
+    user_tokens: int = 0,
+    query_tokens: int = 1200,
+    rate_per_s: float = 10.0,
+    duration_s: float = 180.0,
+    arrival: str = "poisson",
+    tenant_law: str = "uniform",
+    zipf_s: float = 1.0,
+    hot_share: float = 0.0,
+    burst_ratio: float = 10.0,
+    burst_high_share: float = 0.1,
+    burst_mean_high_s: float = 60.0,
+    diurnal_amplitude: float = 0.8,
+    diurnal_period_s: float = 86_400.0,
+    block_tokens: int = 16,
+    output_tokens=0,
+    seed: int = 0,
+    vocab_size: int = 128_256,
+    name: str = "",
+) -> Workload:
+    """The routing experiments: tenant prefixes, per-user contexts, fresh queries, time-varying arrivals.
+
+    Prompt of a request = its tenant's ``prefix_tokens``-token prefix + the ``user_tokens``-token
+    context of one of the tenant's ``users_per_tenant`` users (drawn uniformly) + ``query_tokens``
+    fresh tokens. Block keys are chained over the whole prompt (only full blocks are keyed), so
+    requests of one tenant share the prefix's blocks, requests of one user also the blocks of the
+    user context, and nothing after the first block that holds a query token is shared.
+    ``tenant`` is the tenant index.
+
+    Arrivals lie in ``[0, duration_s)`` with long-run mean rate ``rate_per_s`` (requests per second,
+    all tenants together); the tenant of each request is drawn independently of its time.
+
+    ``arrival="poisson"``
+        Homogeneous Poisson process of rate ``rate_per_s``.
+    ``arrival="diurnal"``
+        Inhomogeneous Poisson of rate ``rate_per_s * (1 - diurnal_amplitude * cos(2 pi t /
+        diurnal_period_s))`` (by thinning; the profile of :func:`prefix_arrival_times`, which starts
+        at its trough; the mean is ``rate_per_s`` over whole periods).
+    ``arrival="bursty"``
+        Two-state Markov-modulated Poisson process (MMPP), *not* the gamma renewal process that
+        ``"bursty"`` means in :func:`prefix_poisson_workload`. A low and a high state with Poisson
+        rates ``rate_per_s * burst_low`` and ``rate_per_s * burst_high``; the state is held for an
+        exponential time of mean ``burst_mean_low_s`` / ``burst_mean_high_s``, then switches; the
+        initial state is drawn from the stationary law. The free arguments are ``burst_ratio`` =
+        ``rho`` = ``burst_high / burst_low``, ``burst_high_share`` = ``h``, the long-run fraction of
+        time spent in the high state, and ``burst_mean_high_s``; the rest follows:
+
+        - the stationary probability of the high state of an alternating process is
+          ``m_high / (m_high + m_low)``; setting it to ``h`` gives
+          ``burst_mean_low_s = burst_mean_high_s * (1 - h) / h``;
+        - the long-run mean rate is ``rate_per_s * (h * burst_high + (1 - h) * burst_low)``; setting
+          it to ``rate_per_s`` with ``burst_high = rho * burst_low`` gives
+          ``burst_low = 1 / (1 + h * (rho - 1))`` and ``burst_high = rho * burst_low``.
+
+        Defaults (``rho = 10``, ``h = 0.1``, 60 s): ``burst_low = 1 / 1.9 ~ 0.526``,
+        ``burst_high ~ 5.26``, ``burst_mean_low_s = 540``: a 1-minute burst at 10x the quiet rate
+        about every 10 minutes. ``burst_ratio = 1`` is a Poisson process.
+        (:func:`mmpp_parameters` computes the derived values.)
+
+    Args:
+      n_tenants: tenants, each with its own ``prefix_tokens``-token prefix (random tokens).
+      users_per_tenant, user_tokens: users per tenant, each with its own ``user_tokens``-token
+        context after the tenant prefix (``user_tokens=0``: users add nothing to the prompt).
+      query_tokens: fresh tokens appended per request.
+      rate_per_s, duration_s, arrival: the arrival process (above); ``duration_s * 1000`` must stay
+        within the engine's int32 millisecond bound (``MAX_ARRIVAL_MS``).
+      tenant_law, zipf_s, hot_share: tenant popularity, as :func:`tenant_probabilities`.
+      burst_ratio, burst_high_share, burst_mean_high_s: the MMPP of ``arrival="bursty"``.
+      diurnal_amplitude, diurnal_period_s: the profile of ``arrival="diurnal"``.
+      block_tokens, seed, vocab_size: as in :func:`fleet_workload`; ``seed`` fixes everything,
+        including the number of requests.
+      output_tokens: non-negative int, or int array ``[n_requests]`` (the request count is random;
+        generate once with the same seed to learn it).
+      name: default ``f"tenant-{arrival}"``.
+
+    ``arrival_ms = floor(t * 1000)`` (int64, sorted). ``meta`` records every argument, the derived
+    MMPP values (``burst_low``, ``burst_high``, ``burst_mean_low_s``), ``n_requests``,
+    ``tenant0_share`` (tenant 0's probability), ``tenant0_share_realised`` (its fraction of the
+    requests) and ``mean_rate_per_s`` (realised: ``n_requests / duration_s``).
+    """
+    n_tenants = _int("n_tenants", n_tenants, 1)
+    prefix_tokens = _int("prefix_tokens", prefix_tokens, 0)
+    users_per_tenant = _int("users_per_tenant", users_per_tenant, 1)
+    user_tokens = _int("user_tokens", user_tokens, 0)
+    query_tokens = _int("query_tokens", query_tokens, 0)
+    rate_per_s = _float("rate_per_s", rate_per_s, 0.0, lo_open=True)
+    duration_s = _float("duration_s", duration_s, 0.0, lo_open=True)
+    if duration_s * 1000.0 > MAX_ARRIVAL_MS:
+        raise ValueError(f"duration_s must be at most {MAX_ARRIVAL_MS / 1000:.0f} s (the engine's int32 ms bound)")
+    arrival = _choice("arrival", arrival, _ARRIVALS)
+    tenant_law = _choice("tenant_law", tenant_law, _TENANT_LAWS)
+    zipf_s = _float("zipf_s", zipf_s, 0.0)
+    hot_share = _float("hot_share", hot_share, 0.0, 1.0)
+    burst_low, burst_high, burst_mean_low_s = mmpp_parameters(burst_ratio, burst_high_share, burst_mean_high_s)
+    burst_ratio, burst_high_share, burst_mean_high_s = map(float, (burst_ratio, burst_high_share, burst_mean_high_s))
+    diurnal_amplitude = _float("diurnal_amplitude", diurnal_amplitude, 0.0, 1.0)
+    diurnal_period_s = _float("diurnal_period_s", diurnal_period_s, 0.0, lo_open=True)
+    block_tokens = _int("block_tokens", block_tokens, 1)
+    seed = _int("seed", seed, 0)
+    vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max)
+    if np.ndim(output_tokens) == 0:
+        _output_tokens(output_tokens, 1)  # fail before the work (arrays are checked once N is known)
+
+    parts = _tenant_parts(
+        n_tenants=n_tenants, prefix_tokens=prefix_tokens, users_per_tenant=users_per_tenant,
+        user_tokens=user_tokens, query_tokens=query_tokens, duration_s=duration_s, rate_per_s=rate_per_s,
+        arrival=arrival, hot_share=hot_share, tenant_law=tenant_law, zipf_s=zipf_s,
+        burst=(burst_low, burst_high, burst_mean_low_s, burst_mean_high_s),
+        diurnal_amplitude=diurnal_amplitude, diurnal_period_s=diurnal_period_s, seed=seed, vocab_size=vocab_size,
+    )
+    n = int(parts["t"].shape[0])
+    out = _output_tokens(output_tokens, n)
+    keys = _tenant_keys(parts["prefix"], parts["user_ctx"], users_per_tenant, parts["user"], parts["query"],
+                        block_tokens)
+    arrival_ms = np.floor(parts["t"] * 1000.0).astype(np.int64)
+    tenant = parts["tenant"]
+    meta = dict(
+        generator="tenant_workload",
+        n_tenants=n_tenants,
+        prefix_tokens=prefix_tokens,
+        users_per_tenant=users_per_tenant,
+        user_tokens=user_tokens,
+        query_tokens=query_tokens,
+        rate_per_s=rate_per_s,
+        duration_s=duration_s,
+        arrival=arrival,
+        tenant_law=tenant_law,
+        zipf_s=zipf_s,
+        hot_share=hot_share,
+        burst_ratio=burst_ratio,
+        burst_high_share=burst_high_share,
+        burst_mean_high_s=burst_mean_high_s,
+        burst_low=burst_low,
+        burst_high=burst_high,
+        burst_mean_low_s=burst_mean_low_s,
+        diurnal_amplitude=diurnal_amplitude,
+        diurnal_period_s=diurnal_period_s,
+        block_tokens=block_tokens,
+        output_tokens=_output_meta(output_tokens),
+        seed=seed,
+        vocab_size=vocab_size,
+        n_requests=n,
+        tenant0_share=float(parts["p"][0]),
+        tenant0_share_realised=float(np.mean(tenant == 0)) if n else 0.0,
+        mean_rate_per_s=n / duration_s,
+    )
+    return _csr_workload(
+        keys, arrival_ms=arrival_ms, input_tokens=prefix_tokens + user_tokens + query_tokens, output_tokens=out,
+        tenant=tenant, bs=block_tokens, name=name or f"tenant-{arrival}", meta=meta,
+    )
+
+
+LLMD_BLOG = "llm-d blog 2025-09-24, 'KV-Cache Wins You Can See' (precise prefix-cache aware scheduling)"
+
+
+def llmd_workload(qps: float, duration_s: float = 180.0, seed: int = 0, **kw) -> Workload:
+    """The llm-d benchmark workload (:data:`LLMD_BLOG`): 150 customers, 6,000-token prefixes.
+
+    From the blog: 150 customers (tenants), each with a 6,000-token shared prefix; 5 users per
+    customer; 1,200-token queries; the load given as ``qps``. vLLM's 16-token blocks.
+
+    Assumptions of this model (not given by the blog): arrivals are Poisson at ``qps``; customers
+    are equally popular (``tenant_law="uniform"``); users have no context of their own
+    (``user_tokens=0``, so the 5 users of a customer send identical prefixes and differ only in
+    their queries); queries are fresh random tokens, shared with no other request; every request
+    asks for 256 output tokens; the run lasts ``duration_s`` (180 s by default).
+
+    ``**kw`` overrides any other argument of :func:`tenant_workload` (e.g. ``user_tokens``,
+    ``arrival``, ``output_tokens``, ``hot_share``); the rate is ``qps``, not ``rate_per_s``.
+    ``meta["scenario"]`` names the source.
+    """
+    if "rate_per_s" in kw:
+        raise ValueError("llmd_workload takes the rate as qps, not rate_per_s")
+    qps = _float("qps", qps, 0.0, lo_open=True)
+    args = dict(
+        n_tenants=150, prefix_tokens=6000, users_per_tenant=5, user_tokens=0, query_tokens=1200,
+        arrival="poisson", tenant_law="uniform", block_tokens=16, output_tokens=256, name=f"llmd-{qps:g}qps",
+    )
+    args.update(kw)
+    w = tenant_workload(rate_per_s=qps, duration_s=duration_s, seed=seed, **args)
+    w.meta["scenario"] = LLMD_BLOG
+    return w
 
 
 # ------------------------------------------------------------------------- prefix processes
