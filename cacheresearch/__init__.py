@@ -1,19 +1,23 @@
 """cacheresearch: JAX-vectorized Monte Carlo research toolkit for LLM prefix and prompt caching."""
 
 from .engine import (
+    LATENCY_PRESETS,
     Metrics,
     Params,
     Stream,
     combine_limbs,
     compile_stream,
     make_params,
+    request_bits,
     simulate,
     simulate_grid,
     stack_params,
     stack_streams,
 )
 from .policies import POLICIES
-from .routers import ROUTERS
+from .routers import PRESETS as ROUTER_PRESETS
+from .routers import ROUTERS, VIEWS
+from .synthetic import llmd_workload, tenant_workload
 from .workload import Workload, WorkloadError
 
 __all__ = [
@@ -24,6 +28,12 @@ __all__ = [
     "WorkloadError",
     "POLICIES",
     "ROUTERS",
+    "ROUTER_PRESETS",
+    "VIEWS",
+    "LATENCY_PRESETS",
+    "request_bits",
+    "tenant_workload",
+    "llmd_workload",
     "combine_limbs",
     "compile_stream",
     "make_params",

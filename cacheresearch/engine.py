@@ -283,6 +283,7 @@ class Params(NamedTuple):
     # replica speed (the latency model)
     prefill_tps: jax.Array  # int32 prefill tokens per second (uncached tokens only)
     decode_us_per_token: jax.Array  # int32 replica time per output token (amortised over the batch)
+    kv_pressure: jax.Array  # bool: in-flight requests' blocks count against the replica's capacity
 
 
 class Metrics(NamedTuple):
@@ -450,6 +451,7 @@ def make_params(
         preble_abs=np.int32(k["preble_abs"]),
         prefill_tps=np.int32(k["prefill_tps"]),
         decode_us_per_token=np.int32(k["decode_us_per_token"]),
+        kv_pressure=np.bool_(bool(k["kv_pressure"])),
     )
 
 
@@ -778,9 +780,11 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
         occ = c.occ.at[rows].add(new_blocks)
         ptr, pq, poff = c.ptr, c.pq, c.poff
         occ_r = occ[r]
+        pinned = jnp.sum(jnp.where(c.qfin[r] > now, c.qblk[r], 0))  # blocks of r's in-flight requests
+        cap_r = jnp.where(params.kv_pressure, jnp.maximum(params.capacity - pinned, 0), params.capacity)
         for k in range(rows.shape[0]):
             row = rows[k]
-            cap_k = params.capacity if k == 0 else params.index_capacity
+            cap_k = cap_r if k == 0 else params.index_capacity
             lf_k = params.leaf_first if k == 0 else jnp.bool_(True)
             o_k, pq_k, poff_k, ptr_k = _evict(kv, occ[row], pq[row], poff[row], row, cap_k, lf_k, stream, rq,
                                               cnt[row], st.window, last)

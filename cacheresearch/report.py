@@ -459,11 +459,14 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
                    "overflow = requests sent away from the replica holding most of their prefix):")
         out.append(routing_table(ds, sel))
         if x in ds.dims:
-            sub, sel2 = _fix(ds, ("router", x), pref)
-            out.append("")
-            out.append(f"TTFT p99 against the SLO of {slo:g} s ({_sel_text(sel2)}):")
-            for r in sub["router"].values:
-                out.append(f"  {str(r):20s} {slo_crossing(sub['ttft_p99_s'].sel(router=r), x, slo)}")
+            hots = list(ds["hot_share"].values) if "hot_share" in ds.dims else [None]
+            for hv in hots:
+                p2 = dict(pref, **({"hot_share": hv} if hv is not None else {}))
+                sub, sel2 = _fix(ds, ("router", x), p2)
+                out.append("")
+                out.append(f"TTFT p99 against the SLO of {slo:g} s ({_sel_text(sel2)}):")
+                for r in sub["router"].values:
+                    out.append(f"  {str(r):24s} {slo_crossing(sub['ttft_p99_s'].sel(router=r), x, slo)}")
     if kind == "routing":
         sub, sel = _fix(ds, ("router",), dict(pref, **({x: top} if top is not None else {})))
         p99 = sub["ttft_p99_s"].to_series()

@@ -139,6 +139,9 @@ ROUTER_DEFAULTS: dict = dict(
     queue_threshold=128,
     preble_rel_pct=150,
     preble_abs=8,
+    # not a router knob: in-flight requests pin their blocks (vLLM never evicts blocks in use), so a
+    # replica's cache keeps at most capacity - (blocks of its in-flight requests); see the engine
+    kv_pressure=False,
 )
 
 #: Named presets: the projects' published defaults (source in ``source``). ``router`` names the rule;

@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python -m cacheresearch.sweep                                   # the default: experiment=seed_fleet
+    python -m cacheresearch.sweep                                   # the default: experiment=routing (the main job)
     python -m cacheresearch.sweep experiment=replay trace.path=FILE trace.block_tokens=512 \\
         'grid.policy=[lru,lru_plain,unbounded]' 'grid.capacity_blocks=[1000,10000,30000]' \\
         'grid.replicas=[1,2,4,8]' fleet.router=round_robin hydra.run.dir=OUT
@@ -12,15 +12,22 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
 
 ``workload.source``   ``fleet`` (:func:`~cacheresearch.synthetic.fleet_workload`, arguments under
                       ``workload.fleet``), ``design`` (:func:`~cacheresearch.synthetic.design_workload`,
-                      ``workload.design``) or ``trace`` (a Mooncake JSONL file: ``trace.path``,
-                      ``trace.block_tokens``, ``trace.max_requests``)
-``fleet``             ``router``, ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
-                      largest replica count of the grid)
+                      ``workload.design``), ``tenant`` (:func:`~cacheresearch.synthetic.tenant_workload`,
+                      ``workload.tenant``; ``n_requests`` sets the duration per load level; ``layout:
+                      timestamp_top`` re-keys every request) or ``trace`` (a Mooncake JSONL file:
+                      ``trace.path``, ``trace.block_tokens``, ``trace.max_requests``)
+``fleet``             ``router`` (a rule, a preset of :data:`cacheresearch.routers.PRESETS` or a name under
+                      ``fleet.variants``), ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
+                      largest replica count of the grid), ``latency`` (replica speed preset), ``knobs``
+                      (base values of router and speed knobs), ``variants`` (named router variants:
+                      ``{name: {router: ..., KNOB: value}}``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
 ``engine``            ``chunk_blocks``; ``max_batch`` (configurations per compiled call, default all)
 ``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
 ``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
-                      ``prefix_blocks``, ``layout``, ``seed``: a list makes the key an output dimension
+                      ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
+                      ...), the tenant workload's ``rate_per_s``, ``hot_share``, ``arrival``, and
+                      ``layout``, ``seed``: a list makes the key an output dimension
                       (coordinates as given); a scalar overrides the base value; null keeps the base
 ``report``            free-form: published numbers and paired comparisons for the summary
 ``kind``, ``study``   ``kind: grid`` (default) is the product grid above; any other value names a study of
@@ -237,6 +244,7 @@ class GridConf:
     queue_threshold: Any = None
     preble_rel_pct: Any = None
     preble_abs: Any = None
+    kv_pressure: Any = None
     prefill_tps: Any = None
     decode_us_per_token: Any = None
     rate_per_s: Any = None
@@ -371,7 +379,7 @@ def _check_value(key: str, v, source: str):
             if not isinstance(v, str):
                 raise SweepError(f"{key}: a view is a name (precise, approximate, stale), got {v!r}")
             return v
-        if name in ("local_load", "miss_smallest_tree"):
+        if name in ("local_load", "miss_smallest_tree", "kv_pressure"):
             if not isinstance(v, bool):
                 raise SweepError(f"{key} must be true or false, got {v!r}")
             return v

@@ -209,7 +209,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     index_capacity=2**31 - 1, vnodes=100, chwbl_c_pct=125, cache_threshold_pm=300, balance_abs=64,
                     balance_rel_pct=150, miss_smallest_tree=False, overlap_weight_pct=100, temperature=0.0,
                     prefix_weight_pct=200, load_weight_pct=100, queue_threshold=128, preble_rel_pct=150,
-                    preble_abs=8, prefill_tps=10_000, decode_us_per_token=0) -> dict:
+                    preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -390,7 +390,9 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                 if key not in cache:
                     cache[key] = now
         if capacity is not None:
-            while len(cache) > capacity:
+            # kv_pressure: blocks of r's in-flight requests (all instances) are pinned and shrink the cache
+            pinned = sum(nb for fin, inst, nb in inflight[r] if fin > now) if kv_pressure else 0
+            while len(cache) > max(capacity - pinned, 0):
                 cache.popitem(last=False)
         if ttl_ms is not None:
             written[r].update(keys)

@@ -56,6 +56,7 @@ knob_sets = st.fixed_dictionaries(
         prefill_tps=st.sampled_from([50, 300, 1000, 100_000]),
         decode_us_per_token=st.sampled_from([0, 100, 3000]),
         prefix_blocks=st.integers(1, 6),
+        kv_pressure=st.booleans(),
     )
 )
 
@@ -230,3 +231,36 @@ def test_singleton_keys_need_no_state():
         ref = reference_simulate(w, policy="lru", capacity_blocks=cap)
         np.testing.assert_array_equal(np.asarray(m.hit_blocks), ref["hit_blocks"])
         assert int(m.occupancy[0]) == len(ref["final_contents"][0])
+
+
+@settings(HYP, max_examples=100)
+@given(
+    w=tree_workloads(),
+    data=st.data(),
+    router=st.sampled_from(list(CACHE_ROUTERS)),
+    knobs=knob_sets,
+    replicas=st.integers(2, R_MAX),
+)
+def test_stale_and_approximate_views_match_reference(w, data, router, knobs, replicas):
+    """The views, on their own: small lags and small indexes, so syncs and index evictions happen often."""
+    w = with_outputs(w, [0] * w.n_requests, data.draw(st.sampled_from([1, 3])))
+    knobs = dict(knobs, view=data.draw(st.sampled_from(["stale", "approximate"])), stale_lag_ms=data.draw(st.integers(0, 8)),
+                 index_capacity=data.draw(st.integers(0, 10)), temperature=0.0)
+    policy = data.draw(st.sampled_from(["lru", "lru_plain", "ttl_refresh"]))
+    kw = dict(knobs, capacity=data.draw(st.integers(0, 20)), ttl_ms=data.draw(st.integers(0, 20)))
+    m, ref = engine_and_reference(w, policy, kw, replicas, router, 0)
+    assert_fleet_equal(w, m, ref, (router, policy, knobs, replicas))
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "power_of_two", "chwbl", "preble_e2", "kv_cost"])
+def test_a_request_finishing_at_an_arrival_is_no_longer_in_flight(router):
+    """Finish times are exclusive: arrivals placed exactly on finish times (16 ms of prefill each)."""
+    rng = np.random.default_rng(11)
+    for trial in range(4):
+        n = 20
+        arrivals = np.cumsum(rng.choice([0, 16, 32], size=n)) - 0
+        keys = [[int(k)] for k in rng.integers(1, 6, size=n)]
+        w = Workload.from_lists(keys, block_tokens=16, arrival_ms=arrivals, output_tokens=np.zeros(n, np.int64))
+        kw = dict(prefill_tps=1000, decode_us_per_token=0, capacity=0)
+        m, ref = engine_and_reference(w, "lru", kw, 3, router, trial)
+        assert_fleet_equal(w, m, ref, (router, trial))
