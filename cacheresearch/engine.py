@@ -611,6 +611,7 @@ class _Static(NamedTuple):
     max_vnodes: int
     per_request: bool
     window: int
+    routers: tuple  # router ids compiled into the program (a grid may only use these)
 
 
 def _simulate(stream: Stream, params: Params, key, st: _Static):
@@ -735,7 +736,7 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
             bits=bits[req], instance=u,
         )
         fv = FleetView(replicas=replicas, match=mv, queue=queue, active_blocks=act_blocks, tree_size=tree)
-        chosen = route(params.router, rv, fv, params, ring)
+        chosen = route(params.router, rv, fv, params, ring, compiled=st.routers)
         r = jnp.where(first, chosen, c.rep)
         mbest = jnp.max(jnp.where(active, mt, 0))
         qual = first & (req < stream.n_requests) & (mbest > 0) & jnp.bool_(st.match)
@@ -918,6 +919,7 @@ def static_options(
     max_vnodes: int = 128,
     per_request: bool = False,
     window: int | None = None,
+    routers_compiled=None,
 ) -> _Static:
     """The static shape options of a run, with ``None`` resolved from the (concrete) params.
 
@@ -926,7 +928,8 @@ def static_options(
     ``index``: keep the approximate indexes (default: when a cache router uses view ``approximate``);
     ``stale``: keep the as-of-sync fields (default: when view ``stale`` is used); ``max_instances``:
     router instances bound (default: the largest in the grid); ``queue_slots``: in-flight requests
-    tracked per replica; ``max_vnodes``: the chwbl ring's bound.
+    tracked per replica; ``max_vnodes``: the chwbl ring's bound; ``routers_compiled``: the router
+    rules built into the program (default: those in the grid; fewer rules compile faster).
     """
     concrete = not isinstance(params.router, jax.core.Tracer)
     if concrete:
@@ -941,7 +944,9 @@ def static_options(
             stale = bool(match and (cache & (views == VIEWS["stale"])).any())
         if max_instances is None:
             max_instances = int(np.max(np.asarray(params.instances)))
+        compiled = tuple(sorted({int(x) for x in routers}))
     else:
+        compiled = tuple(ROUTERS.values())
         match = bool(match) if match is not None else True
         index = bool(index) if index is not None else False
         stale = bool(stale) if stale is not None else False
@@ -949,8 +954,10 @@ def static_options(
     if queue_slots < 1 or max_vnodes < 1 or max_instances < 1:
         raise ValueError("queue_slots, max_vnodes and max_instances must be >= 1")
     window = default_window() if window is None else int(window)
+    if routers_compiled is not None:
+        compiled = tuple(sorted({router_id(r) if isinstance(r, str) else int(r) for r in routers_compiled}))
     return _Static(int(max_replicas), int(max_instances), int(queue_slots), bool(match), bool(index), bool(stale),
-                   int(max_vnodes), bool(per_request), window)
+                   int(max_vnodes), bool(per_request), window, compiled)
 
 
 def simulate(
@@ -1023,6 +1030,10 @@ def check_bounds(params: Params, max_replicas: int, st: _Static | None = None) -
     if np.any(np.asarray(params.vnodes) > st.max_vnodes):
         raise ValueError(f"vnodes above max_vnodes={st.max_vnodes}")
     routers = np.asarray(params.router).reshape(-1)
+    missing = sorted(set(int(x) for x in routers) - set(st.routers))
+    if missing:
+        names = [n for n, i in ROUTERS.items() if i in missing]
+        raise ValueError(f"routers {names} are not compiled into this program (routers_compiled)")
     views = np.broadcast_to(np.asarray(params.view), np.shape(np.asarray(params.router))).reshape(-1)
     cache = np.isin(routers, [ROUTERS[n] for n in CACHE_ROUTERS])
     if cache.any() and not st.match:

@@ -295,11 +295,15 @@ def _clamp30(x):
     return jnp.minimum(x, jnp.int32(2**30))
 
 
-def route(router, req: RequestView, fleet: FleetView, params, ring=None):
+def route(router, req: RequestView, fleet: FleetView, params, ring=None, compiled=None):
     """Replica index (int32) chosen by router id ``router`` (dynamic); see the module docstring.
 
     ``ring``: :func:`ring_positions` (needed by ``chwbl``; computed here when omitted).
+    ``compiled``: the router ids to build into the program (default all; an id outside it routes to 0,
+    so callers must include every id they pass: the engine's static options check it).
     """
+    compiled = tuple(ROUTERS.values()) if compiled is None else tuple(compiled)
+    want = {name for name, i in ROUTERS.items() if i in compiled}
     R = fleet.replicas.astype(jnp.int32)
     Rmax = fleet.queue.shape[0]
     ridx = jnp.arange(Rmax, dtype=jnp.int32)
@@ -317,12 +321,35 @@ def route(router, req: RequestView, fleet: FleetView, params, ring=None):
     out["round_robin"] = jnp.mod(req.index, R).astype(jnp.int32)
     h = mix32(req.prefix_hi, req.prefix_lo)
     out["prefix_hash"] = (h % Ru).astype(jnp.int32)
-    out["least_loaded"] = _argmin_rot(q, active, R, off)
-    # power of two choices
+    ll = _argmin_rot(q, active, R, off)
+    out["least_loaded"] = ll
+    if "power_of_two" in want:
+        out["power_of_two"] = _power_of_two(req, q, R, Ru)
+    if "chwbl" in want:
+        out["chwbl"] = _chwbl(h, q, active, R, Rmax, params, ring)
+    if "cache_aware" in want:
+        out["cache_aware"] = _cache_aware(m, q, n, qmax, qmin, ll, active, R, off, fleet, params)
+    if "kv_cost" in want:
+        out["kv_cost"] = _kv_cost(m, a, n, active, R, off, req, params)
+    if "weighted_scorers" in want:
+        out["weighted_scorers"] = _weighted(m, q, n, active, R, off, params)
+    if "preble_e2" in want:
+        out["preble_e2"] = _preble(m, q, a, n, qmax, qmin, ll, active, R, off, params)
+    res = jnp.int32(0)
+    for name, i in ROUTERS.items():
+        if name in out and i in compiled:
+            res = jnp.where(router == i, out[name], res)
+    return res
+
+
+def _power_of_two(req, q, R, Ru):
     pa = _scale(req.bits[1], Ru)
     pb = jnp.where(R > 1, jnp.mod(pa + 1 + _scale(req.bits[2], jnp.maximum(R - 1, 0).astype(jnp.uint32)), R), pa)
-    out["power_of_two"] = jnp.where(q[pb] < q[pa], pb, pa).astype(jnp.int32)
-    # consistent hashing with bounded loads
+    return jnp.where(q[pb] < q[pa], pb, pa).astype(jnp.int32)
+
+
+def _chwbl(h, q, active, R, Rmax, params, ring):
+    """Consistent hashing with bounded loads."""
     if ring is None:
         ring = ring_positions(Rmax, 128)
     V = ring.shape[1]
@@ -335,15 +362,20 @@ def route(router, req: RequestView, fleet: FleetView, params, ring=None):
     dmin = jnp.min(jnp.where(node_ok, dist, jnp.uint32(_M)))
     flat = jnp.arange(Rmax * V, dtype=jnp.int32).reshape(Rmax, V)
     best = jnp.min(jnp.where(node_ok & (dist == dmin), flat, _BIG))
-    out["chwbl"] = (best // V).astype(jnp.int32)
-    # SGLang cache_aware
+    return jnp.minimum(best // V, Rmax - 1).astype(jnp.int32)
+
+
+def _cache_aware(m, q, n, qmax, qmin, ll, active, R, off, fleet, params):
+    """SGLang cache_aware."""
     imbalanced = ((qmax - qmin) > params.balance_abs) & (qmax * 100 > params.balance_rel_pct * qmin)
-    ll = out["least_loaded"]
     b = _argmax_rot(m, active, R, off)
     hit = (m[b] * 1000 > params.cache_threshold_pm * n) & (n > 0)
     miss = jnp.where(params.miss_smallest_tree, _argmin_rot(jnp.where(active, fleet.tree_size, 0), active, R, off), ll)
-    out["cache_aware"] = jnp.where(imbalanced, ll, jnp.where(hit, b, miss))
-    # Dynamo kv_cost
+    return jnp.where(imbalanced, ll, jnp.where(hit, b, miss))
+
+
+def _kv_cost(m, a, n, active, R, off, req, params):
+    """NVIDIA Dynamo KV router cost."""
     cost = _clamp30(params.overlap_weight_pct * _clamp30(n - m)) + _clamp30(100 * _clamp30(a))
     greedy = _argmin_rot(cost, active, R, off)
     cmin = jnp.min(jnp.where(active, cost, _BIG)).astype(jnp.float32)
@@ -356,22 +388,23 @@ def route(router, req: RequestView, fleet: FleetView, params, ring=None):
     c = jnp.cumsum(p)
     over = active & (c > u)
     sampled = jnp.where(jnp.any(over), jnp.argmax(over).astype(jnp.int32), R - 1)
-    out["kv_cost"] = jnp.where(params.temperature > 0, sampled, greedy)
-    # llm-d weighted scorers
+    return jnp.where(params.temperature > 0, sampled, greedy)
+
+
+def _weighted(m, q, n, active, R, off, params):
+    """llm-d weighted scorers."""
     T = jnp.maximum(params.queue_threshold, 1)
     pscore = jnp.where(n > 0, (m * 1024) // jnp.maximum(n, 1), 0)
     lscore = (512 * (T - jnp.minimum(q, T))) // T
     score = params.prefix_weight_pct * pscore + params.load_weight_pct * lscore
-    out["weighted_scorers"] = _argmax_rot(score, active, R, off)
-    # Preble E2
+    return _argmax_rot(score, active, R, off)
+
+
+def _preble(m, q, a, n, qmax, qmin, ll, active, R, off, params):
+    """Preble E2."""
     reb = (qmax * 100 > params.preble_rel_pct * qmin) & ((qmax - qmin) > params.preble_abs)
     mstar = jnp.max(m)
     exploit = (mstar > 0) & (n - mstar < mstar)
     ex = _argmin_rot(jnp.where(m == mstar, a, _BIG), active & (m == mstar), R, off)
     explore = _argmin_rot(_clamp30(a) + _clamp30(n - m), active, R, off)
-    out["preble_e2"] = jnp.where(reb, ll, jnp.where(exploit, ex, explore))
-
-    res = jnp.int32(0)
-    for name, i in ROUTERS.items():
-        res = jnp.where(router == i, out[name], res)
-    return res
+    return jnp.where(reb, ll, jnp.where(exploit, ex, explore))

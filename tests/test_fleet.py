@@ -22,7 +22,8 @@ from cacheresearch.workload import Workload
 from reference_fleet import reference_fleet
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
-OPTS = dict(max_replicas=R_MAX, max_instances=3, queue_slots=N_MAX + 1, match=True, index=True, stale=True)
+OPTS = dict(max_replicas=R_MAX, max_instances=3, queue_slots=N_MAX + 1, match=True, index=True, stale=True,
+            routers_compiled=tuple(ROUTERS))  # one program for every test here
 
 
 def with_outputs(w: Workload, outputs, spread: int) -> Workload:

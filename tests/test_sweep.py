@@ -239,7 +239,8 @@ def test_seed_fleet_layout(fleet_small):
     assert list(ds.router.values) == ["random", "prefix_hash"]
     assert list(ds.layout.values) == ["stable", "timestamp_top"]
     assert list(ds.seed.values) == [0, 1]
-    assert cfg["fleet"] == {"router": "random", "replicas": 4, "prefix_blocks": 80, "max_replicas": None}
+    assert {k: cfg["fleet"][k] for k in ("router", "replicas", "prefix_blocks", "max_replicas")} == {
+        "router": "random", "replicas": 4, "prefix_blocks": 80, "max_replicas": None}
     assert cfg["cache"]["capacity_blocks"] == 400
     # one stream per (layout, seed), described in the attrs
     assert ds.attrs["n_streams"] == 4 and len(desc) == 4
@@ -310,7 +311,7 @@ def test_plan_scalars_override_the_base():
         (["cache.capacity_blocks=null"], "policy 'lru' needs a capacity"),
         (["cache.policy=ttl_fixed", "cache.ttl_s=null"], "policy 'ttl_fixed' needs a TTL"),
         (["grid.replicas=[1,4]", "fleet.max_replicas=2"], "exceed fleet.max_replicas=2"),
-        (["grid.layout=[stable]"], "grid.layout applies to workload.source=fleet only"),
+        (["grid.layout=[stable]"], "grid.layout applies to workload.source=fleet or tenant"),
         (["grid.capacity_blocks=[100,100]"], "repeated values"),
         (["grid.capacity_blocks=[]"], "empty list"),
         (["grid.ttl_s=[-1]", "cache.policy=ttl_refresh"], "grid.ttl_s must be >= 0"),
@@ -329,7 +330,7 @@ def test_bad_replay_inputs(overrides, message, tmp_path):
         (["experiment=replay"], "needs trace.path=FILE"),
         (["experiment=replay", "trace.path=does/not/exist.jsonl"], "file not found: does/not/exist.jsonl"),
         (["grid.layout=[stable,sideways]"], "unknown layout 'sideways'"),
-        (["workload.fleet.n_requests=-3"], "workload.fleet: n_requests must be >= 0"),
+        (["experiment=seed_fleet", "workload.fleet.n_requests=-3"], "workload.fleet: n_requests must be >= 0"),
         (["workload.source=csv"], "unknown source 'csv'"),
         (["seeds=0"], "seeds must be >= 1"),
     ],
