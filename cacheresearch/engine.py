@@ -430,29 +430,22 @@ def make_params(
         refresh=np.bool_(spec.refresh_on_hit),
         replicas=np.int32(replicas),
         router=np.int32(router_id(k["router"])),
-        prefix_blocks=np.int32(k["prefix_blocks"]),
-        view=np.int32(view_id(k["view"]) if isinstance(k["view"], str) else int(k["view"])),
-        stale_lag_ms=np.int32(k["stale_lag_ms"]),
-        instances=np.int32(k["instances"]),
-        local_load=np.bool_(bool(k["local_load"])),
-        index_capacity=np.int32(k["index_capacity"]),
-        vnodes=np.int32(k["vnodes"]),
-        chwbl_c_pct=np.int32(k["chwbl_c_pct"]),
-        cache_threshold_pm=np.int32(k["cache_threshold_pm"]),
-        balance_abs=np.int32(k["balance_abs"]),
-        balance_rel_pct=np.int32(k["balance_rel_pct"]),
-        miss_smallest_tree=np.bool_(bool(k["miss_smallest_tree"])),
-        overlap_weight_pct=np.int32(k["overlap_weight_pct"]),
-        temperature=np.float32(k["temperature"]),
-        prefix_weight_pct=np.int32(k["prefix_weight_pct"]),
-        load_weight_pct=np.int32(k["load_weight_pct"]),
-        queue_threshold=np.int32(k["queue_threshold"]),
-        preble_rel_pct=np.int32(k["preble_rel_pct"]),
-        preble_abs=np.int32(k["preble_abs"]),
-        prefill_tps=np.int32(k["prefill_tps"]),
-        decode_us_per_token=np.int32(k["decode_us_per_token"]),
-        kv_pressure=np.bool_(bool(k["kv_pressure"])),
+        **{f: _knob_value(f, k[f]) for f in Params._fields if f in k and f != "router"},
     )
+
+
+_BOOL_KNOBS = ("local_load", "miss_smallest_tree", "kv_pressure")
+
+
+def _knob_value(name: str, v):
+    """A knob as its Params dtype (view by name or id; booleans; float temperature; int32 otherwise)."""
+    if name == "view":
+        return np.int32(view_id(v) if isinstance(v, str) else int(v))
+    if name in _BOOL_KNOBS:
+        return np.bool_(bool(v))
+    if name == "temperature":
+        return np.float32(v)
+    return np.int32(v)
 
 
 def stack_params(params: list[Params]) -> Params:

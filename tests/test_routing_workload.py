@@ -22,16 +22,7 @@ SHARE = dict(n_tenants=4, prefix_tokens=37, users_per_tenant=3, user_tokens=21, 
              rate_per_s=2.0, duration_s=60.0, seed=5)
 
 
-def _matrix(w: Workload) -> np.ndarray:
-    nb = w.n_blocks
-    assert np.all(nb == nb[0])
-    return w.keys.reshape(w.n_requests, nb[0])
-
-
-def _common_prefix_blocks(k: np.ndarray) -> np.ndarray:
-    """[N, N] number of leading equal keys of every pair of requests."""
-    eq = k[:, None, :] == k[None, :, :]
-    return np.cumprod(eq, axis=2).sum(axis=2)
+from test_synthetic import _common_prefix_blocks, _matrix  # noqa: E402  (shared helpers)
 
 
 def _parts(**kw):
