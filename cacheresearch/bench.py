@@ -443,7 +443,7 @@ class Bench:
             self.stream_prep_s[spec.name] = time.perf_counter() - t
         prep = self.stream_prep_s.get(spec.name)
         params = make_params("lru", C, replicas=R, router="random")
-        exe, eng_compile = aot(simulate, stream, params, key, max_replicas=R, per_request=True)
+        exe, eng_compile = aot(simulate, stream, params, key, max_replicas=R, per_request=True, queue=False)
         eng = measure(lambda: _ready(exe(stream, params, key)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
         m = eng.value
         eng_tokens = int(combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo))
@@ -562,7 +562,7 @@ class Bench:
     def engine_grid(self, stream, cells, max_replicas: int):
         params = stack_params([make_params("lru", int(c), replicas=int(r), router="random") for c, r, _ in cells])
         keys = jnp.stack([jax.random.PRNGKey(int(s)) for _, _, s in cells])
-        exe, comp = aot(simulate_grid, stream, params, keys, max_replicas=max_replicas, per_request=False)
+        exe, comp = aot(simulate_grid, stream, params, keys, max_replicas=max_replicas, per_request=False, queue=False)
         tm = measure(lambda: _ready(exe(stream, params, keys)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
         m = tm.value
         return tm, comp, combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo)
@@ -654,7 +654,7 @@ class Bench:
             "project_s": _r(eng.best), "project_s_median": _r(eng.median), "project_compile_s": _r(eng_comp),
             "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
             "ratio": _r(_ratio(lcs_s, eng.best), 4), "ratio_with_compile": _r(_ratio(lcs_s, eng.best + eng_comp), 4),
-            "method": f"engine: simulate_grid over {len(cells)} configs in one call (vmap, per_request=False), AOT-compiled",
+            "method": f"engine: simulate_grid over {len(cells)} configs in one call (vmap, per_request=False, queue=False: hit rates only), AOT-compiled",
             "repeats": eng.runs,
         }
         out.append(self.add_case(e, spec))
@@ -688,7 +688,7 @@ class Bench:
         cells = [(int(c), 1, 0) for c in pick]
         params = stack_params([make_params("lru", c, replicas=1, router="random") for c, _, _ in cells])
         keys = jnp.stack([key] * len(cells))
-        m = _ready(simulate_grid(stream, params, keys, max_replicas=1, per_request=False))
+        m = _ready(simulate_grid(stream, params, keys, max_replicas=1, per_request=False, queue=False))
         eng_tokens = combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo)
         cur_tokens = hc.hit_tokens[pick]
         exact = bool(np.array_equal(eng_tokens, cur_tokens))
@@ -755,7 +755,7 @@ class Bench:
             else:
                 s = stream if sub is w else compile_stream(sub, chunk_blocks=ENGINE_CHUNK_BLOCKS)
                 params = make_params("lru", C, replicas=R, router="random")
-                exe, _ = aot(simulate, s, params, key, max_replicas=R, per_request=True)
+                exe, _ = aot(simulate, s, params, key, max_replicas=R, per_request=True, queue=False)
                 eng = measure(lambda: _ready(exe(s, params, key)), repeats=self.repeats, budget_s=self.budget_s, warmup=False)
                 cur = measure(lambda: self.curve(sub, replicas=R, router="random", key=key, max_capacity=C),
                               repeats=self.repeats, budget_s=self.budget_s, warmup=True)
@@ -947,7 +947,7 @@ def memory_check(n_requests: int = 1_000_000, *, capacity: int = 20_000, engine_
     out["peak_rss_mb_after_compile_stream"] = peak_rss_mb()
     params = make_params("lru", capacity, replicas=1)
     t = time.perf_counter()
-    m = _ready(simulate(stream, params, jax.random.PRNGKey(0), max_replicas=1, per_request=True))
+    m = _ready(simulate(stream, params, jax.random.PRNGKey(0), max_replicas=1, per_request=True, queue=False))
     out["engine_s_with_compile"] = _r(time.perf_counter() - t)
     out["engine_token_hit_rate"] = _r(float(m.token_hit_rate))
     eng_tokens = int(combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo))

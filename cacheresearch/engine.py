@@ -299,7 +299,7 @@ class Metrics(NamedTuple):
     occupancy: jax.Array  # int32 [R_max]: blocks stored at the end
     requests_per_replica: jax.Array  # int32 [R_max]
     # load and latency (docs/fleet_semantics.md)
-    ttft_p50_ms: jax.Array  # int32 nearest-rank percentiles of time to first token
+    ttft_p50_ms: jax.Array  # int32 nearest-rank percentiles of time to first token (-1 with queue=False)
     ttft_p90_ms: jax.Array
     ttft_p99_ms: jax.Array
     ttft_mean_ms: jax.Array  # float32
@@ -605,6 +605,7 @@ class _Static(NamedTuple):
     per_request: bool
     window: int
     routers: tuple  # router ids compiled into the program (a grid may only use these)
+    queue: bool = True  # model the replicas' queues (loads, TTFT); off: hit rates only, faster
 
 
 def _simulate(stream: Stream, params: Params, key, st: _Static):
@@ -705,9 +706,12 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
             s_sync, ptr_sync, t_sync, synced = c.s_sync, c.ptr_sync, c.t_sync, c.synced
         c = c._replace(s_sync=s_sync, ptr_sync=ptr_sync, t_sync=t_sync, synced=synced)
         # ---- loads at arrival
-        infl = (c.qfin > now) & ((~params.local_load) | (c.qins == u))
-        queue = jnp.sum(infl.astype(jnp.int32), axis=1)
-        act_blocks = jnp.sum(jnp.where(infl, c.qblk, 0), axis=1)
+        if st.queue:
+            infl = (c.qfin > now) & ((~params.local_load) | (c.qins == u))
+            queue = jnp.sum(infl.astype(jnp.int32), axis=1)
+            act_blocks = jnp.sum(jnp.where(infl, c.qblk, 0), axis=1)
+        else:
+            queue = act_blocks = jnp.zeros(R, jnp.int32)
         # ---- prefix matches (first chunk; a while loop that stops when every run has ended)
         if st.match:
             mt, mv = probe(c, req, jnp.where(first, n, 0), now, u)
@@ -743,7 +747,10 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
         rows = jnp.stack([r, R + u * R + r]) if st.index else r[None]
         # one gather and one scatter of every per-key field of both rows: with separate arrays XLA
         # copies the whole state on every step (the writes of one depend on reads of the other)
-        gall = c.kv.at[rows[:, None], ids[None, :]].get(mode="fill", fill_value=-1)  # [1|2, W, F]
+        if st.index:
+            gall = c.kv.at[rows[:, None], ids[None, :]].get(mode="fill", fill_value=-1)  # [2, W, F]
+        else:  # scalar row: a plain dynamic gather (an index-array gather is slower under vmap)
+            gall = c.kv.at[r, ids].get(mode="fill", fill_value=-1)[None]
         got = gall[0]
         stt, tt = got[:, 0], got[:, 1]
         stored = stt >= c.ptr[r]  # lazy eviction: stamps below the pointer are gone
@@ -765,16 +772,22 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
         if st.index:  # the index row: leaf-first stamps, no clock
             vals = jnp.concatenate([vals, jnp.stack([leaf_st] + [jnp.zeros_like(leaf_st)] * (F - 1), axis=-1)[None]])
         tgt = jnp.where(ids < Kn, ids, Kn)
-        kv = c.kv.at[rows[:, None], tgt[None, :]].set(vals, mode="drop")
-        new_blocks = jnp.sum((valid[None, :] & ~(gall[..., 0] >= c.ptr[rows][:, None])).astype(jnp.int32), axis=1)
-        # ---- the rows' request lists (first chunk), then eviction (last chunk)
         nq = c.rq.shape[1]
-        rq = c.rq.at[rows, jnp.where(first, c.cnt[rows], nq)].set(req, mode="drop")
-        cnt = c.cnt.at[rows].add(first.astype(jnp.int32))
-        occ = c.occ.at[rows].add(new_blocks)
+        if st.index:
+            kv = c.kv.at[rows[:, None], tgt[None, :]].set(vals, mode="drop")
+            new_blocks = jnp.sum((valid[None, :] & ~(gall[..., 0] >= c.ptr[rows][:, None])).astype(jnp.int32), axis=1)
+            # ---- the rows' request lists (first chunk), then eviction (last chunk)
+            rq = c.rq.at[rows, jnp.where(first, c.cnt[rows], nq)].set(req, mode="drop")
+            cnt = c.cnt.at[rows].add(first.astype(jnp.int32))
+            occ = c.occ.at[rows].add(new_blocks)
+        else:
+            kv = c.kv.at[r, tgt].set(vals[0], mode="drop")
+            rq = c.rq.at[r, jnp.where(first, c.cnt[r], nq)].set(req, mode="drop")
+            cnt = c.cnt.at[r].add(first.astype(jnp.int32))
+            occ = c.occ.at[r].add(jnp.sum((valid & ~stored).astype(jnp.int32)))
         ptr, pq, poff = c.ptr, c.pq, c.poff
         occ_r = occ[r]
-        pinned = jnp.sum(jnp.where(c.qfin[r] > now, c.qblk[r], 0))  # blocks of r's in-flight requests
+        pinned = jnp.sum(jnp.where(c.qfin[r] > now, c.qblk[r], 0)) if st.queue else 0  # r's in-flight blocks
         cap_r = jnp.where(params.kv_pressure, jnp.maximum(params.capacity - pinned, 0), params.capacity)
         for k in range(rows.shape[0]):
             row = rows[k]
@@ -799,23 +812,28 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
         nreq = c.nreq.at[r].add(real.astype(jnp.int32))
         req_hit = c.req_hit + (real & (hit > 0)).astype(jnp.int32)
         # ---- the queue (last chunk): FCFS, prefill of the uncached tokens, decode share
-        pre_ms, o1 = _ms_of(inp - hit_tok, params.prefill_tps, jnp.int32(1000))
-        dec_ms, o2 = _ms_of(stream.output_tokens[req], jnp.int32(1000), params.decode_us_per_token)
-        start = jnp.maximum(now, c.busy[r])
-        svc, o3 = _sat_add(pre_ms, dec_ms)
-        fin, o4 = _sat_add(start, svc)
-        ttft, o5 = _sat_add(start - now, pre_ms)
-        head = c.qhead[r]
-        qover = c.qover + (real & (c.qfin[r, head] > now)).astype(jnp.int32)
-        slot = jnp.where(real, head, Q)
-        qfin = c.qfin.at[r, slot].set(fin, mode="drop")
-        qblk = c.qblk.at[r, slot].set(n, mode="drop")
-        qins = c.qins.at[r, slot].set(u, mode="drop")
-        qhead = c.qhead.at[r].set(jnp.where(real, jnp.mod(head + 1, Q), head))
-        busy = c.busy.at[r].set(jnp.where(real, fin, c.busy[r]))
-        bms, o6 = _sat_add(c.busy_ms[r], svc)
-        busy_ms = c.busy_ms.at[r].set(jnp.where(real, bms, c.busy_ms[r]))
-        tover = c.tover | (real & (o1 | o2 | o3 | o4 | o5 | o6))
+        if st.queue:
+            pre_ms, o1 = _ms_of(inp - hit_tok, params.prefill_tps, jnp.int32(1000))
+            dec_ms, o2 = _ms_of(stream.output_tokens[req], jnp.int32(1000), params.decode_us_per_token)
+            start = jnp.maximum(now, c.busy[r])
+            svc, o3 = _sat_add(pre_ms, dec_ms)
+            fin, o4 = _sat_add(start, svc)
+            ttft, o5 = _sat_add(start - now, pre_ms)
+            head = c.qhead[r]
+            qover = c.qover + (real & (c.qfin[r, head] > now)).astype(jnp.int32)
+            slot = jnp.where(real, head, Q)
+            qfin = c.qfin.at[r, slot].set(fin, mode="drop")
+            qblk = c.qblk.at[r, slot].set(n, mode="drop")
+            qins = c.qins.at[r, slot].set(u, mode="drop")
+            qhead = c.qhead.at[r].set(jnp.where(real, jnp.mod(head + 1, Q), head))
+            busy = c.busy.at[r].set(jnp.where(real, fin, c.busy[r]))
+            bms, o6 = _sat_add(c.busy_ms[r], svc)
+            busy_ms = c.busy_ms.at[r].set(jnp.where(real, bms, c.busy_ms[r]))
+            tover = c.tover | (real & (o1 | o2 | o3 | o4 | o5 | o6))
+        else:
+            qfin, qblk, qins, qhead, busy, busy_ms, qover, tover = (c.qfin, c.qblk, c.qins, c.qhead, c.busy,
+                                                                   c.busy_ms, c.qover, c.tover)
+            ttft = jnp.int32(0)
         c = _Carry(
             kv, occ, ptr, rq, cnt, pq, poff, max_occ, nreq, r, u, hit, alive, tok_hi, lo, req_hit,
             qfin, qblk, qins, qhead, busy, busy_ms, qover, tover,
@@ -835,6 +853,8 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
     srt = jnp.sort(jnp.where(is_real, ttft_req, _LIM))
 
     def pct(p):
+        if not st.queue:
+            return jnp.int32(-1)
         k = jnp.clip((p * nreal + 99) // 100 - 1, 0, max(N1 - 2, 0))
         return jnp.where(nreal > 0, srt[k] if N1 > 1 else 0, 0).astype(jnp.int32)
 
@@ -863,10 +883,10 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
         ttft_p50_ms=pct(50),
         ttft_p90_ms=pct(90),
         ttft_p99_ms=pct(99),
-        ttft_mean_ms=ttft_mean,
+        ttft_mean_ms=ttft_mean if st.queue else jnp.float32(jnp.nan),
         busy_ms=c.busy_ms,
         utilisation=bms / horizon,
-        load_imbalance=imb.astype(jnp.float32),
+        load_imbalance=imb.astype(jnp.float32) if st.queue else jnp.float32(jnp.nan),
         prefix_copies=(c.copies.astype(jnp.float32) / jnp.maximum(c.copies_n, 1).astype(jnp.float32)
                        if st.match else jnp.float32(jnp.nan)),
         overflow_share=(c.over_n.astype(jnp.float32) / jnp.maximum(c.over_q, 1).astype(jnp.float32)
@@ -913,6 +933,7 @@ def static_options(
     per_request: bool = False,
     window: int | None = None,
     routers_compiled=None,
+    queue: bool = True,
 ) -> _Static:
     """The static shape options of a run, with ``None`` resolved from the (concrete) params.
 
@@ -922,7 +943,9 @@ def static_options(
     ``stale``: keep the as-of-sync fields (default: when view ``stale`` is used); ``max_instances``:
     router instances bound (default: the largest in the grid); ``queue_slots``: in-flight requests
     tracked per replica; ``max_vnodes``: the chwbl ring's bound; ``routers_compiled``: the router
-    rules built into the program (default: those in the grid; fewer rules compile faster).
+    rules built into the program (default: those in the grid; fewer rules compile faster); ``queue``:
+    model the replicas' queues (loads and TTFT); ``False`` gives hit rates only, faster per step
+    (TTFT percentiles -1, TTFT mean and load imbalance NaN; routers that read load are refused).
     """
     concrete = not isinstance(params.router, jax.core.Tracer)
     if concrete:
@@ -950,7 +973,7 @@ def static_options(
     if routers_compiled is not None:
         compiled = tuple(sorted({router_id(r) if isinstance(r, str) else int(r) for r in routers_compiled}))
     return _Static(int(max_replicas), int(max_instances), int(queue_slots), bool(match), bool(index), bool(stale),
-                   int(max_vnodes), bool(per_request), window, compiled)
+                   int(max_vnodes), bool(per_request), window, compiled, bool(queue))
 
 
 def simulate(
@@ -1027,6 +1050,9 @@ def check_bounds(params: Params, max_replicas: int, st: _Static | None = None) -
     if missing:
         names = [n for n, i in ROUTERS.items() if i in missing]
         raise ValueError(f"routers {names} are not compiled into this program (routers_compiled)")
+    load_free = {ROUTERS[n] for n in ("random", "round_robin", "prefix_hash")}
+    if not st.queue and (set(int(x) for x in routers) - load_free or np.any(np.asarray(params.kv_pressure))):
+        raise ValueError("routers that read load and kv_pressure need queue=True")
     views = np.broadcast_to(np.asarray(params.view), np.shape(np.asarray(params.router))).reshape(-1)
     cache = np.isin(routers, [ROUTERS[n] for n in CACHE_ROUTERS])
     if cache.any() and not st.match:

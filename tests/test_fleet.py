@@ -265,3 +265,20 @@ def test_a_request_finishing_at_an_arrival_is_no_longer_in_flight(router):
         kw = dict(prefill_tps=1000, decode_us_per_token=0, capacity=0)
         m, ref = engine_and_reference(w, "lru", kw, 3, router, trial)
         assert_fleet_equal(w, m, ref, (router, trial))
+
+
+def test_queue_off_gives_the_same_hits_and_refuses_load_routers():
+    rng = np.random.default_rng(2)
+    keys = [[t * 100 + j for j in range(int(rng.integers(1, 9)))] for t in rng.integers(0, 4, 30)]
+    w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(30) * 2)
+    s = compile_stream(w, chunk_blocks=4)
+    for router in ("random", "prefix_hash", "round_robin"):
+        p = make_params("lru", 12, replicas=3, router=router)
+        on = simulate(s, p, jax.random.key(1), max_replicas=3)
+        off = simulate(s, p, jax.random.key(1), max_replicas=3, queue=False)
+        for f in ("hit_blocks", "replica", "occupancy", "max_occupancy"):
+            np.testing.assert_array_equal(np.asarray(getattr(on, f)), np.asarray(getattr(off, f)))
+        assert int(off.ttft_p99_ms) == -1 and np.isnan(float(off.ttft_mean_ms))
+    with pytest.raises(ValueError, match="queue=True"):
+        simulate(s, make_params("lru", 12, replicas=3, router="least_loaded"), jax.random.key(0), max_replicas=3,
+                 queue=False)
