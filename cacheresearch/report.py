@@ -474,10 +474,10 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
         best = p99.idxmin()
         out.append("")
         out.append("Answers to the design questions:")
+        others = "; ".join(f"{lab} {p99[r]:.2f} s / {100 * hit[r]:.1f}%" for r, lab in
+                           (("random", "random"), ("prefix_hash", "pure affinity (prefix_hash)")) if r in p99.index)
         out.append(f"* Which router: {best} (TTFT p99 {p99[best]:.2f} s, token hit rate {100 * hit[best]:.1f}% at "
-                   f"{_sel_text(sel)}); random {p99.get('random', np.nan):.2f} s / {100 * hit.get('random', np.nan):.1f}%, "
-                   f"pure affinity (prefix_hash) {p99.get('prefix_hash', np.nan):.2f} s / "
-                   f"{100 * hit.get('prefix_hash', np.nan):.1f}%.")
+                   f"{_sel_text(sel)})" + (f"; {others}." if others else "."))
         caps = [r for r in ("prefix_hash", "kubeai_chwbl", "chwbl_c2") if r in p99.index]
         if len(caps) > 1:
             txt = "; ".join(f"{r}: p99 {p99[r]:.2f} s, hit {100 * hit[r]:.1f}%" for r in caps)
