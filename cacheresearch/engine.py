@@ -339,9 +339,6 @@ LATENCY_PRESETS: dict[str, dict] = {
     ),
 }
 
-_INT_KNOBS = ("stale_lag_ms", "instances", "index_capacity", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
-              "balance_abs", "balance_rel_pct", "overlap_weight_pct", "prefix_weight_pct", "load_weight_pct",
-              "queue_threshold", "preble_rel_pct", "preble_abs", "prefill_tps", "decode_us_per_token")
 _KNOB_RANGES = dict(
     prefix_blocks=(1, 2**31 - 2), stale_lag_ms=(0, 2**31 - 2), instances=(1, 2**16), index_capacity=(0, INF),
     vnodes=(1, 2**16), chwbl_c_pct=(100, 10**6), cache_threshold_pm=(0, 1000), balance_abs=(0, 2**30),
@@ -640,9 +637,6 @@ def _simulate(stream: Stream, params: Params, key, st: _Static):
     ttl = params.ttl_ms
     Wp = stream.chunk_ids.shape[1]
     plane = jnp.arange(Wp, dtype=jnp.int32)
-    reads_cache = jnp.zeros((), jnp.bool_)
-    for name in CACHE_ROUTERS:
-        reads_cache = reads_cache | (params.router == ROUTERS[name])
 
     def present_true(kv, ptr, ids, now):
         g = kv.at[ridx[:, None], ids[None, :]].get(mode="fill", fill_value=-1)  # [R, W, F]

@@ -284,11 +284,8 @@ def _argmin_rot(v, active, R, off):
 
 
 def _argmax_rot(v, active, R, off):
-    idx = jnp.arange(v.shape[0], dtype=jnp.int32)
-    rot = jnp.mod(idx - off, jnp.maximum(R, 1))
-    vmax = jnp.max(jnp.where(active, v, jnp.int32(-(2**31))))
-    cand = active & (v == vmax)
-    return jnp.argmin(jnp.where(cand, rot, _BIG)).astype(jnp.int32)
+    """Index maximising (v, then the same rotation order) over active replicas (v >= 0)."""
+    return _argmin_rot(-v, active, R, off)
 
 
 def _clamp30(x):

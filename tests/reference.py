@@ -56,7 +56,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["reference_simulate", "check_prefix_closed", "POLICIES", "ROUTERS"]
+__all__ = ["reference_simulate", "check_prefix_closed", "policy_limits", "drop_expired", "touch", "POLICIES", "ROUTERS"]
 
 POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
 ROUTERS = ("random", "round_robin", "prefix_hash")
@@ -94,6 +94,48 @@ def check_prefix_closed(workload, contents, _pairs=None) -> None:
             )
 
 
+def policy_limits(policy: str, capacity_blocks, ttl_s) -> tuple[int | None, int | None]:
+    """(capacity or None, ttl_ms or None) of a policy, validated."""
+    capacity = None
+    if policy in ("lru", "lru_plain"):
+        if capacity_blocks is None or int(capacity_blocks) < 0:
+            raise ValueError(f"policy {policy!r} needs capacity_blocks >= 0")
+        capacity = int(capacity_blocks)
+    ttl_ms = None
+    if policy in ("ttl_refresh", "ttl_fixed"):
+        if ttl_s is None or ttl_s < 0:
+            raise ValueError(f"policy {policy!r} needs ttl_s >= 0")
+        ttl_ms = int(round(ttl_s * 1000))
+    return capacity, ttl_ms
+
+
+def drop_expired(cache: OrderedDict, now: int, ttl_ms: int) -> None:
+    """Drop expired entries. TTL caches are ordered by their time field (times are non-decreasing
+    and updated entries move to the end), so expired entries form a prefix of the order."""
+    while cache:
+        _, t = next(iter(cache.items()))
+        if now - t > ttl_ms:
+            cache.popitem(last=False)
+        else:
+            break
+
+
+def touch(cache: OrderedDict, keys: list[int], policy: str, now: int) -> None:
+    """Store and refresh a request's blocks (before eviction) in the policy's recency order."""
+    if policy in ("lru", "unbounded"):
+        for key in reversed(keys):  # leaf first: the request's first block ends most recent
+            cache[key] = now
+            cache.move_to_end(key)
+    elif policy in ("lru_plain", "ttl_refresh"):
+        for key in keys:  # prompt order: the request's last block ends most recent
+            cache[key] = now
+            cache.move_to_end(key)
+    elif policy == "ttl_fixed":
+        for key in keys:
+            if key not in cache:  # expired blocks were dropped before: write them afresh
+                cache[key] = now
+
+
 def reference_simulate(
     workload,
     *,
@@ -123,16 +165,7 @@ def reference_simulate(
     R = int(replicas)
     N = workload.n_requests
 
-    capacity = None
-    if policy in ("lru", "lru_plain"):
-        if capacity_blocks is None or int(capacity_blocks) < 0:
-            raise ValueError(f"policy {policy!r} needs capacity_blocks >= 0")
-        capacity = int(capacity_blocks)
-    ttl_ms = None
-    if policy in ("ttl_refresh", "ttl_fixed"):
-        if ttl_s is None or ttl_s < 0:
-            raise ValueError(f"policy {policy!r} needs ttl_s >= 0")
-        ttl_ms = int(round(ttl_s * 1000))
+    capacity, ttl_ms = policy_limits(policy, capacity_blocks, ttl_s)
 
     if router == "random":
         if replica_choices is None:
@@ -151,15 +184,6 @@ def reference_simulate(
     replica = np.zeros(N, dtype=np.int64)
     pairs = _predecessor_pairs(workload) if (debug and policy == "lru") else None
 
-    def drop_expired(cache: OrderedDict, now: int) -> None:
-        # TTL caches are ordered by their time field (times are non-decreasing and updated
-        # entries move to the end), so expired entries form a prefix of the order.
-        while cache:
-            key, t = next(iter(cache.items()))
-            if now - t > ttl_ms:
-                cache.popitem(last=False)
-            else:
-                break
 
     bt = int(workload.block_tokens)
     for i in range(N):
@@ -180,7 +204,7 @@ def reference_simulate(
 
         # 2. lookup
         if ttl_ms is not None:
-            drop_expired(cache, now)
+            drop_expired(cache, now, ttl_ms)
         h = 0
         for key in keys:
             if key not in cache:
@@ -192,22 +216,7 @@ def reference_simulate(
         hit_tokens[i] = min(h * bt, int(workload.input_tokens[i]))
 
         # 3. update and evict
-        if policy in ("lru", "unbounded"):
-            for key in reversed(keys):  # leaf first: the request's first block ends most recent
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "lru_plain":
-            for key in keys:  # prompt order: the request's last block ends most recent
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "ttl_refresh":
-            for key in keys:
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "ttl_fixed":
-            for key in keys:
-                if key not in cache:  # expired blocks were dropped above: write them afresh
-                    cache[key] = now
+        touch(cache, keys, policy, now)
         if capacity is not None:
             while len(cache) > capacity:
                 cache.popitem(last=False)  # least recent first
@@ -222,7 +231,7 @@ def reference_simulate(
         if ttl_ms is None:
             final.append(list(cache.keys()))
         else:
-            drop_expired(cache, last_now)
+            drop_expired(cache, last_now, ttl_ms)
             final.append(dict(cache))
 
     total_in = int(np.sum(workload.input_tokens))

@@ -43,6 +43,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from reference import drop_expired, policy_limits, touch
+
 __all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes"]
 
 POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
@@ -246,16 +248,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         raise ValueError("chwbl needs vnodes >= 1")
     N = workload.n_requests
 
-    capacity = None
-    if policy in ("lru", "lru_plain"):
-        if capacity_blocks is None or int(capacity_blocks) < 0:
-            raise ValueError(f"policy {policy!r} needs capacity_blocks >= 0")
-        capacity = int(capacity_blocks)
-    ttl_ms = None
-    if policy in ("ttl_refresh", "ttl_fixed"):
-        if ttl_s is None or ttl_s < 0:
-            raise ValueError(f"policy {policy!r} needs ttl_s >= 0")
-        ttl_ms = int(round(ttl_s * 1000))
+    capacity, ttl_ms = policy_limits(policy, capacity_blocks, ttl_s)
 
     if bits is None:
         bits_l = [[0, 0, 0, 0] for _ in range(N)]
@@ -301,13 +294,6 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
     def live(entry_time, now):
         return ttl_ms is None or now - entry_time <= ttl_ms
 
-    def drop_expired(cache, now):
-        while cache:
-            _, t = next(iter(cache.items()))
-            if now - t > ttl_ms:
-                cache.popitem(last=False)
-            else:
-                break
 
     bt = int(workload.block_tokens)
     for i in range(N):
@@ -367,28 +353,13 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         # 7. lookup, update, evict (tests/reference.py)
         cache = caches[r]
         if ttl_ms is not None:
-            drop_expired(cache, now)
+            drop_expired(cache, now, ttl_ms)
         h = _leading_run(keys, lambda k: k in cache)
         assert h == precise[r]
         hit_tok = min(h * bt, inp)
         out["hit_blocks"][i] = h
         out["hit_tokens"][i] = hit_tok
-        if policy in ("lru", "unbounded"):
-            for key in reversed(keys):
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "lru_plain":
-            for key in keys:
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "ttl_refresh":
-            for key in keys:
-                cache[key] = now
-                cache.move_to_end(key)
-        elif policy == "ttl_fixed":
-            for key in keys:
-                if key not in cache:
-                    cache[key] = now
+        touch(cache, keys, policy, now)
         if capacity is not None:
             # kv_pressure: blocks of r's in-flight requests (all instances) are pinned and shrink the cache
             pinned = sum(nb for fin, inst, nb in inflight[r] if fin > now) if kv_pressure else 0
