@@ -275,10 +275,6 @@ def _prefix_hit_flags(hit_blocks: np.ndarray, w) -> np.ndarray:
     return hit_blocks >= max(pb, 1)
 
 
-def _engine_chunk(blocks_per_request: int) -> int:
-    return int(max(1, min(32, blocks_per_request)))
-
-
 def _common_attrs(cfg, kind: str, t0: float, extra: dict | None = None) -> dict:
     a = dict(
         title=f"cacheresearch study: {cfg.get('name', kind)}",
@@ -419,8 +415,7 @@ def economics_study(cfg) -> xr.Dataset:
                     n_prefixes=n_arr, prefix_tokens=T, rate_per_hour=worked_rph, duration_s=DAY, block_tokens=bt,
                     arrival=a, diurnal_amplitude=s["diurnal_amplitude"], burst_cv=s["burst_cv"],
                     seed=sd * 1000 + 500 + arrivals.index(a))))
-        chunk = _engine_chunk(T // bt)
-        streams = [compile_stream(r[3], chunk_blocks=chunk) for r in runs]
+        streams = [compile_stream(r[3]) for r in runs]
         t_build = time.perf_counter() - t_b
         params = [make_params("ttl_refresh" if rf else "ttl_fixed", ttl_s=tt) for tt, rf in pols]
         t_s = time.perf_counter()
@@ -604,7 +599,7 @@ def ttl_study(cfg) -> xr.Dataset:
                     n_prefixes=n_pref, prefix_tokens=16, rate_per_hour=r, duration_s=D, block_tokens=16, arrival=a,
                     diurnal_amplitude=c["diurnal_amplitude"], diurnal_period_s=c["diurnal_period_s"],
                     burst_cv=c["burst_cv"], seed=sd * 1000 + ia * 100 + ir)))
-    streams = [compile_stream(r[3], chunk_blocks=1) for r in runs]
+    streams = [compile_stream(r[3]) for r in runs]
     t_build = time.perf_counter() - t_b
     cfgs = [(p, tt) for p in pols for tt in ttls]
     params = [make_params(p, ttl_s=tt) for p, tt in cfgs]
@@ -727,7 +722,7 @@ def che_study(cfg) -> xr.Dataset:
         rate_per_hour=rate_h, duration_s=D, block_tokens=int(c["block_tokens"]), popularity="zipf",
         zipf_s=float(c["zipf_s"]), seed=sd) for sd in seeds]
     nb = int(wls[0].n_blocks.max(initial=1))
-    streams = [compile_stream(w, chunk_blocks=_engine_chunk(nb)) for w in wls]
+    streams = [compile_stream(w) for w in wls]
     t_build = time.perf_counter() - t_b
     cells = [(r, cap) for r in routers for cap in caps]
     params = [make_params("lru", capacity_blocks=cap, replicas=1 if r == "single" else R,
@@ -857,7 +852,7 @@ def ttl_advisor_study(cfg) -> xr.Dataset:
         best_uniform.append(adv.best_uniform)
         if not c["sim"]["enabled"]:
             continue
-        streams = [compile_stream(w, chunk_blocks=_engine_chunk(T // bt)) for w in wls]
+        streams = [compile_stream(w) for w in wls]
         params = [make_params("ttl_refresh" if rf else "ttl_fixed", ttl_s=tt) for tt, rf in ttl_pols]
         ts = time.perf_counter()
         hits = _run_engine(streams, params, seeds=seeds)

@@ -22,7 +22,8 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       (base values of router and speed knobs), ``variants`` (named router variants:
                       ``{name: {router: ..., KNOB: value}}``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
-``engine``            ``chunk_blocks``; ``max_batch`` (configurations per compiled call, default all)
+``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
+                      (configurations per compiled call; default as many as fit in memory)
 ``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
 ``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
                       ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
@@ -68,9 +69,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
-from .engine import (
-    KNOBS, combine_limbs, compile_stream, make_params, simulate_grid, stack_params, stack_streams, static_options,
-)
+from .core.run import MemoryError_, simulate_cells
+from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
 from .policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .synthetic import design_workload, fleet_workload, tenant_workload
@@ -210,8 +210,8 @@ class CacheConf:
 
 @dataclass
 class EngineConf:
-    chunk_blocks: int = 32
-    max_batch: Optional[int] = None  # configurations per compiled call (None: the whole grid at once)
+    chunk_runs: Optional[int] = None  # runs per scan step (None: chosen from the stream; speed only)
+    max_batch: Optional[int] = None  # configurations per compiled call (None: as many as fit in memory)
     match: Optional[bool] = None  # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
 
@@ -648,6 +648,11 @@ def _params_of(cell: dict, cfg=None):
         raise SweepError(f"configuration {cell}: {e}") from None
 
 
+def _log(msg: str) -> None:
+    """Progress and plan lines go to stderr (stdout carries the summary)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def simulate_plan(cfg, plan: Plan):
     """Build the streams and run the grid. Returns (metrics as NumPy [G], stream index [G], workloads, timings)."""
     cells = list(plan.cells())
@@ -657,8 +662,8 @@ def simulate_plan(cfg, plan: Plan):
     for g, cell in enumerate(cells):
         idx[g] = wkeys.setdefault(_workload_key(plan, cell), len(wkeys))
     workloads = [build_workload(cfg, plan, k) for k in wkeys]
-    chunk = _integer("engine.chunk_blocks", cfg.engine.chunk_blocks, 1)
-    streams = [compile_stream(w, chunk_blocks=chunk) for w in workloads]
+    chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
+    streams = [compile_stream(w, chunk_runs=chunk) for w in workloads]
     t_build = time.perf_counter() - t0
 
     params = [_params_of(c, cfg) for c in cells]
@@ -666,33 +671,22 @@ def simulate_plan(cfg, plan: Plan):
     if cfg.engine.match is not None:
         opts["match"] = bool(cfg.engine.match)
     grid_p = stack_params(params)
-    st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)  # one shape for every batch
-    opts.update(match=st_all.match, index=st_all.index, stale=st_all.stale, max_instances=st_all.max_instances)
+    st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)
+    opts.update(match=st_all.match, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
     G = len(cells)
-    B = G if cfg.engine.max_batch is None else min(G, _integer("engine.max_batch", cfg.engine.max_batch, 1))
-    stacked = stack_streams(streams) if len(streams) > 1 else None
+    mb = None if cfg.engine.max_batch is None else _integer("engine.max_batch", cfg.engine.max_batch, 1)
 
     t1 = time.perf_counter()
-    outs = []
     with _CompileTimer() as ct:
-        for a in range(0, G, B):
-            sel = np.arange(a, a + B)
-            sel = np.minimum(sel, G - 1)  # pad the last batch by repeating its last cell: one compiled shape
-            P = stack_params([params[i] for i in sel])
-            keys = jax.vmap(jax.random.key)(jax.numpy.asarray(seeds[sel]))
-            if stacked is None:
-                m = simulate_grid(streams[0], P, keys, max_replicas=plan.max_replicas, **opts)
-            else:
-                take = jax.numpy.asarray(idx[sel])
-                st = jax.tree.map(lambda x: x[take], stacked)
-                m = simulate_grid(st, P, keys, max_replicas=plan.max_replicas, stream_axis=True, **opts)
-            m = jax.tree.map(np.asarray, jax.block_until_ready(m))
-            n_real = min(B, G - a)
-            outs.append(jax.tree.map(lambda x: x[:n_real], m))
+        try:
+            metrics, run_plan = simulate_cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
+                                               max_batch=mb, log=_log, **opts)
+        except MemoryError_ as e:
+            raise SweepError(f"{e} (or set engine.max_batch)") from None
     t_sim = time.perf_counter() - t1
-    metrics = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
-    timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": -(-G // B)}
+    timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": run_plan.calls,
+              "memory_estimate_bytes": run_plan.memory_bytes, "programs": len(run_plan.groups)}
     return metrics, idx, workloads, timing
 
 

@@ -226,7 +226,7 @@ def test_prefix_hash_replicas_match_the_router_and_the_engine():
     rep = an.prefix_hash_replicas(w, R, K)
     py = [prefix_hash_u64(int(w.keys[o + min(K, n) - 1])) % R for o, n in zip(w.offsets[:-1], w.n_blocks)]
     np.testing.assert_array_equal(rep, py)
-    m = simulate(compile_stream(w, chunk_blocks=4), make_params("unbounded", replicas=R, router="prefix_hash",
+    m = simulate(compile_stream(w, chunk_runs=4), make_params("unbounded", replicas=R, router="prefix_hash",
                                                                 prefix_blocks=K), jax.random.key(0), max_replicas=R)
     np.testing.assert_array_equal(rep, np.asarray(m.replica))
 
@@ -258,7 +258,7 @@ def test_ttl_fleet_prediction_matches_the_engine(router):
     R, ttl, lam_h = 4, 300.0, 12.0
     w = prefix_poisson_workload(n_prefixes=100, prefix_tokens=16, block_tokens=16, rate_per_hour=lam_h,
                                 duration_s=6 * 3600, seed=9)
-    m = simulate(compile_stream(w, chunk_blocks=1), make_params("ttl_refresh", ttl_s=ttl, replicas=R, router=router),
+    m = simulate(compile_stream(w, chunk_runs=1), make_params("ttl_refresh", ttl_s=ttl, replicas=R, router=router),
                  jax.random.key(1), max_replicas=R)
     hit = np.asarray(m.hit_blocks) > 0
     late = w.arrival_ms >= ttl * 1000

@@ -34,6 +34,7 @@ from cacheresearch.engine import (
     stack_params,
     stack_streams,
 )
+from cacheresearch.core.stream import StreamShape, pad_stream
 from cacheresearch.trace import load_mooncake
 from cacheresearch.workload import Workload, WorkloadError
 from reference import reference_simulate
@@ -172,29 +173,24 @@ def tree_workloads(draw, max_requests=N_MAX, max_len=L_MAX):
     )
 
 
-@functools.lru_cache(maxsize=None)
-def _template(chunk_blocks: int, n_requests: int, n_blocks: int):
-    """The largest stream of ``n_requests`` requests of at most ``n_blocks`` blocks (a padding target)."""
-    # every key twice (keys seen once are stateless singletons and would not fix the state's size):
-    # a workload of n_requests x n_blocks blocks has at most half as many keys that occur twice
-    half = np.arange((n_requests + 1) // 2 * n_blocks, dtype=np.uint64).reshape(-1, n_blocks)
-    keys = np.concatenate([half, half])[:n_requests].tolist()
-    return compile_stream(Workload.from_lists(keys, block_tokens=1), chunk_blocks=chunk_blocks)
-
-
-def padded_stream(w: Workload, chunk_blocks: int, n_requests: int = N_MAX, n_blocks: int = L_MAX):
+def padded_stream(w: Workload, chunk_runs: int, n_requests: int = N_MAX, n_blocks: int = L_MAX):
     """``compile_stream`` padded to one template shape, so that many workloads reuse one program.
 
+    The shape bounds every workload of ``n_requests`` requests of at most ``n_blocks`` blocks: each
+    block its own run at worst, and at most half of them stateful (a stateful run occurs twice).
     Per-request outputs then have the template's length; the first ``w.n_requests`` are real.
     """
     assert w.n_requests <= n_requests and w.n_blocks.max(initial=0) <= n_blocks
-    s = compile_stream(w, chunk_blocks=chunk_blocks)
-    return jax.tree.map(lambda x: x[0], stack_streams([s, _template(chunk_blocks, n_requests, n_blocks)]))
+    s = compile_stream(w, chunk_runs=chunk_runs)
+    total = n_requests * n_blocks
+    shape = StreamShape(steps=n_requests * -(-n_blocks // chunk_runs), width=chunk_runs, requests=n_requests + 1,
+                        entries=total + 1, positions=total + 1, keys=max(total // 2, 1))
+    return jax.tree.map(jnp.asarray, pad_stream(s, shape))
 
 
-def small_stream(w: Workload, chunk_blocks: int = 32):
+def small_stream(w: Workload, chunk_runs: int = 32):
     """Hand-made cases: at most 8 requests of at most 8 blocks."""
-    return padded_stream(w, chunk_blocks, 8, 8)
+    return padded_stream(w, chunk_runs, 8, 8)
 
 
 routers = st.one_of(
@@ -216,11 +212,11 @@ HYP = settings(
     capacity=st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 12), st.integers(0, 80)),
     replicas=st.integers(1, R_MAX),
     router=routers,
-    chunk_blocks=chunk_widths,
+    chunk_runs=chunk_widths,
     seed=st.integers(0, 3),
 )
-def test_hypothesis_lru_matches_reference(w, capacity, replicas, router, chunk_blocks, seed):
-    stream = padded_stream(w, chunk_blocks)
+def test_hypothesis_lru_matches_reference(w, capacity, replicas, router, chunk_runs, seed):
+    stream = padded_stream(w, chunk_runs)
     for policy in LRU:
         kw = config_kwargs(policy, capacity=capacity, replicas=replicas, router=router[0], prefix_blocks=router[1])
         assert_matches_reference(w, kw, run_engine(stream, kw, seed))
@@ -232,11 +228,11 @@ def test_hypothesis_lru_matches_reference(w, capacity, replicas, router, chunk_b
     ttl_ms=st.one_of(st.sampled_from([0, 1]), st.integers(0, 30)),
     replicas=st.integers(1, R_MAX),
     router=routers,
-    chunk_blocks=chunk_widths,
+    chunk_runs=chunk_widths,
     seed=st.integers(0, 3),
 )
-def test_hypothesis_ttl_and_unbounded_match_reference(w, ttl_ms, replicas, router, chunk_blocks, seed):
-    stream = padded_stream(w, chunk_blocks)
+def test_hypothesis_ttl_and_unbounded_match_reference(w, ttl_ms, replicas, router, chunk_runs, seed):
+    stream = padded_stream(w, chunk_runs)
     for policy in ("ttl_refresh", "ttl_fixed", "unbounded"):
         kw = config_kwargs(policy, ttl_ms=ttl_ms, replicas=replicas, router=router[0], prefix_blocks=router[1])
         assert_matches_reference(w, kw, run_engine(stream, kw, seed))
@@ -255,8 +251,8 @@ def wl(keys, *, block_tokens=4, arrival_ms=None, input_tokens=None):
 A, B, C, D, E, X = 1, 2, 3, 4, 5, 99
 
 
-@pytest.mark.parametrize("chunk_blocks", [1, 2, 32])
-def test_small_lru_examples(chunk_blocks):
+@pytest.mark.parametrize("chunk_runs", [1, 2, 32])
+def test_small_lru_examples(chunk_runs):
     cases = [
         (wl([[A, B, C], [A, B, D]]), "lru", 3, [0, 2]),
         (wl([[A, B, C], [A, B, D], [E], [A, B, D]]), "lru", 3, [0, 2, 0, 2]),
@@ -268,7 +264,7 @@ def test_small_lru_examples(chunk_blocks):
     ]
     for w, policy, cap, expect in cases:
         kw = config_kwargs(policy, capacity=cap)
-        m = run_engine(small_stream(w, chunk_blocks), kw)
+        m = run_engine(small_stream(w, chunk_runs), kw)
         assert np.asarray(m.hit_blocks)[: len(expect)].tolist() == expect, (policy, cap)
         assert_matches_reference(w, kw, m)
 
@@ -358,12 +354,12 @@ def test_mini_mooncake_matches_reference(mini, mini_stream, policy):
         assert_matches_reference(mini, kw, run_engine(mini_stream, kw))
 
 
-@pytest.mark.parametrize("chunk_blocks", [1, 5])
-def test_mini_mooncake_chunk_width_does_not_matter(mini, mini_stream, chunk_blocks):
-    s = compile_stream(mini, chunk_blocks=chunk_blocks)
+@pytest.mark.parametrize("chunk_runs", [1, 5])
+def test_mini_mooncake_chunk_width_does_not_matter(mini, mini_stream, chunk_runs):
+    s = compile_stream(mini, chunk_runs=chunk_runs)
     for kw in [config_kwargs("lru", capacity=64, replicas=2), config_kwargs("ttl_fixed", ttl_ms=3000)]:
         a, b = run_engine(s, kw), run_engine(mini_stream, kw)
-        assert_same_metrics(a, b, f"chunk_blocks={chunk_blocks}, {kw}")
+        assert_same_metrics(a, b, f"chunk_runs={chunk_runs}, {kw}")
         assert_matches_reference(mini, kw, a)
 
 
@@ -399,7 +395,7 @@ def test_jit_and_disable_jit_agree(mini):
     # op-by-op execution is slow: keep the scan short. Every policy and router runs the same ops
     # (they are dynamic parameters), so one evicting configuration covers the program.
     w = mini.slice(0, 3)  # 16, 17 and 10 blocks: 4 chunks, a hit, an eviction
-    s = compile_stream(w, chunk_blocks=16)
+    s = compile_stream(w, chunk_runs=16)
     for kw in [config_kwargs("lru", capacity=20, replicas=2, router="random")]:
         jitted = run_engine(s, kw, seed=7)
         with jax.disable_jit():
@@ -557,8 +553,8 @@ def test_compile_stream_rejects_repeated_key_in_request():
     w = wl([[A, B], [A, B, A]])
     with pytest.raises(WorkloadError, match="request 1 repeats a block key"):
         compile_stream(w)
-    with pytest.raises(ValueError, match="chunk_blocks"):
-        compile_stream(wl([[A]]), chunk_blocks=0)
+    with pytest.raises(ValueError, match="chunk_runs"):
+        compile_stream(wl([[A]]), chunk_runs=0)
 
 
 def test_replicas_above_bound_are_rejected():

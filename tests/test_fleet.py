@@ -62,8 +62,8 @@ knob_sets = st.fixed_dictionaries(
 )
 
 
-def engine_and_reference(w, policy, kw, replicas, router, seed, chunk_blocks=8):
-    stream = padded_stream(w, chunk_blocks)
+def engine_and_reference(w, policy, kw, replicas, router, seed, chunk_runs=4):
+    stream = padded_stream(w, chunk_runs)
     cap = dict(capacity_blocks=kw.pop("capacity")) if policy in ("lru", "lru_plain") else {}
     ttl = dict(ttl_s=kw.pop("ttl_ms") / 1000) if policy in ("ttl_refresh", "ttl_fixed") else {}
     kw.pop("capacity", None), kw.pop("ttl_ms", None)
@@ -174,7 +174,7 @@ def test_grid_of_routers_is_one_program_and_equals_single_runs():
     keys = [k + [10**6 + 50 * i + j for j in range(3)] for i, k in enumerate(keys)]
     w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(20) * 4,
                             output_tokens=rng.integers(0, 100, 20))
-    stream = compile_stream(w, chunk_blocks=4)
+    stream = compile_stream(w, chunk_runs=4)
     names = sorted(ROUTERS) + ["llmd_approximate", "sglang_cache_aware"]
     ps = [make_params("lru", 20, replicas=3, router=r, prefill_tps=3000, decode_us_per_token=100) for r in names]
     keys_ = jax.random.split(jax.random.key(5), len(ps))
@@ -271,7 +271,7 @@ def test_queue_off_gives_the_same_hits_and_refuses_load_routers():
     rng = np.random.default_rng(2)
     keys = [[t * 100 + j for j in range(int(rng.integers(1, 9)))] for t in rng.integers(0, 4, 30)]
     w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(30) * 2)
-    s = compile_stream(w, chunk_blocks=4)
+    s = compile_stream(w, chunk_runs=4)
     for router in ("random", "prefix_hash", "round_robin"):
         p = make_params("lru", 12, replicas=3, router=router)
         on = simulate(s, p, jax.random.key(1), max_replicas=3)

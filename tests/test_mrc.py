@@ -74,7 +74,7 @@ def test_backends_agree_and_curve_matches_engine_on_fixture(policy):
     curve = mrc.curve_from_distances(w, d_numba)
     from cacheresearch.engine import compile_stream
 
-    s = compile_stream(w, chunk_blocks=16)
+    s = compile_stream(w, chunk_runs=4)
     for cap in (10, 100, 400, int(curve.capacities[-1])):
         m = simulate(s, make_params(policy, cap, replicas=2), jax.random.key(0), max_replicas=2)
         assert int(combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo)) == curve.hit_tokens[cap]

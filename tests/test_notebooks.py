@@ -26,7 +26,7 @@ SMALL = {
     "seed_fleet": ["experiment=seed_fleet", "workload.fleet.n_requests=64", "seeds=2"],
     "routing": ["experiment=routing", "workload.tenant.n_tenants=12", "workload.tenant.prefix_tokens=640",
                 "workload.tenant.n_requests=120", "fleet.prefix_blocks=40", "fleet.replicas=4",
-                "grid.capacity_blocks=[800]", "grid.rate_per_s=[4,40]", "engine.chunk_blocks=16",
+                "grid.capacity_blocks=[800]", "grid.rate_per_s=[4,40]", "engine.chunk_runs=4",
                 "grid.router=[random,prefix_hash,kubeai_chwbl,llmd_precise]"],
     "economics": ["experiment=economics", "seeds=1", "study.requests_per_hour=[6,60]", "study.sim.target_requests=2000",
                   "study.sim.prefixes=20", "study.sim.arrivals=[poisson]"],

@@ -20,13 +20,13 @@ SMALL = {
     "routing": ["experiment=routing", "workload.tenant.n_tenants=12", "workload.tenant.prefix_tokens=640",
                 "workload.tenant.n_requests=150", "grid.rate_per_s=[4,40]", "grid.capacity_blocks=[200,800]",
                 "grid.router=[random,prefix_hash,kubeai_chwbl,chwbl_c2,sglang_cache_aware,llmd_precise]",
-                "fleet.prefix_blocks=40", "fleet.replicas=4", "engine.chunk_blocks=16"],
+                "fleet.prefix_blocks=40", "fleet.replicas=4", "engine.chunk_runs=4"],
     "llmd_blog": ["experiment=llmd_blog", "workload.tenant.n_tenants=10", "workload.tenant.prefix_tokens=480",
                   "workload.tenant.query_tokens=96", "workload.tenant.duration_s=6", "grid.rate_per_s=[3,30]",
-                  "cache.capacity_blocks=300", "fleet.prefix_blocks=30", "fleet.replicas=4", "engine.chunk_blocks=16"],
+                  "cache.capacity_blocks=300", "fleet.prefix_blocks=30", "fleet.replicas=4", "engine.chunk_runs=4"],
     "hot_tenant": ["experiment=hot_tenant", "workload.tenant.n_tenants=12", "workload.tenant.prefix_tokens=640",
                    "workload.tenant.n_requests=150", "grid.rate_per_s=[4,20,60]", "fleet.prefix_blocks=40",
-                   "fleet.replicas=4", "cache.capacity_blocks=800", "engine.chunk_blocks=16",
+                   "fleet.replicas=4", "cache.capacity_blocks=800", "engine.chunk_runs=4",
                    "grid.router=[prefix_hash,kubeai_chwbl,sglang_cache_aware]"],
 }
 
@@ -83,7 +83,7 @@ def test_a_cell_equals_a_direct_call():
 
     w = build_workload(cfg, plan, _workload_key(plan, cell))
     p = make_params("lru", 800, replicas=4, router="kubeai_chwbl", prefix_blocks=40, latency="h100_8b")
-    m = simulate(compile_stream(w, chunk_blocks=16), p, jax.random.key(cell["seed"]), max_replicas=4, match=True,
+    m = simulate(compile_stream(w, chunk_runs=16), p, jax.random.key(cell["seed"]), max_replicas=4, match=True,
                  queue_slots=512)
     got = ds.sel(router="kubeai_chwbl", rate_per_s=20, hot_share=0.5)
     assert float(got["ttft_p99_s"]) == int(m.ttft_p99_ms) / 1000
