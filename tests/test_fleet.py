@@ -219,13 +219,16 @@ def test_queue_overflow_is_reported():
 
 
 def test_singleton_keys_need_no_state():
-    """Keys that occur once carry no state (the stream is small) yet occupy capacity exactly."""
+    """Keys that occur once carry no state (the stream is small) yet occupy capacity exactly; blocks
+    that always travel together are one run (the shared head is one stateful run of 3 blocks, each
+    request's unique tail one singleton run of 5)."""
     shared = [1, 2, 3]
     keys = [shared + [100 + 10 * i + j for j in range(5)] for i in range(30)]
     w = Workload.from_lists(keys, block_tokens=4)
     s = compile_stream(w)
-    assert s.n_keys == 3
-    for cap in (3, 5, 8, 9, 20):
+    assert s.n_keys == 1 and np.asarray(s.run_len).tolist() == [3]
+    assert np.asarray(s.n_runs)[:30].tolist() == [2] * 30
+    for cap in (0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 20):
         m = simulate(s, make_params("lru", cap), jax.random.key(0))
         from reference import reference_simulate
 
