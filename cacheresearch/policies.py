@@ -15,7 +15,19 @@ ttl_refresh   unbounded   TTL          (unused)          present while now - las
                                                          every access refreshes
 ttl_fixed     unbounded   TTL          (unused)          expiry set at write; hits do not extend it
 unbounded     unbounded   none         (unused)          never evicts: the ideal hit rate
+lfu           C blocks    none         leaf-first        perfect-history LFU: evict the block with
+                                                         the fewest requests (on this replica, ever)
+                                                         that contained it, ties least recent first
+length_aware  C blocks    none         leaf-first        Mooncake's LengthAwareCache: evict the block
+                                                         deepest in its prompt first, ties least
+                                                         recent first
 ============  ==========  ===========  ================  ==========================================
+
+``lfu`` and ``length_aware`` are *priority* policies (:mod:`cacheresearch.core.priority`): they rank
+stored runs by more than recency, so every run needs state (``compile_stream(...,
+stateful_singletons=True)``) and the router's ``stale`` view is not available with them. Both keep
+the cache prefix-closed on chained keys (a child's count never exceeds its parent's and on a tie it
+is less recent; a child is deeper than its parent).
 
 Common semantics: the hit of a request is the longest leading run of its block keys present on the
 chosen replica at lookup (before any insertion or eviction for that request); afterwards every block of
@@ -27,7 +39,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["POLICIES", "PolicySpec", "policy_spec", "INF"]
+__all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "INF"]
 
 INF = 2**31 - 1  # "no limit" for capacity and TTL (int32)
 
@@ -38,6 +50,7 @@ class PolicySpec(NamedTuple):
     uses_ttl: bool
     leaf_first: bool
     refresh_on_hit: bool
+    priority: bool = False  # ranks runs beyond recency (core.priority)
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -46,7 +59,17 @@ POLICIES: dict[str, PolicySpec] = {
     "ttl_refresh": PolicySpec(2, False, True, True, True),
     "ttl_fixed": PolicySpec(3, False, True, True, False),
     "unbounded": PolicySpec(4, False, False, True, True),
+    "lfu": PolicySpec(5, True, False, True, True, priority=True),
+    "length_aware": PolicySpec(6, True, False, True, True, priority=True),
 }
+PRIORITY_IDS = tuple(p.id for p in POLICIES.values() if p.priority)
+
+
+def is_priority(policy_id):
+    """Whether policy ids (array or tracer) name a priority policy."""
+    import jax.numpy as jnp
+
+    return jnp.isin(policy_id, jnp.asarray(PRIORITY_IDS, jnp.int32))
 
 
 def policy_spec(name: str) -> PolicySpec:

@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..policies import PRIORITY_IDS
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
-from .simulate import Metrics, Static, _nested_fn, check_bounds, static_options
+from .simulate import Metrics, Static, _nested_fn, check_bounds, check_stream, static_options
 from .stream import Stream, pad_stream, stream_shape
 
 __all__ = ["simulate_cells", "Plan", "GroupPlan", "available_memory_bytes", "MemoryError_"]
@@ -86,9 +87,11 @@ class Plan:
                 f"(available {self.available_bytes / 2**20:.0f} MiB), devices {jax.device_count()}")
 
 
-def _needs(p) -> tuple[bool, bool]:
+def _needs(p) -> tuple[bool, bool, bool]:
+    """(approximate-index rows, stale fields, priority fields) a configuration needs."""
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
-    return bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"])
+    return (bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"]),
+            int(p.policy) in PRIORITY_IDS)
 
 
 def _stack(xs):
@@ -128,7 +131,7 @@ def simulate_cells(
     stream_of = np.asarray(stream_of, np.int64)
     if G == 0:
         raise ValueError("no cells to run")
-    for k in ("index", "stale", "routers_compiled"):
+    for k in ("index", "stale", "routers_compiled", "priority", "max_depth"):
         options.pop(k, None)
     avail = available_memory_bytes()
     budget = int(avail * memory_fraction)
@@ -138,13 +141,17 @@ def simulate_cells(
         groups.setdefault(_needs(p), {}).setdefault(int(stream_of[g]), []).append(g)
     out: list = [None] * G
     ready = []
-    for (index, stale), by_stream in groups.items():
+    for (index, stale, priority), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
         gp_params = [params[g] for cs in cells for g in cs]
         grid = _stack(gp_params)
-        st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, **options)
+        depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
+        st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
+                            max_depth=depth, **options)
         check_bounds(grid, max_replicas, st)
+        for s_ in sids:
+            check_stream(streams[s_], st)
         shape = stream_shape(streams[sids[0]])
         for s in sids[1:]:
             shape = shape.union(stream_shape(streams[s]))

@@ -30,6 +30,8 @@ import numpy as np
 
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
 from . import queue as qm
+from ..policies import POLICIES, PRIORITY_IDS, is_priority
+from .priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from .store import StoreState, evict, init_store, stored_len
 from .stream import Stream
 from .views import SyncState, init_sync, leading, presence, probe, sync
@@ -99,6 +101,8 @@ class Static(NamedTuple):
     window: int
     routers: tuple  # router ids compiled into the program (a grid may only use these)
     queue: bool = True  # model the replicas' queues (loads, TTFT); off: hit rates only, faster
+    priority: bool = False  # keep the priority policies' fields (lfu, length_aware)
+    max_depth: int = 0  # most blocks of a request (the length_aware search bound)
 
 
 class Totals(NamedTuple):
@@ -139,14 +143,15 @@ def _simulate(stream: Stream, params, key, st: Static):
     K = stream.n_keys
     PAD = K
     R = st.max_replicas
-    F = 4 if st.stale else 2
+    init = (-1, 0) + ((-1, 0) if st.stale else ()) + ((0,) * PRIORITY_FIELDS if st.priority else ())
+    F = len(init)
     V = st.max_instances * R if st.index else 0
     N1 = stream.arrival_ms.shape[0]
     E1 = stream.log_run_leaf.shape[0]
     zR = jnp.zeros(R, jnp.int32)
     z = jnp.int32(0)
     carry = Carry(
-        store=init_store(R + V, K, E1, F),
+        store=init_store(R + V, K, E1, init),
         sync=init_sync(R),
         queue=qm.init_queue(R, st.queue_slots),
         totals=Totals(z, z, z, zR, zR, z, z, z, z),
@@ -160,6 +165,8 @@ def _simulate(stream: Stream, params, key, st: Static):
     bits = request_bits(key, N1)  # per-request random words, drawn once outside the scan
     ring = ring_positions(R, st.max_vnodes)
     leaf = params.leaf_first
+    prio = is_priority(params.policy) if st.priority else None
+    is_lfu = params.policy == POLICIES["lfu"].id
 
     def step(c: Carry, x):
         runs, lens, j0s, qs, req, first, last = x
@@ -179,7 +186,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         # ---- probe: every replica's match in the router's view (first step only)
         if st.match:
             mt, mv = probe(store, sy, stream, e0, jnp.where(first, stream.n_runs[req], 0), now, u, params,
-                           R=R, stale=st.stale, index=st.index, active=active)
+                           R=R, stale=st.stale, index=st.index, active=active, prio=prio)
         else:
             mt = mv = zR
         tree = store.occ[:R]
@@ -221,7 +228,9 @@ def _simulate(stream: Stream, params, key, st: Static):
             gall = store.kv.at[r, runs].get(mode="fill", fill_value=-1)[None]
         g = gall[0]
         sl = stored_len(g[:, 0], lens, store.thr[r])
-        full, part = presence(g, lens, store.thr[r], now, params.ttl_ms, leaf)
+        if st.priority:
+            sl = jnp.where(prio, g[:, STORED], sl)
+        full, part = presence(g, lens, store.thr[r], now, params.ttl_ms, leaf, sl)
         alive0 = jnp.where(first, True, c.cur.alive)
         hit0 = jnp.where(first, 0, c.cur.hit)
         hit, alive = leading(hit0, alive0, lens, valid, full, part)
@@ -234,6 +243,8 @@ def _simulate(stream: Stream, params, key, st: Static):
         if st.stale:
             keep = g[:, 0] < sy.frontier  # the old value is the as-of-sync value
             fields += [jnp.where(keep, g[:, 0], g[:, 2]), jnp.where(keep, g[:, 1], g[:, 3])]
+        if st.priority:  # count of requests on this row containing the run; all of it stored; its depth
+            fields += [g[:, COUNT] + 1, lens, j0s]
         vals = jnp.stack(fields, axis=-1)[None]
         if st.index:  # the index row: leaf-first stamps, no clock
             vals = jnp.concatenate([vals, jnp.stack([leaf_b] + [jnp.zeros_like(leaf_b)] * (F - 1), axis=-1)[None]])
@@ -256,7 +267,13 @@ def _simulate(stream: Stream, params, key, st: Static):
         # ---- evict (last step): the replica row down to its capacity (less pinned blocks under
         # kv_pressure), the index row down to index_capacity (always leaf-first)
         cap_r = jnp.where(params.kv_pressure, jnp.maximum(params.capacity - pinned_all[r], 0), params.capacity)
-        store = evict(store, r, cap_r, leaf, stream, st.window, last)
+        if st.priority:
+            store = evict(store, r, cap_r, leaf, stream, st.window, last & ~prio)
+            kv, o = evict_priority(store.kv, store.occ[r], r, cap_r, stream.run_len, is_lfu, st.max_depth,
+                                   last & prio)
+            store = store._replace(kv=kv, occ=store.occ.at[r].set(o))
+        else:
+            store = evict(store, r, cap_r, leaf, stream, st.window, last)
         if st.index:
             store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, last)
         # ---- metrics
@@ -388,6 +405,8 @@ def static_options(
     window: int | None = None,
     routers_compiled=None,
     queue: bool = True,
+    priority: bool | None = None,
+    max_depth: int = 0,
 ) -> Static:
     """The static shape options of a run, with ``None`` resolved from the (concrete) params.
 
@@ -415,7 +434,10 @@ def static_options(
         if max_instances is None:
             max_instances = int(np.max(np.asarray(params.instances)))
         compiled = tuple(sorted({int(x) for x in routers}))
+        if priority is None:
+            priority = bool(np.isin(np.asarray(params.policy), PRIORITY_IDS).any())
     else:
+        priority = bool(priority)
         compiled = tuple(ROUTERS.values())
         match = bool(match) if match is not None else True
         index = bool(index) if index is not None else False
@@ -429,7 +451,8 @@ def static_options(
     if routers_compiled is not None:
         compiled = tuple(sorted({router_id(r) if isinstance(r, str) else int(r) for r in routers_compiled}))
     return Static(int(max_replicas), int(max_instances), int(queue_slots), bool(match), bool(index), bool(stale),
-                  int(max_vnodes), bool(per_request), window, compiled, bool(queue))
+                  int(max_vnodes), bool(per_request), window, compiled, bool(queue), bool(priority),
+                  int(max_depth) if priority else 0)
 
 
 def default_window() -> int:
@@ -474,6 +497,21 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("view 'approximate' needs index=True")
     if (cache & (views == VIEWS["stale"])).any() and not st.stale:
         raise ValueError("view 'stale' needs stale=True")
+    prio = np.isin(np.asarray(params.policy).reshape(-1), PRIORITY_IDS)
+    if prio.any() and not st.priority:
+        raise ValueError("policies lfu and length_aware need priority=True")
+    if st.priority and st.stale:
+        raise ValueError("the stale router view is not available with the priority policies (lfu, length_aware)")
+
+
+def check_stream(stream: Stream, st: Static) -> None:
+    """A stream fits the program: priority policies need every run stateful."""
+    if st.priority and stream.has_singletons:
+        raise ValueError("policies lfu and length_aware need compile_stream(..., stateful_singletons=True)")
+
+
+def _max_depth(stream: Stream) -> int:
+    return int(np.max(np.asarray(stream.n_blocks), initial=0))
 
 
 def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,
@@ -485,8 +523,10 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
     ``window`` is how many log entries one eviction step examines (a speed knob, never a result);
     ``options``: the other static options of :func:`static_options`.
     """
-    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window, **options)
+    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
+                        max_depth=_max_depth(stream), **options)
     check_bounds(params, max_replicas, st)
+    check_stream(stream, st)
     return _simulate_jit(stream, params, key, st=st)
 
 
@@ -498,6 +538,8 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
     leading axis [G]). Prefer :func:`~cacheresearch.core.run.simulate_cells` for several workloads: it
     never copies a stream per configuration.
     """
-    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window, **options)
+    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
+                        max_depth=_max_depth(stream), **options)
     check_bounds(params, max_replicas, st)
+    check_stream(stream, st)
     return _simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis)

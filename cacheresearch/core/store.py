@@ -36,10 +36,11 @@ class StoreState(NamedTuple):
     poff: jax.Array  # int32 [rows] ... and blocks of that entry already evicted
 
 
-def init_store(rows: int, keys: int, entries: int, fields: int) -> StoreState:
-    pairs = [jnp.full((rows, keys), -1, jnp.int32), jnp.zeros((rows, keys), jnp.int32)] * (fields // 2)
+def init_store(rows: int, keys: int, entries: int, init: tuple) -> StoreState:
+    """Empty rows; ``init`` gives each per-run field's initial value (stamps -1, the rest 0)."""
+    kv = jnp.stack([jnp.full((rows, keys), v, jnp.int32) for v in init], axis=-1)
     z = jnp.zeros(rows, jnp.int32)
-    return StoreState(jnp.stack(pairs, axis=-1), z, z, jnp.zeros((rows, entries), jnp.int32), z, z, z)
+    return StoreState(kv, z, z, jnp.zeros((rows, entries), jnp.int32), z, z, z)
 
 
 def stored_len(stamp, m, thr):

@@ -93,6 +93,11 @@ class Stream(NamedTuple):
     def width(self) -> int:
         return int(self.step_run.shape[-1])
 
+    @property
+    def has_singletons(self) -> bool:
+        """Runs without state occur (id K + 1); the priority policies need every run stateful."""
+        return bool(np.any(np.asarray(self.step_run) == self.n_keys + 1))
+
 
 class StreamShape(NamedTuple):
     """The static shape of a stream: what one compiled program serves."""
@@ -186,11 +191,13 @@ def default_chunk_runs(n_runs: np.ndarray) -> int:
     return best
 
 
-def compile_stream(workload: Workload, *, chunk_runs: int | None = None) -> Stream:
+def compile_stream(workload: Workload, *, chunk_runs: int | None = None, stateful_singletons: bool = False) -> Stream:
     """Run-compressed, chunked device arrays for ``workload`` (host-side NumPy work, done once).
 
     ``chunk_runs``: runs per scan step (default :func:`default_chunk_runs`; a speed knob, never a
     result). A request with at most ``chunk_runs`` runs takes one scan step.
+    ``stateful_singletons``: give runs that occur once state too (the priority policies ``lfu`` and
+    ``length_aware`` rank every stored run, so they need it; LRU and TTL policies do not).
     """
     w = workload
     n = w.n_requests
@@ -210,7 +217,7 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None) -> Stre
 
     # stateful runs: those whose head occurs in more than one request
     counts = np.bincount(rs.head, minlength=int(rs.head.max(initial=-1)) + 1)
-    shared = counts[rs.head] > 1
+    shared = (counts[rs.head] > 1) | bool(stateful_singletons)
     uh, inv = np.unique(rs.head[shared], return_inverse=True)
     K = max(int(uh.shape[0]), 1)
     run_id = np.full(E, K + 1, np.int64)

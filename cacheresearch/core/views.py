@@ -17,6 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .priority import STORED
 from .store import stored_len
 
 __all__ = ["SyncState", "init_sync", "sync", "leading", "probe"]
@@ -49,14 +50,16 @@ def leading(acc, alive, m, ok, full, part):
     return acc + jnp.sum(before * contrib, axis=-1), alive & jnp.all(f, axis=-1)
 
 
-def presence(g, m, thr, now, ttl, leaf):
-    """(wholly present, leading part) of runs from their gathered (stamp, time)."""
-    sl = stored_len(g[..., 0], m, thr)
+def presence(g, m, thr, now, ttl, leaf, sl=None):
+    """(wholly present, leading part) of runs from their gathered (stamp, time); ``sl``: stored
+    lengths when the policy keeps them explicitly (priority policies), else from the threshold."""
+    sl = stored_len(g[..., 0], m, thr) if sl is None else sl
     live = (now - g[..., 1]) <= ttl
     return (sl == m) & live, jnp.where(live & leaf, sl, 0)
 
 
-def probe(store, sy: SyncState, stream, e0, p, now, u, params, *, R: int, stale: bool, index: bool, active):
+def probe(store, sy: SyncState, stream, e0, p, now, u, params, *, R: int, stale: bool, index: bool, active,
+          prio=None):
     """Leading-run matches of a request's ``p`` runs (entries ``e0 ..``) on every replica:
     (precise [R], view [R]). A while loop over windows of runs stops when every run has ended."""
     W = stream.step_run.shape[-1]
@@ -78,7 +81,10 @@ def probe(store, sy: SyncState, stream, e0, p, now, u, params, *, R: int, stale:
         run = stream.log_run_plain[e]
         m = stream.log_len_plain[e][None, :]
         g = store.kv.at[ridx[:, None], run[None, :]].get(mode="fill", fill_value=-1)  # [R, W, F]
-        full_t, part_t = presence(g, m, store.thr[:R, None], now, ttl, params.leaf_first)
+        sl = None
+        if prio is not None:  # priority policies keep stored lengths explicitly
+            sl = jnp.where(prio, g[..., STORED], stored_len(g[..., 0], m, store.thr[:R, None]))
+        full_t, part_t = presence(g, m, store.thr[:R, None], now, ttl, params.leaf_first, sl)
         full_v, part_v = full_t, part_t
         if stale:
             cur = g[..., 0] < sy.frontier
