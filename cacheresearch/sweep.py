@@ -70,6 +70,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
 from .core.run import MemoryError_, simulate_cells
+from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
 from .policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
@@ -578,7 +579,8 @@ def describe_workload(w: Workload) -> dict:
         "name": w.name,
         "n_requests": int(w.n_requests),
         "total_blocks": int(w.total_blocks),
-        "distinct_keys": int(np.unique(w.keys).shape[0]),
+        "distinct_keys": int(w.dense_ids().max()) + 1 if w.total_blocks else 0,
+        "run_occurrences": int(run_structure(w).start.shape[0]),  # blocks that travel together (engine units)
         "input_tokens": int(w.input_tokens.sum()),
         "block_tokens": int(w.block_tokens),
         "meta": {k: (v if isinstance(v, (str, int, float, type(None))) else str(v)) for k, v in w.meta.items()},
@@ -654,16 +656,24 @@ def _log(msg: str) -> None:
 
 
 def simulate_plan(cfg, plan: Plan):
-    """Build the streams and run the grid. Returns (metrics as NumPy [G], stream index [G], workloads, timings)."""
+    """Build the streams and run the grid. Returns (metrics as NumPy [G], stream index [G], workload
+    summaries (``describe``, ``input_tokens``, ``n_requests``), timings)."""
     cells = list(plan.cells())
     t0 = time.perf_counter()
     wkeys: dict[tuple, int] = {}
     idx = np.empty(len(cells), dtype=np.int64)
     for g, cell in enumerate(cells):
         idx[g] = wkeys.setdefault(_workload_key(plan, cell), len(wkeys))
-    workloads = [build_workload(cfg, plan, k) for k in wkeys]
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
-    streams = [compile_stream(w, chunk_runs=chunk) for w in workloads]
+    prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
+    # one workload at a time: its stream and a summary are kept, its block keys are not
+    streams, workloads = [], []
+    for k in wkeys:
+        w = build_workload(cfg, plan, k)
+        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio))
+        workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
+                              n_requests=int(w.n_requests)))
+        del w
     t_build = time.perf_counter() - t0
 
     params = [_params_of(c, cfg) for c in cells]
@@ -698,8 +708,8 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     def grid(a, dtype):
         return (dims, np.asarray(a).astype(dtype).reshape(shape))
 
-    inp = np.asarray([int(w.input_tokens.sum()) for w in workloads], dtype=np.int64)
-    nreq = np.asarray([w.n_requests for w in workloads], dtype=np.int64)
+    inp = np.asarray([w["input_tokens"] for w in workloads], dtype=np.int64)
+    nreq = np.asarray([w["n_requests"] for w in workloads], dtype=np.int64)
     data = {
         "token_hit_rate": grid(metrics.token_hit_rate, np.float64),
         "request_hit_rate": grid(metrics.request_hit_rate, np.float64),
@@ -766,7 +776,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     desc = []
     wk = list({_workload_key(plan, c): None for c in plan.cells()})
     for k, w in zip(wk, workloads):
-        d = describe_workload(w)
+        d = dict(w["describe"])
         if plan.source == "fleet":
             d.update(layout=k[0], seed=k[1])
         elif plan.source == "design":
