@@ -13,8 +13,9 @@ latest stamp, -1 if never seen) and a Fenwick tree over stamps with a one at eve
 stamp; ``d = live - prefix(last)``. All lookups of a request happen before its updates (requests
 longer than a chunk get query chunks, then update chunks), exactly as in the engine.
 
-Routing must not depend on cache state (``random``, ``round_robin``, ``prefix_hash``): the routed
-request sequence of each replica is then fixed, and replicas are vmapped.
+Routing must depend on neither cache state nor load (:data:`cacheresearch.routers.LOAD_FREE_ROUTERS`:
+``random``, ``round_robin``, ``prefix_hash``): the routed request sequence of each replica is then
+fixed, and replicas are vmapped. :func:`route_requests` evaluates the registered rules themselves.
 
 :func:`hit_curve` returns token and request hit counts at capacities ``0..max_capacity`` and
 per-request thresholds from which the per-request hit at any capacity follows.
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .routers import LOAD_FREE_ROUTERS, REGISTRY, FleetView, RequestView, route, router_id
 from .workload import Workload
 
 __all__ = ["HitCurve", "hit_curve", "route_requests", "stack_distances", "shards_sample", "lru_replay"]
@@ -61,26 +63,44 @@ class HitCurve(NamedTuple):
 
 
 def route_requests(workload: Workload, router: str, replicas: int, *, prefix_blocks: int = 80, key=None) -> np.ndarray:
-    """The replica of every request under a state-independent router (same rule as the engine)."""
-    from .routers import mix32, _mul32  # noqa: PLC0415
-
+    """The replica of every request under a load-free router (one of
+    :data:`cacheresearch.routers.LOAD_FREE_ROUTERS`: it reads neither load nor cache state, so the
+    routed sequence is fixed before the run). The registered rule itself, vmapped over the requests:
+    the same decisions as the engine's (``random``: the engine's first random word per request)."""
+    if router not in LOAD_FREE_ROUTERS:
+        raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need a router that reads "
+                         f"neither load nor cache: {', '.join(LOAD_FREE_ROUTERS)}")
     n = workload.n_requests
-    if router == "round_robin":
-        return (np.arange(n) % replicas).astype(np.int32)
+    b0 = np.zeros(n, np.uint32)
     if router == "random":
         if key is None:
             raise ValueError("random routing needs a PRNG key")
-        bits = jax.random.bits(key, (n + 1,), jnp.uint32)[:n]
-        hi, _ = _mul32(bits, jnp.uint32(replicas))
-        return np.asarray(hi, dtype=np.int32)
-    if router == "prefix_hash":
+        b0 = jax.random.bits(key, (n + 1,), jnp.uint32)[:n]  # engine.request_bits' column 0
+    k = np.zeros(n, np.uint64)
+    if router in REGISTRY.knob_readers("prefix_blocks"):
         nb = workload.n_blocks
         pos = workload.offsets[:-1] + np.clip(np.minimum(prefix_blocks, nb) - 1, 0, None)
         k = np.where(nb > 0, workload.keys[np.minimum(pos, max(workload.total_blocks - 1, 0))] if workload.total_blocks else 0, 0)
         k = np.asarray(k, dtype=np.uint64)
-        h = mix32(jnp.asarray((k >> np.uint64(32)).astype(np.uint32)), jnp.asarray((k & np.uint64(0xFFFFFFFF)).astype(np.uint32)))
-        return np.asarray(h % np.uint32(replicas), dtype=np.int32)
-    raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need random, round_robin or prefix_hash")
+    hi, lo = (k >> np.uint64(32)).astype(np.uint32), (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    pad = (1 << max(n - 1, 0).bit_length()) - n  # power-of-two lengths: one compile serves many workloads
+    cols = [np.arange(n + pad, dtype=np.int32)] + [np.pad(np.asarray(x), (0, pad)) for x in (hi, lo, b0)]
+    out = _route_batch(router_id(router), int(replicas), *cols)
+    return np.asarray(out, dtype=np.int32)[:n]
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _route_batch(rid: int, replicas: int, index, prefix_hi, prefix_lo, bits0):
+    """Router ``rid``'s decision for every request (vmapped :func:`cacheresearch.routers.route`) on a
+    fleet of ``replicas`` that the rule does not read."""
+    n = index.shape[0]
+    zero = jnp.zeros(n, jnp.int32)
+    bits = jnp.concatenate([bits0[:, None], jnp.zeros((n, 3), jnp.uint32)], axis=1)
+    req = RequestView(index=index, arrival_ms=zero, n_blocks=zero, prefix_hi=prefix_hi, prefix_lo=prefix_lo,
+                      bits=bits, instance=zero)
+    empty = jnp.zeros(replicas, jnp.int32)
+    fleet = FleetView(replicas=jnp.int32(replicas), match=empty, queue=empty, active_blocks=empty, tree_size=empty)
+    return jax.vmap(lambda r: route(rid, r, fleet, None, compiled=(rid,)))(req)
 
 
 # ------------------------------------------------------------------------------------ host prep

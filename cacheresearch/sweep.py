@@ -20,7 +20,8 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       ``fleet.variants``), ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
                       largest replica count of the grid), ``latency`` (replica speed preset), ``knobs``
                       (base values of router and speed knobs), ``variants`` (named router variants:
-                      ``{name: {router: ..., KNOB: value}}``)
+                      ``{name: {router: ..., KNOB: value}}``). The knob keys, their types and ranges
+                      come from the knob declarations (the routers' registry, ``docs/routers.md``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
 ``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
                       (configurations per compiled call; default as many as fit in memory)
@@ -57,7 +58,7 @@ import itertools
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -69,6 +70,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
+from .core.params import KNOB_DECLS
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
@@ -93,7 +95,8 @@ __all__ = [
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 #: Keys the grid knows, in the order their dimensions appear in the output (seed last).
-#: Router and replica-speed knobs (:data:`cacheresearch.engine.KNOBS`) may be grid keys too.
+#: Router and replica-speed knobs (:data:`cacheresearch.engine.KNOBS`, declared in the routers' registry
+#: and :mod:`cacheresearch.core.params`) may be grid keys too; ``prefix_blocks`` is ``fleet.prefix_blocks``.
 KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
 #: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
 TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival")
@@ -190,6 +193,13 @@ class WorkloadConf:
     tenant: TenantWorkloadConf = field(default_factory=TenantWorkloadConf)
 
 
+#: ``fleet.knobs``: the base value of every router / speed knob (null = the declared default or the preset's).
+KnobsConf = make_dataclass(
+    "KnobsConf", [(k, Any, field(default=None)) for k in KNOB_KEYS],
+    namespace={"__module__": __name__, "__doc__": "Base values of the router and replica-speed knobs (null: default)."},
+)
+
+
 @dataclass
 class FleetConf:
     router: str = "round_robin"  # a rule, a preset of cacheresearch.routers.PRESETS, or a name under ``variants``
@@ -197,7 +207,7 @@ class FleetConf:
     prefix_blocks: int = 80
     max_replicas: Optional[int] = None  # static bound; default: the largest replica count in the grid
     latency: str = "h100_8b"  # replica speed preset (cacheresearch.engine.LATENCY_PRESETS)
-    knobs: Any = field(default_factory=dict)  # base values of router / speed knobs (cacheresearch.engine.KNOBS)
+    knobs: KnobsConf = field(default_factory=KnobsConf)  # base values of router / speed knobs (KNOB_KEYS)
     # named router variants: {name: {router: RULE_OR_PRESET, KNOB: value, ...}}; usable as router names
     variants: Any = field(default_factory=dict)
 
@@ -217,42 +227,12 @@ class EngineConf:
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
 
 
-@dataclass
-class GridConf:
-    """Every known grid key is present (null = not swept), so ``grid.policy=[...]`` needs no ``+``."""
-
-    policy: Any = None
-    capacity_blocks: Any = None
-    ttl_s: Any = None
-    replicas: Any = None
-    router: Any = None
-    prefix_blocks: Any = None
-    view: Any = None
-    stale_lag_ms: Any = None
-    instances: Any = None
-    local_load: Any = None
-    index_capacity: Any = None
-    vnodes: Any = None
-    chwbl_c_pct: Any = None
-    cache_threshold_pm: Any = None
-    balance_abs: Any = None
-    balance_rel_pct: Any = None
-    miss_smallest_tree: Any = None
-    overlap_weight_pct: Any = None
-    temperature: Any = None
-    prefix_weight_pct: Any = None
-    load_weight_pct: Any = None
-    queue_threshold: Any = None
-    preble_rel_pct: Any = None
-    preble_abs: Any = None
-    kv_pressure: Any = None
-    prefill_tps: Any = None
-    decode_us_per_token: Any = None
-    rate_per_s: Any = None
-    hot_share: Any = None
-    arrival: Any = None
-    layout: Any = None
-    seed: Any = None
+#: Every known grid key is a field (null = not swept), so ``grid.policy=[...]`` needs no ``+``. The knob
+#: fields come from the declarations (:data:`KNOB_KEYS`), never from a list kept here.
+GridConf = make_dataclass(
+    "GridConf", [(k, Any, field(default=None)) for k in GRID_KEYS],
+    namespace={"__module__": __name__, "__doc__": "Every known grid key (null = not swept)."},
+)
 
 
 @dataclass
@@ -374,20 +354,31 @@ def _check_value(key: str, v, source: str):
             raise SweepError(f"{key}: unknown arrival process {v!r}; choose one of {list(ARRIVALS)}")
         return v
     if name in KNOB_KEYS:
-        if v is None:
-            return None
-        if name == "view":
-            if not isinstance(v, str):
-                raise SweepError(f"{key}: a view is a name (precise, approximate, stale), got {v!r}")
-            return v
-        if name in ("local_load", "miss_smallest_tree", "kv_pressure"):
-            if not isinstance(v, bool):
-                raise SweepError(f"{key} must be true or false, got {v!r}")
-            return v
-        if name == "temperature":
-            return float(_number(key, v, 0))
-        return _integer(key, v, 0)
+        return _check_knob(key, KNOB_DECLS[name], v)
     raise AssertionError(name)  # pragma: no cover
+
+
+def _check_knob(key: str, knob, v):
+    """A knob's value checked against its declaration (kind and range), the message naming ``key``."""
+    if v is None:
+        return None
+    if knob.kind == "view":
+        if not isinstance(v, str):
+            raise SweepError(f"{key}: a {knob.name} is a name ({', '.join(knob.choices)}), got {v!r}")
+        if v not in knob.choices:
+            raise SweepError(f"{key}: unknown router {knob.name} {v!r}; choose one of {list(knob.choices)}")
+        return v
+    if knob.kind == "bool":
+        if not isinstance(v, bool):
+            raise SweepError(f"{key} must be true or false, got {v!r}")
+        return v
+    if knob.kind == "float":
+        v = float(_number(key, v, knob.lo))
+    else:
+        v = _integer(key, v, knob.lo)
+    if knob.hi is not None and v > knob.hi:
+        raise SweepError(f"{key} must be <= {knob.hi}, got {v}")
+    return v
 
 
 _TENANT_SOURCE_KEYS = {"rate_per_s": "rate_per_s", "hot_share": "hot_share", "arrival": "arrival"}
@@ -756,19 +747,16 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "ttl_s": ("time to live", "s"),
         "replicas": ("number of replicas", None),
         "router": ("router", None),
-        "prefix_blocks": ("prefix_hash key length", "blocks"),
         "layout": ("prompt layout", None),
         "rate_per_s": ("arrival rate (load level)", "requests/s"),
         "hot_share": ("extra traffic share of the hot tenant", "1"),
         "arrival": ("arrival process", None),
-        "view": ("what the router knows (precise, approximate, stale)", None),
-        "instances": ("router instances", None),
-        "prefill_tps": ("prefill throughput per replica", "tokens/s"),
         "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
                  None),
+        **{k: (f"{k}: {d.doc}", d.unit) for k, d in KNOB_DECLS.items()},  # router / speed knobs, as declared
     }
     for d in dims:
-        ln, u = coord_doc.get(d, (f"router knob {d} (cacheresearch.routers)", None))
+        ln, u = coord_doc.get(d, (d, None))
         ds[d].attrs["long_name"] = ln
         if u:
             ds[d].attrs["units"] = u

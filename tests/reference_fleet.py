@@ -7,9 +7,10 @@ used only to build the output arrays and for the float32 steps of the ``kv_cost`
 Contracts followed to the letter:
 
 * ``docs/fleet_semantics.md``: order of events per request, queue model, metrics;
-* the module docstring of :mod:`cacheresearch.routers` (router rules, ``argmin_rot``/``argmax_rot``,
-  views), integer details taken from its JAX code (``_scale``, ``ring_positions``, ``2**30`` clamps,
-  the float32 temperature sampler);
+* the docstrings of :mod:`cacheresearch.routers` (``argmin_rot``/``argmax_rot``, views) and of its
+  router files (one rule each; ``docs/routers.md``), integer details taken from their JAX code
+  (``common.scale_bits``, ``ring_positions``, ``2**30`` clamps, the float32 temperature sampler);
+  ``tests/test_conformance.py`` fails for a registered router that has no branch in :func:`route_one`;
 * ``tests/reference.py``: cache policies (``lru`` leaf-first, ``lru_plain``, ``ttl_refresh``,
   ``ttl_fixed``, ``unbounded``), copied below.
 
@@ -74,7 +75,7 @@ def _mix(key: int) -> int:
 
 # ------------------------------------------------------------------------------ router helpers
 def _scale(bits: int, n: int) -> int:
-    """``floor(bits * n / 2**32)`` (the engine's ``_scale``: high word of the 64-bit product)."""
+    """``floor(bits * n / 2**32)`` (the routers' ``scale_bits``: high word of the 64-bit product)."""
     return (int(bits) * int(n)) >> 32
 
 

@@ -1,0 +1,190 @@
+"""The dynamic parameters of one configuration: :class:`Params`, built and validated from the declarations.
+
+Every field is a scalar (or ``[G]`` for a grid), so one compile serves a whole grid. The fields, in
+order:
+
+* the cache policy (:func:`cacheresearch.policies.policy_spec`): ``policy``, ``capacity``, ``ttl_ms``,
+  ``leaf_first``, ``refresh``;
+* ``replicas`` and ``router`` (the rule's id);
+* the routers' knobs as the registry declares them (:mod:`cacheresearch.routers.registry`): the view
+  group (``prefix_blocks``, ``view``, ``stale_lag_ms``, ``instances``, ``local_load``,
+  ``index_capacity``), then each router's own knobs in router-id order;
+* the replica model: its speed (:data:`LATENCY_KNOBS`: ``prefill_tps``, ``decode_us_per_token``), then
+  the registry's replica group (``kv_pressure``).
+
+A knob's dtype, range and conversion come from its :class:`~cacheresearch.routers.registry.Knob`
+declaration (:data:`KNOB_DECLS`), so a router added to the registry adds its fields here, its checks to
+:func:`make_params` and its keys to the sweep's schema. Router knobs are documented in
+``docs/routers.md``; the queue model in ``docs/fleet_semantics.md``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..policies import INF, policy_spec
+from ..routers import PRESETS, REGISTRY, Knob, router_id
+
+__all__ = [
+    "Params",
+    "PARAM_DTYPES",
+    "LATENCY_PRESETS",
+    "LATENCY_KNOBS",
+    "KNOBS",
+    "KNOB_DECLS",
+    "resolve_router",
+    "make_params",
+    "stack_params",
+]
+
+#: Replica speed presets (assumptions, every number overridable): prefill throughput on uncached
+#: tokens and each output token's share of the replica's time under continuous batching.
+LATENCY_PRESETS: dict[str, dict] = {
+    "h100_8b": dict(
+        prefill_tps=20_000, decode_us_per_token=250,
+        source="assumption: Llama-3.1-8B-class model on one H100, vLLM; prefill about 20k tokens/s, "
+        "decode about 4,000 tokens/s aggregate at moderate batch (0.25 ms of replica time per output token)",
+    ),
+    "h100_32b_tp2": dict(
+        prefill_tps=10_000, decode_us_per_token=500,
+        source="assumption: 32B-class model on two H100 (TP=2); prefill about 10k tokens/s, decode about "
+        "2,000 tokens/s aggregate",
+    ),
+}
+
+#: Replica speed knobs (the latency model); defaults from the ``h100_8b`` preset.
+LATENCY_KNOBS: tuple[Knob, ...] = (
+    Knob("prefill_tps", LATENCY_PRESETS["h100_8b"]["prefill_tps"], 1, 2_000_000,
+         doc="prefill throughput per replica (uncached tokens only)", unit="tokens/s"),
+    Knob("decode_us_per_token", LATENCY_PRESETS["h100_8b"]["decode_us_per_token"], 0, 2_000_000,
+         doc="replica time per output token (amortised over the batch)", unit="us"),
+)
+
+#: The fields that are no knob: (name, dtype, meaning).
+_FIXED_FIELDS = (
+    ("policy", np.int32, "policy id (metadata; behaviour comes from the fields below)"),
+    ("capacity", np.int32, "blocks per replica (INF = unbounded)"),
+    ("ttl_ms", np.int32, "time to live (INF = no expiry)"),
+    ("leaf_first", np.bool_, "recency order leaf-first"),
+    ("refresh", np.bool_, "hits refresh the TTL clock"),
+    ("replicas", np.int32, "active replicas"),
+    ("router", np.int32, "router id (cacheresearch.routers.ROUTERS)"),
+)
+
+#: Every knob declaration by name, in the order of :data:`KNOBS`.
+KNOB_DECLS: dict[str, Knob] = {k.name: k for k in REGISTRY.knobs() + LATENCY_KNOBS}
+#: Router and replica knobs (``ROUTER_DEFAULTS``' keys), then the replica speed.
+KNOBS: tuple[str, ...] = tuple(KNOB_DECLS)
+
+_PARAM_KNOBS = (REGISTRY.shared_knobs("view") + REGISTRY.router_knobs() + LATENCY_KNOBS
+                + REGISTRY.shared_knobs("replica"))
+_clash = sorted({n for n, _, _ in _FIXED_FIELDS} & set(KNOBS))
+if _clash or len(KNOB_DECLS) != len(REGISTRY.knobs()) + len(LATENCY_KNOBS):
+    raise ValueError(f"knob names collide with Params fields or each other: {_clash or sorted(KNOBS)}")
+
+#: Params field -> NumPy dtype of its values.
+PARAM_DTYPES: dict[str, np.dtype] = {
+    **{n: np.dtype(d) for n, d, _ in _FIXED_FIELDS},
+    **{k.name: k.dtype for k in _PARAM_KNOBS},
+}
+
+Params = NamedTuple("Params", [(name, jax.Array) for name in PARAM_DTYPES])
+Params.__module__ = __name__
+Params.__doc__ = (
+    "Dynamic parameters of one configuration (every field a scalar, or [G] for a grid).\n\n"
+    "Fields (dtype: meaning); router knobs in ``docs/routers.md``, the queue model in "
+    "``docs/fleet_semantics.md``:\n\n"
+    + "\n".join(f"* ``{n}`` ({np.dtype(d).name}): {doc}" for n, d, doc in _FIXED_FIELDS)
+    + "\n"
+    + "\n".join(f"* ``{k.name}`` ({k.dtype.name}): {k.doc}" for k in _PARAM_KNOBS)
+    + "\n"
+)
+
+
+def resolve_router(router: str, **overrides) -> dict:
+    """The router rule and every knob for ``router`` (a rule or a preset name) with ``overrides``."""
+    knobs = {name: k.default for name, k in KNOB_DECLS.items()}
+    if router in PRESETS:
+        pre = dict(PRESETS[router])
+        rule = pre.pop("router")
+        pre.pop("source", None)
+        knobs.update(pre)
+    else:
+        router_id(router)
+        rule = router
+    for k, v in overrides.items():
+        if k not in knobs:
+            raise ValueError(f"unknown router or latency knob {k!r}; known: {sorted(knobs)}")
+        if v is not None:
+            knobs[k] = v
+    knobs["router"] = rule
+    return knobs
+
+
+def make_params(
+    policy: str = "lru",
+    capacity_blocks: int | None = None,
+    ttl_s: float | None = None,
+    replicas: int = 1,
+    router: str = "round_robin",
+    prefix_blocks: int | None = None,
+    latency: str | None = None,
+    **knobs,
+) -> Params:
+    """One configuration. Capacity is required for LRU policies, TTL for TTL policies.
+
+    ``router`` is a rule (:data:`cacheresearch.routers.ROUTERS`) or a preset
+    (:data:`cacheresearch.routers.PRESETS`); ``knobs`` override any router knob
+    (:data:`cacheresearch.routers.ROUTER_DEFAULTS`; ``view`` by name) or the replica speed
+    (``prefill_tps``, ``decode_us_per_token``; ``latency`` names a :data:`LATENCY_PRESETS` entry).
+    Every knob is checked against its declared range (:data:`KNOB_DECLS`).
+    """
+    spec = policy_spec(policy)
+    if spec.uses_capacity:
+        if capacity_blocks is None:
+            raise ValueError(f"policy {policy!r} needs capacity_blocks")
+        if not 0 <= int(capacity_blocks) < INF:
+            raise ValueError(f"capacity_blocks must be in [0, {INF}), got {capacity_blocks}")
+        cap = int(capacity_blocks)
+    else:
+        cap = INF
+    if spec.uses_ttl:
+        if ttl_s is None:
+            raise ValueError(f"policy {policy!r} needs ttl_s")
+        ttl = int(round(float(ttl_s) * 1000))
+        if not 0 <= ttl < INF:
+            raise ValueError(f"ttl_s must be in [0, {INF / 1000:.0f}] seconds, got {ttl_s}")
+    else:
+        ttl = INF
+    if int(replicas) < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if latency is not None:
+        if latency not in LATENCY_PRESETS:
+            raise ValueError(f"unknown latency preset {latency!r}; choose one of {sorted(LATENCY_PRESETS)}")
+        for k in LATENCY_KNOBS:
+            knobs.setdefault(k.name, LATENCY_PRESETS[latency][k.name])
+    k = resolve_router(router, prefix_blocks=prefix_blocks, **knobs)
+    # integer ranges first, then the float knobs (views are checked when converted)
+    for kind in ("int", "float"):
+        for decl in KNOB_DECLS.values():
+            if decl.kind == kind:
+                decl.check(k[decl.name])
+    return Params(
+        policy=np.int32(spec.id),
+        capacity=np.int32(cap),
+        ttl_ms=np.int32(ttl),
+        leaf_first=np.bool_(spec.leaf_first),
+        refresh=np.bool_(spec.refresh_on_hit),
+        replicas=np.int32(replicas),
+        router=np.int32(router_id(k["router"])),
+        **{f: KNOB_DECLS[f].value(k[f]) for f in Params._fields if f in KNOB_DECLS},
+    )
+
+
+def stack_params(params: list[Params]) -> Params:
+    """A grid [G] of configurations."""
+    return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *params)

@@ -1,0 +1,101 @@
+"""Routers: which replica serves a request, from what the router knows.
+
+A router is a pure function ``route(router_id, req, fleet, params) -> replica`` evaluated inside the
+engine's ``lax.scan`` once per request (at its first chunk). Everything it reads is integer, so every
+decision is reproduced exactly by the plain-Python reference (``tests/reference_fleet.py``).
+
+One file per rule (``random.py``, ``round_robin.py``, ``prefix_hash.py``, ``least_loaded.py``,
+``power_of_two.py``, ``chwbl.py``, ``cache_aware.py``, ``kv_cost.py``, ``weighted_scorers.py``,
+``preble_e2.py``): each declares its knobs and registers its rule (:mod:`.registry`), and its
+docstring states the rule in full. The views and the shared knobs are :mod:`.views`, the helpers
+:mod:`.common`, the named presets :mod:`.presets`. ``docs/routers.md`` is the table of all of them,
+generated from the registry; ``docs/adding_a_router.md`` says how to add one.
+
+What a router sees
+------------------
+``req`` (:class:`RequestView`): request index ``i``, arrival time, ``n`` = number of blocks, the 64-bit
+key of block ``min(prefix_blocks, n) - 1`` (chained keys: it names the first ``prefix_blocks``
+blocks), four uint32 random words drawn before the scan (``bits``; ``request_bits`` in the engine), and
+the router *instance* ``u = i mod instances`` that handles it.
+
+``fleet`` (:class:`FleetView`), per replica ``r < R`` (``R`` = active replicas):
+
+``match[r]``         blocks of the request's leading run found in the router's *view* of replica
+                     ``r`` (``params.view``: ``precise``, ``approximate`` or ``stale``, defined in
+                     :mod:`.views`).
+``queue[r]``         requests in flight on ``r`` at arrival (dispatched earlier, finish time > arrival;
+                     see the queue model in :mod:`cacheresearch.engine`); with ``local_load`` only
+                     those dispatched by instance ``u`` (router instances that do not share load).
+``active_blocks[r]`` sum of the block counts of those in-flight requests.
+``tree_size[r]``     blocks in the view: the index's occupancy (approximate) or the replica's
+                     true occupancy (precise, stale).
+
+Tie-breaking: ``off = floor(bits[0] * R / 2**32)``; ``argmin_rot(v)`` is the ``r`` minimising
+``(v[r], (r - off) mod R)`` and ``argmax_rot(v)`` the one maximising ``v[r]``, ties the same way
+(a uniformly random replica among the tied ones, reproducible).
+
+Categories (from the registrations): :data:`CACHE_ROUTERS` read ``match`` (the engine computes every
+replica's prefix match for them); :data:`LOAD_FREE_ROUTERS` read neither load nor cache (the routed
+sequence is fixed before the run: one-pass hit curves and ``queue=False`` accept only these).
+
+The router id and every knob are dynamic parameters, so a grid over routers and knobs is one compiled
+program. The compiled rules are all evaluated and the chosen one selected: each is O(R) integer work
+(``chwbl`` O(R x vnodes)), cheaper than a conditional per step and identical under vmap.
+"""
+
+from __future__ import annotations
+
+from .common import (
+    Context, FleetView, RequestView, argmax_rot, argmin_rot, clamp30, mix32, mul32, prefix_hash_u64, ring_positions,
+    scale_bits,
+)
+from .presets import PRESETS
+from .registry import REGISTRY, Knob, Registry, Router, markdown_table, register, register_knobs, route, router_id
+from .views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
+
+# every rule registers itself on import (ids fix the order, not this list)
+from . import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
+from . import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "ROUTERS",
+    "VIEWS",
+    "PRESETS",
+    "CACHE_ROUTERS",
+    "LOAD_FREE_ROUTERS",
+    "ROUTER_DEFAULTS",
+    "REGISTRY",
+    "Registry",
+    "Router",
+    "Knob",
+    "register",
+    "register_knobs",
+    "router_id",
+    "view_id",
+    "route",
+    "prefix_hash_u64",
+    "mix32",
+    "mul32",
+    "scale_bits",
+    "argmin_rot",
+    "argmax_rot",
+    "clamp30",
+    "Context",
+    "RequestView",
+    "FleetView",
+    "ring_positions",
+    "markdown_table",
+    "VIEW_KNOBS",
+    "REPLICA_KNOBS",
+]
+
+#: name -> router id (the dynamic ``params.router`` value), in id order
+ROUTERS: dict[str, int] = REGISTRY.ids()
+#: routers that read ``match`` (need the engine's per-replica prefix match)
+CACHE_ROUTERS: tuple[str, ...] = REGISTRY.cache_routers()
+#: routers that read neither load nor cache
+LOAD_FREE_ROUTERS: tuple[str, ...] = REGISTRY.load_free()
+#: Router knobs and their defaults (the values ``make_params`` uses unless a preset or the caller
+#: overrides them), from the declarations. Units are integers so that decisions are exact: ``_pct`` =
+#: hundredths, ``_pm`` = thousandths.
+ROUTER_DEFAULTS: dict = REGISTRY.defaults()

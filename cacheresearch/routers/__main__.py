@@ -1,0 +1,18 @@
+"""``python -m cacheresearch.routers [FILE]``: write the routers table (``docs/routers.md``) from the registry.
+
+Without ``FILE`` the table is printed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cacheresearch.routers.registry import markdown_table
+
+if __name__ == "__main__":
+    text = markdown_table()
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(text)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,47 @@
+"""``chwbl``: consistent hashing with bounded loads [``vnodes``, ``chwbl_c_pct``; ``prefix_blocks``].
+
+Mirrokni, Thorup, Zadimoghaddam 2018; KubeAI, HAProxy. Ring nodes ``(r, v)`` for ``r < R``,
+``v < vnodes`` at ``mix32(r, v)``; the key's point is ``mix32(prefix key)``;
+``cap = ceil(c_pct * (sum(queue) + 1) / (100 R))``; the node reached first walking clockwise
+(smallest ``(node - point) mod 2**32``, ties by ``(r, v)``) among replicas with ``queue[r] < cap``.
+After assignment no replica holds more than ``cap``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .common import BIG, M32, Context
+from .registry import Knob, Router, register
+
+
+def rule(ctx: Context):
+    """Consistent hashing with bounded loads."""
+    params, q, active, R, Rmax, h = ctx.params, ctx.q, ctx.active, ctx.R, ctx.Rmax, ctx.prefix_hash
+    ring = ctx.ring
+    V = ring.shape[1]
+    total = jnp.sum(q)
+    denom = 100 * R
+    cap = (params.chwbl_c_pct * (total + 1) + denom - 1) // denom
+    dist = ring - h  # uint32 wrap = clockwise distance
+    node_ok = active[:, None] & (jnp.arange(V, dtype=jnp.int32)[None, :] < params.vnodes) & (q < cap)[:, None]
+    # order (distance, r, v): compare distance first, then the flat index r * V + v
+    dmin = jnp.min(jnp.where(node_ok, dist, jnp.uint32(M32)))
+    flat = jnp.arange(Rmax * V, dtype=jnp.int32).reshape(Rmax, V)
+    best = jnp.min(jnp.where(node_ok & (dist == dmin), flat, BIG))
+    return jnp.minimum(best // V, Rmax - 1).astype(jnp.int32)
+
+
+KNOBS = (
+    Knob("vnodes", 100, 1, 2**16, doc="ring nodes per replica (at most the engine's max_vnodes)", unit="nodes"),
+    Knob("chwbl_c_pct", 125, 100, 10**6, doc="load bound c: no replica above ceil(c (in flight + 1) / R)",
+         unit="1/100"),
+)
+
+ROUTER = register(Router(
+    name="chwbl", id=5, rule=rule, knobs=KNOBS, uses=("prefix_blocks",), reads_load=True,
+    summary="first ring node clockwise from ``mix32(prefix key)`` among replicas with "
+            "``queue < ceil(c_pct (sum(queue) + 1) / (100 R))``",
+    source="Mirrokni, Thorup, Zadimoghaddam 2018; KubeAI, HAProxy",
+    doc=__doc__,
+))

@@ -1,0 +1,22 @@
+"""``random``: ``floor(bits[0] * R / 2**32)``.
+
+The request's first random word scaled to the ``R`` active replicas: a uniformly random replica,
+reproducible from the words drawn before the scan (``engine.request_bits``). The same value is the
+tie-breaking offset ``off`` of every other rule.
+"""
+
+from __future__ import annotations
+
+from .common import Context
+from .registry import Router, register
+
+
+def rule(ctx: Context):
+    return ctx.off
+
+
+ROUTER = register(Router(
+    name="random", id=0, rule=rule,
+    summary="``floor(bits[0] * R / 2**32)``",
+    doc=__doc__,
+))

@@ -1,0 +1,416 @@
+"""The router registry: each rule declares itself once, with its knobs.
+
+A router is one file of :mod:`cacheresearch.routers` that calls :func:`register` with a
+:class:`Router`: its name and id (the dynamic ``params.router`` value), what it reads
+(``reads_cache``: the per-replica prefix ``match`` / ``tree_size``; ``reads_load``: ``queue`` /
+``active_blocks``), its own knobs (:class:`Knob`: default, range, kind, doc, unit), the shared knobs its
+rule reads (``uses``), the rule itself (``rule(ctx) -> replica``, a pure JAX function of a
+:class:`~cacheresearch.routers.common.Context`), a one-line summary, its source, and the rule in full
+(the file's docstring). Knobs that are not one router's own (the view, router instances, the prefix
+length, ``kv_pressure``) are declared once with :func:`register_knobs` (``views.py``).
+
+Everything else follows from the registrations:
+
+* :data:`cacheresearch.routers.ROUTERS` (name -> id), ``CACHE_ROUTERS``, ``LOAD_FREE_ROUTERS`` and
+  ``ROUTER_DEFAULTS`` (:meth:`Registry.ids`, :meth:`Registry.cache_routers`,
+  :meth:`Registry.load_free`, :meth:`Registry.defaults`);
+* the knob fields of :class:`cacheresearch.core.params.Params`, their ranges, dtypes and conversion
+  (:meth:`Knob.check`, :meth:`Knob.value`);
+* the knob keys of the Hydra schema (:mod:`cacheresearch.sweep`);
+* ``docs/routers.md`` (:func:`markdown_table`; ``python -m cacheresearch.routers docs/routers.md``);
+* the conformance test ``tests/test_conformance.py``, which fails for a registered router that has no
+  plain-Python oracle in ``tests/reference_fleet.py`` or disagrees with it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from .common import Context
+from .presets import PRESETS
+
+__all__ = [
+    "Knob",
+    "Router",
+    "Registry",
+    "REGISTRY",
+    "KNOB_GROUPS",
+    "register",
+    "register_knobs",
+    "route",
+    "router_id",
+    "markdown_table",
+]
+
+KINDS = ("int", "bool", "float", "view")
+_DTYPES = {"int": np.int32, "bool": np.bool_, "float": np.float32, "view": np.int32}
+#: Knob groups in the order of :attr:`Registry.knobs`: shared knobs of what the router knows (``view``),
+#: the routers' own knobs (``router``, in router-id order), the replica model (``replica``).
+KNOB_GROUPS = ("view", "router", "replica")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One dynamic parameter, declared once.
+
+    ``kind``: ``int`` (int32 in ``[lo, hi]``), ``bool``, ``float`` (float32, finite, ``>= lo`` and
+    ``<= hi`` when given) or ``view`` (a name of ``choices``, stored as its position; an int id is
+    taken as is). Integer units keep decisions exact: ``_pct`` = hundredths, ``_pm`` = thousandths.
+    """
+
+    name: str
+    default: Any
+    lo: int | float | None = None
+    hi: int | float | None = None
+    kind: str = "int"
+    doc: str = ""
+    unit: str | None = None
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"knob {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "int" and (self.lo is None or self.hi is None):
+            raise ValueError(f"knob {self.name!r}: an int knob needs lo and hi")
+        if self.kind == "float" and self.lo is None:
+            raise ValueError(f"knob {self.name!r}: a float knob needs lo")
+        if self.kind == "view" and not self.choices:
+            raise ValueError(f"knob {self.name!r}: a view knob needs choices")
+        self.check(self.default)
+        self.value(self.default)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Its dtype in :class:`~cacheresearch.core.params.Params`."""
+        return np.dtype(_DTYPES[self.kind])
+
+    def check(self, v) -> None:
+        """Raise ``ValueError`` if ``v`` is outside the declared range (int and float knobs)."""
+        if self.kind == "int":
+            if isinstance(v, bool) or int(v) != v or not self.lo <= int(v) <= self.hi:
+                raise ValueError(f"{self.name} must be an integer in [{self.lo}, {self.hi}], got {v!r}")
+        elif self.kind == "float":
+            f = float(v)
+            if not (np.isfinite(f) and f >= self.lo and (self.hi is None or f <= self.hi)):
+                rng = f">= {self.lo}" if self.hi is None else f"in [{self.lo}, {self.hi}]"
+                raise ValueError(f"{self.name} must be {rng}, got {v!r}")
+
+    def value(self, v):
+        """``v`` as its Params dtype (a view by name or id; booleans; float32; int32 otherwise)."""
+        if self.kind == "view":
+            if isinstance(v, str):
+                if v not in self.choices:
+                    raise ValueError(f"unknown router {self.name} {v!r}; choose one of {sorted(self.choices)}")
+                return np.int32(self.choices.index(v))
+            return np.int32(int(v))
+        if self.kind == "bool":
+            return np.bool_(bool(v))
+        if self.kind == "float":
+            return np.float32(v)
+        return np.int32(v)
+
+    def range_text(self) -> str:
+        if self.kind == "bool":
+            return "true / false"
+        if self.kind == "view":
+            return ", ".join(self.choices)
+        if self.hi is None:
+            return f">= {self.lo}"
+        return f"[{_num(self.lo)}, {_num(self.hi)}]"
+
+
+def _num(x) -> str:
+    if isinstance(x, int) and x >= 2**16 and (x + 1) & x == 0:
+        return f"2**{(x + 1).bit_length() - 1} - 1"
+    if isinstance(x, int) and x >= 2**16 and (x + 2) & (x + 1) == 0:
+        return f"2**{(x + 2).bit_length() - 1} - 2"
+    if isinstance(x, int) and x >= 2**16 and x & (x - 1) == 0:
+        return f"2**{x.bit_length() - 1}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+@dataclass(frozen=True)
+class Router:
+    """One routing rule. ``rule(ctx)`` returns the chosen replica (int32) from a
+    :class:`~cacheresearch.routers.common.Context`; it must be a pure function of integers (float32
+    only where the reference replays the same float32 steps) so that a plain-Python oracle reproduces
+    every decision."""
+
+    name: str
+    id: int
+    rule: Callable[[Context], Any]
+    knobs: tuple[Knob, ...] = ()
+    uses: tuple[str, ...] = ()  # shared knobs the rule reads (besides its own)
+    reads_cache: bool = False  # reads match / tree_size: needs the engine's per-replica prefix match
+    reads_load: bool = False  # reads queue / active_blocks: needs the queue model
+    summary: str = ""  # the rule in one line (the docs table)
+    source: str = ""
+    doc: str = ""  # the rule in full (the router file's docstring)
+
+    @property
+    def module(self) -> str:
+        return getattr(self.rule, "__module__", "") or ""
+
+    @property
+    def load_free(self) -> bool:
+        """Reads neither load nor cache: the routed sequence is fixed before the run."""
+        return not (self.reads_cache or self.reads_load)
+
+
+@dataclass
+class Registry:
+    """Routers by name and the knobs declared for them, in declaration order."""
+
+    _routers: dict[str, Router] = field(default_factory=dict)
+    _shared: dict[str, list[Knob]] = field(default_factory=lambda: {"view": [], "replica": []})
+
+    # -------------------------------------------------------------------- registration
+    def register(self, router: Router) -> Router:
+        if not isinstance(router, Router):
+            raise TypeError(f"register() takes a Router, got {type(router).__name__}")
+        if router.name in self._routers:
+            raise ValueError(f"router {router.name!r} is already registered")
+        if router.name in PRESETS:
+            raise ValueError(f"router {router.name!r} has the name of a preset")
+        if not isinstance(router.id, int) or router.id < 0:
+            raise ValueError(f"router {router.name!r}: id must be an int >= 0, got {router.id!r}")
+        taken = {r.id: r.name for r in self._routers.values()}
+        if router.id in taken:
+            raise ValueError(f"router {router.name!r}: id {router.id} is taken by {taken[router.id]!r}")
+        self._check_new_knobs(router.knobs, f"router {router.name!r}")
+        self._routers[router.name] = router
+        return router
+
+    def register_knobs(self, group: str, *knobs: Knob) -> tuple[Knob, ...]:
+        """Declare knobs that are no single router's own: group ``view`` or ``replica``."""
+        if group not in self._shared:
+            raise ValueError(f"knob group must be one of {sorted(self._shared)}, got {group!r}")
+        self._check_new_knobs(knobs, f"knob group {group!r}")
+        self._shared[group].extend(knobs)
+        return knobs
+
+    def _check_new_knobs(self, knobs, who):
+        known = {k.name for k in self.knobs()}
+        names = [k.name for k in knobs]
+        for k in knobs:
+            if not isinstance(k, Knob):
+                raise TypeError(f"{who}: knobs must be Knob declarations, got {k!r}")
+        dup = sorted({n for n in names if n in known or names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{who}: knobs {dup} are declared already (declare each knob once)")
+
+    # -------------------------------------------------------------------- derived views
+    def routers(self) -> tuple[Router, ...]:
+        """Every registered router, by id."""
+        return tuple(sorted(self._routers.values(), key=lambda r: r.id))
+
+    def __getitem__(self, name: str) -> Router:
+        return self._routers[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._routers
+
+    def ids(self) -> dict[str, int]:
+        """name -> id, in id order (``ROUTERS``)."""
+        return {r.name: r.id for r in self.routers()}
+
+    def cache_routers(self) -> tuple[str, ...]:
+        """Routers that read ``match`` (need the engine's per-replica prefix match)."""
+        return tuple(r.name for r in self.routers() if r.reads_cache)
+
+    def load_free(self) -> tuple[str, ...]:
+        """Routers that read neither load nor cache (hit curves and ``queue=False`` accept only these)."""
+        return tuple(r.name for r in self.routers() if r.load_free)
+
+    def shared_knobs(self, group: str) -> tuple[Knob, ...]:
+        return tuple(self._shared[group])
+
+    def router_knobs(self) -> tuple[Knob, ...]:
+        """The routers' own knobs, in router-id order."""
+        return tuple(k for r in self.routers() for k in r.knobs)
+
+    def knobs(self) -> tuple[Knob, ...]:
+        """Every knob: the ``view`` group, the routers' own, the ``replica`` group."""
+        return self.shared_knobs("view") + self.router_knobs() + self.shared_knobs("replica")
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs():
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def defaults(self) -> dict[str, Any]:
+        """knob -> default (``ROUTER_DEFAULTS``)."""
+        return {k.name: k.default for k in self.knobs()}
+
+    def knob_readers(self, knob: str) -> tuple[str, ...]:
+        """Routers whose rule reads ``knob`` (their own knobs and ``uses``)."""
+        return tuple(r.name for r in self.routers() if knob in r.uses or any(k.name == knob for k in r.knobs))
+
+    def group(self, knob: str) -> str:
+        """``view``, ``replica`` or ``router`` (a router's own knob)."""
+        for g, ks in self._shared.items():
+            if any(k.name == knob for k in ks):
+                return g
+        self.knob(knob)
+        return "router"
+
+    def owner(self, knob: str) -> str | None:
+        """The router declaring ``knob`` (None for shared knobs)."""
+        for r in self.routers():
+            if any(k.name == knob for k in r.knobs):
+                return r.name
+        return None
+
+    def router_id(self, name: str) -> int:
+        try:
+            return self._routers[name].id
+        except KeyError:
+            raise ValueError(f"unknown router {name!r}; choose one of {sorted(self._routers)} or a preset "
+                             f"{sorted(PRESETS)}") from None
+
+    # -------------------------------------------------------------------- routing
+    def route(self, router, req, fleet, params, ring=None, compiled=None):
+        """Replica index (int32) chosen by router id ``router`` (dynamic).
+
+        ``ring``: :func:`~cacheresearch.routers.common.ring_positions` (read by ``chwbl``; computed
+        with 128 vnodes when omitted). ``compiled``: the router ids to build into the program (default
+        all; an id outside it routes to 0, so callers must include every id they pass: the engine's
+        static options check it). Only the compiled rules are evaluated, and the chosen one selected:
+        each is O(R) integer work (``chwbl`` O(R x vnodes)), cheaper than a conditional per step and
+        identical under vmap.
+        """
+        rs = self.routers()
+        compiled = tuple(r.id for r in rs) if compiled is None else tuple(compiled)
+        ctx = Context(req, fleet, params, ring)
+        res = jnp.int32(0)
+        for r in rs:
+            if r.id in compiled:
+                res = jnp.where(router == r.id, r.rule(ctx), res)
+        return res
+
+
+#: The registry every router file of :mod:`cacheresearch.routers` registers into.
+REGISTRY = Registry()
+
+
+def register(router: Router) -> Router:
+    """Register ``router`` in :data:`REGISTRY` (returns it)."""
+    return REGISTRY.register(router)
+
+
+def register_knobs(group: str, *knobs: Knob) -> tuple[Knob, ...]:
+    """Declare shared knobs in :data:`REGISTRY` (group ``view`` or ``replica``)."""
+    return REGISTRY.register_knobs(group, *knobs)
+
+
+def route(router, req, fleet, params, ring=None, compiled=None):
+    """:meth:`Registry.route` of :data:`REGISTRY` (the signature and results of the engine's router)."""
+    return REGISTRY.route(router, req, fleet, params, ring=ring, compiled=compiled)
+
+
+def router_id(name: str) -> int:
+    return REGISTRY.router_id(name)
+
+
+# ------------------------------------------------------------------------ the docs table
+def _md(text: str) -> str:
+    """reStructuredText inline literals as Markdown; table cells keep to one line."""
+    return " ".join(text.replace("``", "`").split()).replace("|", "\\|")
+
+
+def _md_block(text: str) -> str:
+    return inspect.cleandoc(text).replace("``", "`").replace(":func:", "").replace(":mod:", "") \
+        .replace(":data:", "").replace(":class:", "")
+
+
+def _default_text(k: Knob) -> str:
+    if k.kind == "bool":
+        return "true" if k.default else "false"
+    return _num(k.default) if isinstance(k.default, int) else str(k.default)
+
+
+def _path(module: str) -> str:
+    return module.replace(".", "/") + ".py" if module else ""
+
+
+def markdown_table(registry: Registry | None = None, presets: dict | None = None, extra_knobs=None) -> str:
+    """``docs/routers.md``: the routers, their knobs, the presets and each rule in full, from the registry.
+
+    ``extra_knobs``: knobs declared outside the registry, listed after its own (default, for
+    :data:`REGISTRY`: the replica speed, :data:`cacheresearch.core.params.LATENCY_KNOBS`).
+    """
+    reg = REGISTRY if registry is None else registry
+    presets = PRESETS if presets is None else presets
+    if extra_knobs is None and registry is None:
+        from ..core.params import LATENCY_KNOBS  # noqa: PLC0415  (core.params builds on this module)
+
+        extra_knobs = LATENCY_KNOBS
+    extra_knobs = tuple(extra_knobs or ())
+    yes = lambda b: "yes" if b else ""  # noqa: E731
+    out = [
+        "# Routers",
+        "",
+        "Generated from the router registry (`cacheresearch/routers/`) by",
+        "`python -m cacheresearch.routers docs/routers.md`; `tests/test_conformance.py` fails when this file",
+        "and the registry differ. How to add a router: `docs/adding_a_router.md`. What a router sees (`match`,",
+        "`queue`, `active_blocks`, `tree_size`, `bits`, `off`) and the tie-breaking of `argmin_rot` /",
+        "`argmax_rot`: the docstring of `cacheresearch/routers/__init__.py`; the order of events of a fleet",
+        "run: `docs/fleet_semantics.md`.",
+        "",
+        "## Rules",
+        "",
+        "| router | id | reads cache | reads load | knobs | rule | source | file |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reg.routers():
+        kn = ", ".join(f"`{n}`" for n in (*r.uses, *(k.name for k in r.knobs)))
+        out.append(f"| `{r.name}` | {r.id} | {yes(r.reads_cache)} | {yes(r.reads_load)} | {kn} | {_md(r.summary)} "
+                   f"| {_md(r.source)} | `{_path(r.module)}` |")
+    out += [
+        "",
+        "Cache routers (`CACHE_ROUTERS`, read the prefix match in their view): "
+        + ", ".join(f"`{n}`" for n in reg.cache_routers()) + ".",
+        "Load-free routers (`LOAD_FREE_ROUTERS`, read neither load nor cache; one-pass hit curves and",
+        "`queue=False` accept only these): " + ", ".join(f"`{n}`" for n in reg.load_free()) + ".",
+        "",
+        "## Knobs",
+        "",
+        "Every knob is a dynamic field of `Params` (a grid over knobs is one compiled program), a keyword of",
+        "`make_params` and a key of the sweep's `fleet.knobs` and `grid.` (`prefix_blocks`: `fleet.prefix_blocks`).",
+        "",
+        "| knob | declared by | default | range | type | unit | meaning |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    own = {k.name for k in reg.knobs()}
+    shared = {"view": "`views.py` (shared)", "replica": "`views.py` (replica)"}
+    for k in reg.knobs() + extra_knobs:
+        if k.name not in own:
+            group = "`core/params.py` (replica speed)"
+        elif reg.owner(k.name):
+            group = f"`{reg.owner(k.name)}`"
+        else:
+            group = shared[reg.group(k.name)]
+        out.append(f"| `{k.name}` | {group} | {_default_text(k)} | {k.range_text()} | {k.kind} | {k.unit or ''} "
+                   f"| {_md(k.doc)} |")
+    out += [
+        "",
+        "## Presets",
+        "",
+        "A preset name can be used wherever a router name is accepted; its keys override the defaults above.",
+        "",
+        "| preset | router | knobs | source |",
+        "|---|---|---|---|",
+    ]
+    for name, p in presets.items():
+        kn = ", ".join(f"`{k}={v}`" for k, v in p.items() if k not in ("router", "source"))
+        out.append(f"| `{name}` | `{p['router']}` | {kn} | {_md(p.get('source', ''))} |")
+    out += ["", "## The rules in full", ""]  # the router files' docstrings
+    for r in reg.routers():
+        out += [f"### `{r.name}` (id {r.id}, `{_path(r.module)}`)", "", _md_block(r.doc or r.summary), ""]
+    return "\n".join(out).rstrip() + "\n"

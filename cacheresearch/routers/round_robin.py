@@ -1,0 +1,22 @@
+"""``round_robin``: ``i mod R``.
+
+Request ``i`` (its index in arrival order) goes to replica ``i mod R``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from .common import Context
+from .registry import Router, register
+
+
+def rule(ctx: Context):
+    return jnp.mod(ctx.req.index, ctx.R).astype(jnp.int32)
+
+
+ROUTER = register(Router(
+    name="round_robin", id=1, rule=rule,
+    summary="``i mod R``",
+    doc=__doc__,
+))

@@ -1,0 +1,60 @@
+"""What the router knows: its views of the replicas' caches, its instances, and the shared knobs.
+
+``match[r]`` (blocks of the request's leading run found in the router's view of replica ``r``) and
+``tree_size[r]`` come from the view ``params.view``:
+
+``precise`` (0)       the replica's true cache at arrival (KV events, no delay);
+``approximate`` (1)   instance ``u``'s own index of replica ``r``, built only from its own routing
+                      decisions: every block of each request it sends to ``r`` is touched leaf-first,
+                      LRU-evicted beyond ``index_capacity`` blocks (llm-d's approximate prefix index;
+                      SGLang's radix tree of routed text);
+``stale`` (2)         the true cache as it was at the last *sync*; a sync happens before routing
+                      request ``i`` when ``i == 0`` or ``arrival - last_sync >= stale_lag_ms`` (KV events
+                      delivered in batches every ``stale_lag_ms``), TTL checked at arrival against the
+                      block's time as of the sync.
+
+``tree_size[r]`` is the index's occupancy (approximate) or the replica's true occupancy (precise,
+stale). Request ``i`` is handled by router instance ``u = i mod instances``; with ``local_load`` an
+instance counts only the in-flight requests it dispatched itself (instances that do not share load).
+
+The knobs declared here are no single router's own: the view group (the prefix length, the view and
+the instances, read by the engine to build what every router sees) and the replica group
+(``kv_pressure``, a property of the replicas' caches, not of routing).
+"""
+
+from __future__ import annotations
+
+from .registry import Knob, register_knobs
+
+__all__ = ["VIEWS", "view_id", "VIEW_KNOBS", "REPLICA_KNOBS"]
+
+VIEWS: dict[str, int] = {"precise": 0, "approximate": 1, "stale": 2}
+
+
+def view_id(name: str) -> int:
+    try:
+        return VIEWS[name]
+    except KeyError:
+        raise ValueError(f"unknown router view {name!r}; choose one of {sorted(VIEWS)}") from None
+
+
+VIEW_KNOBS = register_knobs(
+    "view",
+    Knob("prefix_blocks", 80, 1, 2**31 - 2, doc="K: the routing prefix is the first K blocks (its key is the key of "
+         "block min(K, n) - 1); also the prefix-copies metric", unit="blocks"),
+    Knob("view", "precise", kind="view", choices=tuple(VIEWS),
+         doc="what the router knows (precise, approximate, stale)"),
+    Knob("stale_lag_ms", 1000, 0, 2**31 - 2, doc="view stale: time between syncs of the router's copy", unit="ms"),
+    Knob("instances", 1, 1, 2**16, doc="router instances (request i goes to instance i mod instances)"),
+    Knob("local_load", False, kind="bool", doc="an instance counts only its own in-flight requests"),
+    Knob("index_capacity", 2**31 - 1, 0, 2**31 - 1, doc="view approximate: blocks per (instance, replica) index",
+         unit="blocks"),
+)
+
+REPLICA_KNOBS = register_knobs(
+    "replica",
+    # not a router knob: in-flight requests pin their blocks (vLLM never evicts blocks in use), so a
+    # replica's cache keeps at most capacity - (blocks of its in-flight requests); see the engine
+    Knob("kv_pressure", False, kind="bool",
+         doc="in-flight requests pin their blocks: a replica's cache keeps at most capacity minus their blocks"),
+)
