@@ -3,13 +3,23 @@
 #
 #   bash benchmarks/gpu.sh            # from the repository root; results go to $OUT (default: bench-out/)
 #
-# What it runs (python -m cacheresearch.bench, see that module's docstring):
-#   1. seed_fleet + mooncake with the sweep at 4,096 configurations (--configs 4096: 1,024 capacities x
-#      2 replica counts x 2 seeds, one vmapped simulate_grid call), libCacheSim timed on 64 of the
-#      4,096 runs and scaled (its runs are independent and take the same time each)      -> bench_4096.json
+# What it runs (python -m cacheresearch.bench, see that module's docstring for what each case times):
+#   1. seed_fleet + mooncake: single_engine / single_curve / single_replay, the sweep at 4,096
+#      configurations (--configs 4096: 1,024 capacities x 2 replica counts x 2 seeds) as
+#      sweep4096_engine (one vmapped simulate_grid call) and sweep4096_curve, sweep4096_cache_aware
+#      (cache_aware router, precise view, queue=True; cost_vs_random against the random router with
+#      queue=True) and mrc_curve; libCacheSim runs 64 of the 4,096 configurations and its times are
+#      scaled (its runs are independent and take the same time each)                   -> bench_4096.json
 #   2. the design scenario (200 tenants x 10,000-token prefixes, 8 replicas) at 1,000 configurations,
 #      DESIGN_REQUESTS requests (default 5,000 so the phase fits its time; 50000 is the full
-#      scenario, whose engine scan is 1M steps per call), libCacheSim timed on 16 runs   -> bench_design.json
+#      scenario), libCacheSim on 16 of the configurations; cases CASES2 (default without
+#      cache_aware, which runs the grid twice more)                                     -> bench_design.json
+# The figure to quote is `ratio` = libcachesim_parallel_s / project_s: libCacheSim on ALL of this
+# host's CPU cores (LCS_WORKERS processes, default every usable core; `libcachesim_workers` in the
+# JSON), its caches built and its worker pool started outside the timer, against one GPU. The
+# one-core figure stays in `ratio_sequential` (= libcachesim_s / project_s). The single_* cases have
+# one configuration and compare with one core (`ratio_basis` says which). The summary at the end
+# prints the parallel field of every case and says where it is missing ($OUT/summary.txt).
 # Each phase has a time limit; the JSON is rewritten after every case, so a phase cut short still
 # leaves the cases it finished. Logs: $OUT/phase1.log, $OUT/phase2.log; machine: $OUT/env.txt.
 #
@@ -35,12 +45,13 @@ PHASE1_S=${PHASE1_S:-220}        # phase 1 limit, seconds
 DESIGN_REQUESTS=${DESIGN_REQUESTS:-5000}
 DESIGN_CONFIGS=${DESIGN_CONFIGS:-1000}
 SWEEP_CONFIGS=${SWEEP_CONFIGS:-4096}
+CASES1=${CASES1:-single,sweep,cache_aware,mrc}
+CASES2=${CASES2:-single,sweep,mrc}
+LCS_WORKERS=${LCS_WORKERS:-$(nproc 2>/dev/null || echo 1)}   # libCacheSim's parallel figure: every core
 
 # libCacheSim's extension links libglib-2.0 and libpcre2-8, which the device image lacks: carry them in
 # .libs/ (ignored; unpacked from Debian's libglib2.0-0 and libpcre2-8-0 with apt-get download + dpkg -x)
 if [ -d .libs ]; then export LD_LIBRARY_PATH=$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
-CHUNK1=${CHUNK1:-128}            # engine chunk width, phase 1 (seed_fleet: 128 blocks per request)
-CHUNK2=${CHUNK2:-256}            # engine chunk width, phase 2 (design: 637 blocks per request)
 CURVE_BACKEND=${CURVE_BACKEND:-numba}   # the one-pass curve is host work: numba on the host CPU
 
 # ---- packages (no network: only what is carried)
@@ -86,20 +97,48 @@ fi
 
 # ---- phase 1: the 4,096-configuration sweep on seed_fleet and mooncake
 echo "== phase 1 (limit ${PHASE1_S}s) =="
-CACHERESEARCH_CHUNK_BLOCKS=$CHUNK1 timeout --signal=INT --kill-after=10 "$PHASE1_S" \
-    $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads seed_fleet,mooncake --configs "$SWEEP_CONFIGS" --lcs-max-runs 64 \
+timeout --signal=INT --kill-after=10 "$PHASE1_S" \
+    $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads seed_fleet,mooncake --configs "$SWEEP_CONFIGS" \
+        --cases "$CASES1" --lcs-max-runs 64 --lcs-workers "$LCS_WORKERS" \
         --repeats 2 --budget 10 --no-scaling --no-shards --json "$OUT/bench_4096.json" 2>&1 | tee "$OUT/phase1.log"
 echo "phase 1 exit ${PIPESTATUS[0]} after ${SECONDS}s"
 
 # ---- phase 2: the design scenario at 1,000 configurations, in the time left
-left=$((TOTAL_S - SECONDS))
+left=$((TOTAL_S - SECONDS - 10))   # 10 s kept for the summary
 if [ "$left" -lt 60 ]; then
     echo "only ${left}s left: skipping phase 2"
-    exit 0
+else
+    echo "== phase 2 (limit ${left}s) =="
+    timeout --signal=INT --kill-after=10 "$left" \
+        $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads design --design-requests "$DESIGN_REQUESTS" \
+            --configs "$DESIGN_CONFIGS" --cases "$CASES2" --lcs-max-runs 16 --lcs-workers "$LCS_WORKERS" \
+            --repeats 1 --budget 5 --no-scaling --no-shards --json "$OUT/bench_design.json" 2>&1 | tee "$OUT/phase2.log"
+    echo "phase 2 exit ${PIPESTATUS[0]} after ${SECONDS}s"
 fi
-echo "== phase 2 (limit ${left}s) =="
-CACHERESEARCH_CHUNK_BLOCKS=$CHUNK2 timeout --signal=INT --kill-after=10 "$left" \
-    $PY -m cacheresearch.bench --curve-backend "$CURVE_BACKEND" --workloads design --design-requests "$DESIGN_REQUESTS" --configs "$DESIGN_CONFIGS" \
-        --lcs-max-runs 16 --repeats 1 --budget 5 --no-scaling --no-shards --json "$OUT/bench_design.json" 2>&1 | tee "$OUT/phase2.log"
-echo "phase 2 exit ${PIPESTATUS[0]} after ${SECONDS}s"
+
+# ---- summary: the GPU against libCacheSim on all of this host's cores (libcachesim_parallel_s)
+$PY - "$OUT/bench_4096.json" "$OUT/bench_design.json" <<'EOF' 2>&1 | tee "$OUT/summary.txt"
+import json, sys
+for path in sys.argv[1:]:
+    try:
+        report = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"{path}: not readable ({e})")
+        continue
+    print(f"{path}: libCacheSim workers {report['settings'].get('lcs_workers')}, "
+          f"pool start {report['settings'].get('libcachesim_pool_start_s')} s (untimed)")
+    for c in report["cases"]:
+        par = c.get("libcachesim_parallel_s")
+        if c.get("cost_vs_random") is not None:
+            tail = f"cost_vs_random {c['cost_vs_random']} (random and cache_aware both queue=True)"
+        elif c["configs"] > 1 and par is None:
+            tail = "NO libcachesim_parallel_s: " + str(c.get("libcachesim_parallel_note") or "libCacheSim missing")
+        elif par is None:
+            tail = (f"one configuration: libCacheSim on one core {c.get('libcachesim_s')} s, ratio {c.get('ratio')} "
+                    f"[{c.get('ratio_basis')}]")
+        else:
+            tail = (f"libcachesim_parallel_s {par} on {c.get('libcachesim_workers')} workers, ratio {c.get('ratio')} "
+                    f"[{c.get('ratio_basis')}], one core {c.get('libcachesim_s')} s, ratio_sequential {c.get('ratio_sequential')}")
+        print(f"  {c['workload']:<10} {c['name']:<28} {c['configs']:>5} cfgs  project {c['project_s']} s  {tail}")
+EOF
 ls -la "$OUT"
