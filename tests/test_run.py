@@ -1,0 +1,99 @@
+"""``simulate_cells``: grids grouped by stream and state shape, chunked to fit memory, never copied.
+
+Results equal one ``simulate`` call per cell (in cell order), whatever the grouping and chunking; a
+grid that cannot fit is refused before it runs, with the estimate in the message.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import cacheresearch.core.run as run_mod
+from cacheresearch.core.run import MemoryError_, simulate_cells
+from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.synthetic import tenant_workload
+from test_engine import assert_same_metrics
+
+FIELDS_PER_CELL = ("hit_tokens_hi", "hit_tokens_lo", "requests_hit", "occupancy", "max_occupancy",
+                   "ttft_p50_ms", "ttft_p99_ms", "busy_ms", "queue_overflow")
+FLOATS = ("token_hit_rate", "prefix_copies", "overflow_share")  # a vmapped division may round 1 ulp apart
+
+
+def same(a, b):
+    for f in FIELDS_PER_CELL:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    for f in FLOATS:
+        np.testing.assert_allclose(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), rtol=1e-6, err_msg=f)
+
+
+@pytest.fixture(scope="module")
+def cells():
+    ws = [tenant_workload(n_tenants=6, prefix_tokens=64, users_per_tenant=2, user_tokens=16, query_tokens=8,
+                          rate_per_s=r, duration_s=4.0, block_tokens=4, output_tokens=8, seed=s)
+          for r, s in ((5, 0), (9, 1), (3, 2))]
+    streams = [compile_stream(w, stateful_singletons=True) for w in ws]
+    configs = [
+        dict(policy="lru", capacity_blocks=40, replicas=3, router="random"),
+        dict(policy="lru_plain", capacity_blocks=25, replicas=2, router="cache_aware", view="approximate",
+             index_capacity=30),
+        dict(policy="lfu", capacity_blocks=30, replicas=3, router="kv_cost"),
+        dict(policy="length_aware", capacity_blocks=20, replicas=2, router="least_loaded"),
+        dict(policy="ttl_refresh", ttl_s=0.5, replicas=3, router="weighted_scorers", view="precise"),
+    ]
+    # every stream with every config, in a scrambled cell order, plus a repeated cell
+    order = [(s, c) for c in range(len(configs)) for s in range(len(streams))]
+    rng = np.random.default_rng(0)
+    order = [order[i] for i in rng.permutation(len(order))] + [order[0]]
+    params = [make_params(prefix_blocks=16, **configs[c]) for _, c in order]
+    stream_of = np.asarray([s for s, _ in order])
+    seeds = np.arange(len(order), dtype=np.uint32) % 3
+    return streams, stream_of, params, seeds
+
+
+OPTS = dict(max_replicas=3, match=True, max_instances=1, queue_slots=64)
+
+
+def single(streams, stream_of, params, seeds, g):
+    return simulate(streams[stream_of[g]], params[g], jax.random.key(int(seeds[g])), per_request=False,
+                    routers_compiled=None, **OPTS)
+
+
+def test_cells_equal_single_runs_in_cell_order(cells):
+    streams, stream_of, params, seeds = cells
+    m, plan = simulate_cells(streams, stream_of, params, seeds, **OPTS)
+    assert plan.n_cells == len(params) and plan.n_streams == 3
+    # one program per needed state shape: approximate-index rows and priority fields only where needed
+    shapes = sorted((g.index, g.stale) for g in plan.groups)
+    assert (True, False) in shapes and len(plan.groups) == 3
+    for g in range(len(params)):
+        want = single(streams, stream_of, params, seeds, g)
+        got = jax.tree.map(lambda x: x[g], m)
+        assert_same_metrics(got, want, f"cell {g}")
+
+
+def test_cells_chunk_to_fit_memory_and_refuse_what_cannot(cells, monkeypatch):
+    streams, stream_of, params, seeds = cells
+    full, plan = simulate_cells(streams, stream_of, params, seeds, **OPTS)
+    biggest = max(plan.groups, key=lambda g: g.memory_bytes)
+    assert biggest.memory_bytes > 0 and biggest.calls == 1
+    # a machine with 70% of that program's memory (the budget is 80% of what is available)
+    monkeypatch.setattr(run_mod, "available_memory_bytes", lambda: int(biggest.memory_bytes * 0.7 / 0.8))
+    lines = []
+    small, plan2 = simulate_cells(streams, stream_of, params, seeds, log=lines.append, **OPTS)
+    assert plan2.calls > plan.calls
+    assert all(g.memory_bytes <= int(biggest.memory_bytes * 0.7) or g.per_stream == 1 for g in plan2.groups)
+    assert lines[0].startswith("plan: ") and "memory estimate" in lines[0]
+    same(small, full)
+    monkeypatch.setattr(run_mod, "available_memory_bytes", lambda: 1)
+    with pytest.raises(MemoryError_, match="MiB"):
+        simulate_cells(streams, stream_of, params, seeds, **OPTS)
+
+
+def test_max_batch_bounds_configurations_per_call(cells):
+    streams, stream_of, params, seeds = cells
+    full, _ = simulate_cells(streams, stream_of, params, seeds, **OPTS)
+    m, plan = simulate_cells(streams, stream_of, params, seeds, max_batch=3, **OPTS)
+    assert all(len(g.streams) * g.per_stream <= max(3, len(g.streams)) for g in plan.groups)
+    same(m, full)
