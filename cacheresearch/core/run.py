@@ -25,7 +25,7 @@ import numpy as np
 
 from ..policies import PRIORITY_IDS
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
-from .simulate import Metrics, Static, _nested_fn, check_bounds, check_stream, static_options
+from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, static_options
 from .stream import Stream, pad_stream, stream_shape
 
 __all__ = ["simulate_cells", "Plan", "GroupPlan", "available_memory_bytes", "MemoryError_"]
@@ -159,7 +159,7 @@ def simulate_cells(
         C = max(len(c) for c in cells)
         S = len(sids)
         per = C if max_batch is None else max(1, min(C, int(max_batch) // S))
-        fn = jax.jit(_nested_fn(st))
+        fn = jax.jit(nested_fn(st))
 
         def args(c0, per, cells=cells, S=S):
             sel = [[cs[min(c0 + j, len(cs) - 1)] for j in range(per)] for cs in cells]

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
+from ..routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
 from . import queue as qm
 from ..policies import POLICIES, PRIORITY_IDS, is_priority
 from .priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
@@ -36,7 +36,7 @@ from .store import StoreState, evict, init_store, stored_len
 from .stream import Stream
 from .views import SyncState, init_sync, leading, presence, probe, sync
 
-__all__ = ["Metrics", "Static", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
+__all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
            "default_window", "request_bits"]
 
 _LIMB = 20  # token counters: value = hi * 2**20 + lo
@@ -381,13 +381,13 @@ def _simulate_grid_jit(stream, params, keys, *, st, stream_axis):
     return _grid_fn(st, stream_axis)(stream, params, keys)
 
 
-def _nested_fn(st: Static):
+def nested_fn(st: Static):
     """[S streams] x [C configurations per stream]: streams are never copied per configuration."""
     inner = jax.vmap(partial(_simulate, st=st), in_axes=(None, 0, 0))
     return jax.vmap(inner, in_axes=(0, 0, 0))
 
 
-_simulate_nested_jit = jax.jit(lambda stream, params, keys, st: _nested_fn(st)(stream, params, keys),
+_simulate_nested_jit = jax.jit(lambda stream, params, keys, st: nested_fn(st)(stream, params, keys),
                                static_argnames=("st",))
 
 
@@ -486,7 +486,7 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
     if missing:
         names = [n for n, i in ROUTERS.items() if i in missing]
         raise ValueError(f"routers {names} are not compiled into this program (routers_compiled)")
-    load_free = {ROUTERS[n] for n in ("random", "round_robin", "prefix_hash")}
+    load_free = {ROUTERS[n] for n in LOAD_FREE_ROUTERS}
     if not st.queue and (set(int(x) for x in routers) - load_free or np.any(np.asarray(params.kv_pressure))):
         raise ValueError("routers that read load and kv_pressure need queue=True")
     views = np.broadcast_to(np.asarray(params.view), np.shape(np.asarray(params.router))).reshape(-1)
