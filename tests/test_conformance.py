@@ -27,8 +27,7 @@ from cacheresearch.routers import (
     markdown_table,
 )
 from cacheresearch.workload import Workload
-from test_engine import L_MAX, N_MAX
-from test_fleet import assert_fleet_equal, engine_and_reference
+from test_fleet import assert_fleet_equal, engine_and_reference, tenant_prefix_workload
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "routers.md"
 
@@ -93,15 +92,7 @@ def test_registration_rejects_duplicates():
 
 # ------------------------------------------------------------------------------ the engine equals the oracle
 def _workload() -> Workload:
-    """Four tenants' shared prefixes plus unique suffixes, arrivals 3 ms apart, outputs up to 200 tokens."""
-    rng = np.random.default_rng(7)
-    keys = []
-    for i in range(N_MAX):
-        t = int(rng.integers(0, 4))
-        n = int(rng.integers(1, L_MAX // 2))
-        keys.append([1000 * t + j + 1 for j in range(n // 2)] + [10**6 + 100 * i + j for j in range(n - n // 2)])
-    return Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(N_MAX) * 3,
-                               output_tokens=rng.integers(0, 200, N_MAX))
+    return tenant_prefix_workload()
 
 
 #: small thresholds, so that the load branches of the rules are taken too

@@ -108,17 +108,22 @@ def test_routers_match_reference(w, data, router, knobs, replicas, seed):
     assert_fleet_equal(w, m, ref, (router, policy, knobs, replicas))
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_presets_match_reference(preset):
-    """Each named preset runs with its published defaults and agrees with the reference."""
+def tenant_prefix_workload() -> Workload:
+    """Four tenants' shared prefixes plus unique suffixes, arrivals 3 ms apart, outputs up to 200 tokens."""
     rng = np.random.default_rng(7)
     keys = []
     for i in range(N_MAX):
         t = int(rng.integers(0, 4))
         n = int(rng.integers(1, L_MAX // 2))
         keys.append([1000 * t + j + 1 for j in range(n // 2)] + [10**6 + 100 * i + j for j in range(n - n // 2)])
-    w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(N_MAX) * 3,
-                            output_tokens=rng.integers(0, 200, N_MAX))
+    return Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(N_MAX) * 3,
+                               output_tokens=rng.integers(0, 200, N_MAX))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_match_reference(preset):
+    """Each named preset runs with its published defaults and agrees with the reference."""
+    w = tenant_prefix_workload()
     pre = {k: v for k, v in PRESETS[preset].items() if k not in ("router", "source")}
     kw = dict(pre, prefill_tps=2000, decode_us_per_token=200, capacity=30)
     m, ref = engine_and_reference(w, "lru", dict(kw), 3, PRESETS[preset]["router"], 1)

@@ -13,14 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheresearch.core.stream import compile_stream
+from cacheresearch.core.stream import StreamShape, compile_stream, pad_stream
 from cacheresearch.engine import make_params, simulate
 from cacheresearch.workload import Workload
 from reference import reference_simulate
-from test_engine import HYP, L_MAX, N_MAX, R_MAX, key_of, tree_workloads
+from test_engine import HYP, L_MAX, N_MAX, R_MAX, tree_workloads
 from test_stream import L_R, N_R, long_run_workloads
-
-from cacheresearch.core.stream import StreamShape, pad_stream
 
 PRIORITY = ("lfu", "length_aware")
 
