@@ -50,7 +50,7 @@ def check(w, stream, policy, capacity, replicas, router, seed=0):
     assert np.all(np.asarray(m.max_occupancy) <= capacity), ctx
 
 
-@settings(HYP, max_examples=60)
+@settings(HYP, max_examples=25)
 @given(w=tree_workloads(), capacity=st.integers(0, 60), replicas=st.integers(1, R_MAX),
        router=st.sampled_from(["round_robin", "random", "prefix_hash"]), seed=st.integers(0, 3))
 def test_priority_policies_match_reference_on_trees(w, capacity, replicas, router, seed):
@@ -59,7 +59,7 @@ def test_priority_policies_match_reference_on_trees(w, capacity, replicas, route
         check(w, stream, policy, capacity, replicas, router, seed)
 
 
-@settings(HYP, max_examples=30)
+@settings(HYP, max_examples=12)
 @given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, 3))
 def test_priority_policies_match_reference_on_long_runs(w, capacity, replicas):
     stream = padded(w, N_R, L_R)

@@ -120,7 +120,7 @@ def test_chunk_runs_must_be_positive():
         compile_stream(distinct_workload(), chunk_runs=0)
 
 
-@settings(HYP, max_examples=40)
+@settings(HYP, max_examples=25)
 @given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, R_MAX),
        chunk_runs=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
 def test_long_runs_match_reference(w, capacity, replicas, chunk_runs, seed):
