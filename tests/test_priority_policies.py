@@ -13,22 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheresearch.core.stream import StreamShape, compile_stream, pad_stream
+from cacheresearch.core.stream import compile_stream
 from cacheresearch.engine import make_params, simulate
 from cacheresearch.workload import Workload
 from reference import reference_simulate
-from test_engine import HYP, L_MAX, N_MAX, R_MAX, tree_workloads
+from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_stream import L_R, N_R, long_run_workloads
 
 PRIORITY = ("lfu", "length_aware")
 
 
 def padded(w: Workload, n_requests: int, n_blocks: int, chunk_runs: int = 2):
-    s = compile_stream(w, chunk_runs=chunk_runs, stateful_singletons=True)
-    total = n_requests * n_blocks
-    shape = StreamShape(steps=n_requests * -(-n_blocks // chunk_runs), width=chunk_runs, requests=n_requests + 1,
-                        entries=total + 1, positions=total + 1, keys=total)
-    return jax.tree.map(jax.numpy.asarray, pad_stream(s, shape))
+    return padded_stream(w, chunk_runs, n_requests, n_blocks, stateful_singletons=True)
 
 
 def check(w, stream, policy, capacity, replicas, router, seed=0):
