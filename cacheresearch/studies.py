@@ -2,8 +2,8 @@
 
 Shell-side (xarray, matplotlib): each study builds workloads with
 :func:`~cacheresearch.synthetic.prefix_poisson_workload` (or ``design_workload``), runs them through the
-exact engine (:func:`~cacheresearch.engine.simulate_grid`, vmapped over configurations or streams,
-per-request outputs), computes the matching predictions of :mod:`cacheresearch.analytic` and
+exact engine (:func:`~cacheresearch.core.run.simulate_cells`, the runner the sweeps use: vmapped over
+streams and configurations, per-request outputs), computes the matching predictions of :mod:`cacheresearch.analytic` and
 :mod:`cacheresearch.pricing`, and returns one xarray Dataset. ``python -m cacheresearch.sweep
 experiment=NAME`` reaches them through the experiment config's ``kind`` key:
 
@@ -73,7 +73,8 @@ from .analytic import (
     ttl_refresh_hit_diurnal,
     ttl_refresh_hit_gamma,
 )
-from .engine import compile_stream, make_params, simulate_grid, stack_params, stack_streams
+from .core.run import simulate_cells
+from .engine import compile_stream, make_params
 from .pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
 from .synthetic import design_workload, prefix_poisson_workload
 
@@ -158,31 +159,21 @@ def _pricing(name: str, overrides: dict, base: float | None) -> Pricing:
 def _run_engine(streams, params_list, *, max_replicas: int = 1, seeds=None) -> list[list[np.ndarray]]:
     """``hits[p][s]``: per-request hit blocks of configuration ``p`` on stream ``s`` (int32 [n_s]).
 
-    One compiled program: with more streams than configurations the streams are stacked and each
-    configuration runs over all of them at once (``stream_axis=True``); otherwise each stream runs
-    all configurations at once. Either way the number of sequential scans is the smaller count.
+    Every (configuration, stream) pair is a cell of :func:`~cacheresearch.core.run.simulate_cells`,
+    the runner the sweeps use: one program per state shape, streams never copied per configuration,
+    memory checked before the run. Stream ``s`` uses PRNG seed ``seeds[s]`` (default ``s``).
     """
     S, P = len(streams), len(params_list)
     n = [int(s.n_requests) for s in streams]
     seeds = list(range(S)) if seeds is None else list(seeds)
+    cells = [(p, s) for p in range(P) for s in range(S)]
+    m, _ = simulate_cells(streams, np.asarray([s for _, s in cells]), [params_list[p] for p, _ in cells],
+                          np.asarray([seeds[s] for _, s in cells], dtype=np.uint32), max_replicas=max_replicas,
+                          per_request=True)
+    hb = np.asarray(m.hit_blocks)
     out = [[None] * S for _ in range(P)]
-    if S > P and S > 1:
-        stacked = stack_streams(streams)
-        keys = jax.vmap(jax.random.key)(jnp.asarray(np.asarray(seeds, dtype=np.uint32)))
-        for p, prm in enumerate(params_list):
-            m = simulate_grid(stacked, stack_params([prm] * S), keys, max_replicas=max_replicas, per_request=True,
-                              stream_axis=True)
-            hb = np.asarray(jax.block_until_ready(m.hit_blocks))
-            for s in range(S):
-                out[p][s] = hb[s, : n[s]]
-    else:
-        P_ = stack_params(params_list)
-        for s, st in enumerate(streams):
-            keys = jax.vmap(jax.random.key)(jnp.full((P,), seeds[s], dtype=jnp.uint32))
-            m = simulate_grid(st, P_, keys, max_replicas=max_replicas, per_request=True)
-            hb = np.asarray(jax.block_until_ready(m.hit_blocks))
-            for p in range(P):
-                out[p][s] = hb[p, : n[s]]
+    for g, (p, s) in enumerate(cells):
+        out[p][s] = hb[g, : n[s]]
     return out
 
 
