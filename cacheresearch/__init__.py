@@ -14,10 +14,10 @@ from .engine import (
     stack_params,
     stack_streams,
 )
-from .policies import POLICIES
+from .cache.policies import POLICIES
 from .routers import PRESETS as ROUTER_PRESETS
 from .routers import ROUTERS, VIEWS
-from .synthetic import llmd_workload, tenant_workload
+from .workload.synthetic import llmd_workload, tenant_workload
 from .workload import Workload, WorkloadError
 
 __all__ = [

@@ -13,7 +13,7 @@ names say ``@2000req``) and repeats each measurement at most 3 times.
 Everything runs in ONE process (libCacheSim's parallel figure in a pool of worker processes started
 once), on the IDENTICAL block stream for every simulator: the project with leaf-first LRU (policy
 ``lru``); libCacheSim (``libcachesim``, ``LRU``) on each replica's block ids in leaf-first order (last
-block of a request first), requests routed by :func:`~cacheresearch.mrc.route_requests` with the same
+block of a request first), requests routed by :func:`~cacheresearch.analysis.mrc.route_requests` with the same
 PRNG keys as the engine's random router, one cache per replica, dense ids, one oracleGeneral file per
 replica; the pure-Python reference (``tests/reference.py``, when the repository's tests are present),
 timed on one configuration, on a prefix of the workload when the workload is large.
@@ -23,16 +23,16 @@ The cases (per workload; each project path is its own case with its own ratio, n
 ``single_engine``    one configuration (the workload's capacity and replicas, random routing):
                      the engine's public call ``simulate(stream, params, key, per_request=True,
                      queue=False)`` until its result is ready.
-``single_curve``     the same configuration from :func:`~cacheresearch.mrc.hit_curve`
+``single_curve``     the same configuration from :func:`~cacheresearch.analysis.mrc.hit_curve`
                      (``max_capacity`` = that capacity): routing, the stack-distance pass and the curve.
-``single_replay``    the same configuration from :func:`~cacheresearch.mrc.route_requests` +
-                     :func:`~cacheresearch.mrc.lru_replay` (numba, one capacity).
+``single_replay``    the same configuration from :func:`~cacheresearch.analysis.mrc.route_requests` +
+                     :func:`~cacheresearch.analysis.mrc.lru_replay` (numba, one capacity).
                      libCacheSim for the single cases: one LRU cache per replica at that capacity,
                      the replicas one after another on one core.
 ``sweep{N}_engine``  N configurations (N/4 log-spaced capacities x 2 replica counts x 2 seeds, random
                      routing) in one public call ``simulate_grid(..., per_request=False, queue=False)``
                      (vmapped; ``queue=False``: hit rates only).
-``sweep{N}_curve``   the same N configurations from one :func:`~cacheresearch.mrc.hit_curve` per
+``sweep{N}_curve``   the same N configurations from one :func:`~cacheresearch.analysis.mrc.hit_curve` per
                      (replica count, seed) routing group, every capacity read off.
                      libCacheSim for the sweeps: the N configurations x their replicas' caches.
 ``sweep{N}_cache_aware``  the same N cells with the SGLang-style ``cache_aware`` router on the
@@ -43,7 +43,7 @@ The cases (per workload; each project path is its own case with its own ratio, n
                      (``baseline_*`` fields; the baseline's hit tokens are checked equal to
                      ``sweep{N}_engine``'s, since the queue does not change random routing).
                      libCacheSim has no router that reads cache state: no libCacheSim figure, no ratio.
-``mrc_curve``        one :func:`~cacheresearch.mrc.hit_curve` (1 replica) gives every capacity 0..working
+``mrc_curve``        one :func:`~cacheresearch.analysis.mrc.hit_curve` (1 replica) gives every capacity 0..working
                      set; libCacheSim runs 64 log-spaced capacities (1 replica, 1 cache each).
 
 What is timed
@@ -136,7 +136,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import __version__, mrc, synthetic, trace
+from . import __version__
+from .analysis import mrc
+from .workload import synthetic, trace
 from .engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
 from .workload import Workload
 
@@ -195,7 +197,7 @@ def usable_cores() -> int:
 
 
 def curve_backend(requested: str = "auto") -> str:
-    """The stack-distance backend :func:`~cacheresearch.mrc.hit_curve` uses for ``requested``."""
+    """The stack-distance backend :func:`~cacheresearch.analysis.mrc.hit_curve` uses for ``requested``."""
     if requested != "auto":
         return requested
     if jax.default_backend() != "cpu":

@@ -2,7 +2,7 @@
 
 The pieces live in :mod:`cacheresearch.core`: :mod:`~cacheresearch.core.stream` (workload ->
 run-compressed device stream), :mod:`~cacheresearch.core.simulate` (the scan composed of the
-components: :mod:`~cacheresearch.core.store` cache rows, :mod:`~cacheresearch.core.views` router
+components: :mod:`~cacheresearch.cache.store` cache rows, :mod:`~cacheresearch.core.views` router
 views, :mod:`~cacheresearch.core.queue` replica queue, metrics) and
 :mod:`~cacheresearch.core.run` (grids of cells grouped by stream and state shape, with a memory
 estimate). The parameters (``Params``, ``make_params``) are

@@ -1,10 +1,10 @@
 """Studies: closed-form models side by side with Monte Carlo runs of the engine.
 
 Shell-side (xarray, matplotlib): each study builds workloads with
-:func:`~cacheresearch.synthetic.prefix_poisson_workload` (or ``design_workload``), runs them through the
+:func:`~cacheresearch.workload.synthetic.prefix_poisson_workload` (or ``design_workload``), runs them through the
 exact engine (:func:`~cacheresearch.core.run.simulate_cells`, the runner the sweeps use: vmapped over
-streams and configurations, per-request outputs), computes the matching predictions of :mod:`cacheresearch.analytic` and
-:mod:`cacheresearch.pricing`, and returns one xarray Dataset. ``python -m cacheresearch.sweep
+streams and configurations, per-request outputs), computes the matching predictions of :mod:`cacheresearch.analysis.analytic` and
+:mod:`cacheresearch.analysis.pricing`, and returns one xarray Dataset. ``python -m cacheresearch.sweep
 experiment=NAME`` reaches them through the experiment config's ``kind`` key:
 
 ``economics``    the seed's economics printout (break-even hit rates, the requests-per-hour table, the
@@ -64,7 +64,7 @@ from omegaconf import OmegaConf
 from scipy import stats
 
 from . import __version__
-from .analytic import (
+from .analysis.analytic import (
     che_fleet,
     cost_multiplier,
     quasi_static_hit,
@@ -75,8 +75,8 @@ from .analytic import (
 )
 from .core.run import simulate_cells
 from .engine import compile_stream, make_params
-from .pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
-from .synthetic import design_workload, prefix_poisson_workload
+from .analysis.pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
+from .workload.synthetic import design_workload, prefix_poisson_workload
 
 __all__ = [
     "STUDIES",

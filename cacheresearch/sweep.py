@@ -10,9 +10,9 @@ Usage (from the repository root)::
 Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schema is
 :class:`SweepConfig`, registered in Hydra's ConfigStore as ``sweep_schema``):
 
-``workload.source``   ``fleet`` (:func:`~cacheresearch.synthetic.fleet_workload`, arguments under
-                      ``workload.fleet``), ``design`` (:func:`~cacheresearch.synthetic.design_workload`,
-                      ``workload.design``), ``tenant`` (:func:`~cacheresearch.synthetic.tenant_workload`,
+``workload.source``   ``fleet`` (:func:`~cacheresearch.workload.synthetic.fleet_workload`, arguments under
+                      ``workload.fleet``), ``design`` (:func:`~cacheresearch.workload.synthetic.design_workload`,
+                      ``workload.design``), ``tenant`` (:func:`~cacheresearch.workload.synthetic.tenant_workload`,
                       ``workload.tenant``; ``n_requests`` sets the duration per load level; ``layout:
                       timestamp_top`` re-keys every request) or ``trace`` (a Mooncake JSONL file:
                       ``trace.path``, ``trace.block_tokens``, ``trace.max_requests``)
@@ -74,10 +74,10 @@ from .core.params import KNOB_DECLS
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
-from .policies import INF, POLICIES, policy_spec
+from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
-from .synthetic import design_workload, fleet_workload, tenant_workload
-from .trace import TraceError, load_mooncake
+from .workload.synthetic import design_workload, fleet_workload, tenant_workload
+from .workload.trace import TraceError, load_mooncake
 from .workload import Workload, WorkloadError
 
 __all__ = [
@@ -122,7 +122,7 @@ class TraceConf:
 
 @dataclass
 class FleetWorkloadConf:
-    """Arguments of :func:`cacheresearch.synthetic.fleet_workload` (``seed`` comes from ``seed``/``seeds``)."""
+    """Arguments of :func:`cacheresearch.workload.synthetic.fleet_workload` (``seed`` comes from ``seed``/``seeds``)."""
 
     n_tenants: int = 8
     system_tokens: int = 1200
@@ -140,7 +140,7 @@ class FleetWorkloadConf:
 
 @dataclass
 class DesignWorkloadConf:
-    """Arguments of :func:`cacheresearch.synthetic.design_workload` (``seed`` comes from ``seed``/``seeds``)."""
+    """Arguments of :func:`cacheresearch.workload.synthetic.design_workload` (``seed`` comes from ``seed``/``seeds``)."""
 
     n_tenants: int = 200
     prefix_tokens: int = 10_000
@@ -158,7 +158,7 @@ class DesignWorkloadConf:
 
 @dataclass
 class TenantWorkloadConf:
-    """Arguments of :func:`cacheresearch.synthetic.tenant_workload` (``seed`` from ``seed``/``seeds``;
+    """Arguments of :func:`cacheresearch.workload.synthetic.tenant_workload` (``seed`` from ``seed``/``seeds``;
     ``rate_per_s``, ``hot_share``, ``arrival`` may be grid keys). ``layout: timestamp_top`` gives every
     request a unique first block (a timestamp at the top of the prompt): every key changes."""
 

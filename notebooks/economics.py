@@ -20,7 +20,7 @@
 # 0.1x, TTL refreshed on every hit) **$874**; with the 1-hour cache (writes 2x) **$150**; with no
 # write premium **$717**. Break-even hit rates: **21.7%**, **52.6%**, **0.0%**.
 #
-# Each number comes from two formulas (`cacheresearch.analytic`): the hit rate of a prefix requested
+# Each number comes from two formulas (`cacheresearch.analysis.analytic`): the hit rate of a prefix requested
 # as a Poisson process of rate lambda under a refreshed TTL, `1 - exp(-lambda TTL)`, and the cost
 # multiplier `h r + (1 - h) w`. The `economics` study recomputes them and runs the same setting
 # through the TTL cache engine (Poisson arrivals per prefix), with 95% intervals.
@@ -34,7 +34,7 @@
 import numpy as np
 
 from cacheresearch import report, studies
-from cacheresearch.analytic import break_even_hit_rate, cost_multiplier, ttl_refresh_hit
+from cacheresearch.analysis.analytic import break_even_hit_rate, cost_multiplier, ttl_refresh_hit
 from cacheresearch.sweep import notebook_dataset
 
 REDUCED = ["experiment=economics", "seeds=2", "study.sim.target_requests=5000", "study.sim.prefixes=40",

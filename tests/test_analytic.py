@@ -1,4 +1,4 @@
-"""Closed forms of :mod:`cacheresearch.analytic`: properties (hypothesis), the seed's numbers, Che's root,
+"""Closed forms of :mod:`cacheresearch.analysis.analytic`: properties (hypothesis), the seed's numbers, Che's root,
 the beyond-Poisson models' limits, and the per-router predictions against the engine's routing."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheresearch import analytic as an
+from cacheresearch.analysis import analytic as an
 from cacheresearch.engine import compile_stream, make_params, simulate
 from cacheresearch.routers import prefix_hash_u64
-from cacheresearch.synthetic import prefix_poisson_workload
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.synthetic import prefix_poisson_workload
+from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload
 
 rates = st.floats(1e-6, 10.0, allow_nan=False)

@@ -18,7 +18,7 @@ import pytest
 
 from cacheresearch import bench
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
-from cacheresearch.mrc import route_requests
+from cacheresearch.analysis.mrc import route_requests
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent

@@ -35,7 +35,7 @@ from cacheresearch.engine import (
     stack_streams,
 )
 from cacheresearch.core.stream import StreamShape, pad_stream
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload, WorkloadError
 from reference import reference_simulate
 

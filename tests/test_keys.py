@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cacheresearch import keys as K
-from cacheresearch.keys import (
+from cacheresearch.workload import keys as K
+from cacheresearch.workload.keys import (
     ROOT,
     block_keys,
     block_keys_jit,

@@ -1,4 +1,4 @@
-"""The one-pass hit curves (``cacheresearch.mrc``) against the exact engine.
+"""The one-pass hit curves (``cacheresearch.analysis.mrc``) against the exact engine.
 
 A curve is exact at every capacity: per-request hit blocks, total hit tokens and requests hit equal
 the engine's at each capacity checked, for both LRU policies, routers that do not read cache state,
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cacheresearch import mrc
+from cacheresearch.analysis import mrc
 from cacheresearch.engine import combine_limbs, make_params, simulate
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload
 from test_engine import FIXTURE, R_MAX, padded_stream, tree_workloads
 
@@ -118,7 +118,7 @@ def test_shards_keeps_whole_prefix_trees():
 
 
 def test_shards_block_sampling_estimates_the_exact_curve():
-    from cacheresearch.synthetic import design_workload
+    from cacheresearch.workload.synthetic import design_workload
 
     w = design_workload(n_tenants=40, prefix_tokens=2_000, suffix_tokens=64, n_requests=600, seed=1)
     sub, rate = mrc.shards_sample(w, 0.2, seed=0)

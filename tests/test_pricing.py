@@ -1,4 +1,4 @@
-"""Provider economics (:mod:`cacheresearch.pricing`): presets, token splits, breakpoints with the 20-block
+"""Provider economics (:mod:`cacheresearch.analysis.pricing`): presets, token splits, breakpoints with the 20-block
 lookback and the minimum prefix, TTL replay, storage, daily costs and the TTL advisor."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheresearch import analytic as an
-from cacheresearch.pricing import (
+from cacheresearch.analysis import analytic as an
+from cacheresearch.analysis.pricing import (
     PRESETS,
     ProviderCache,
     advise_ttl,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload
 from reference import check_prefix_closed, reference_simulate
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload
 from reference import S3FIFOCache, check_prefix_closed, reference_simulate
 

@@ -5,8 +5,8 @@ import inspect
 import numpy as np
 import pytest
 
-from cacheresearch.keys import reference_block_keys
-from cacheresearch.synthetic import (
+from cacheresearch.workload.keys import reference_block_keys
+from cacheresearch.workload.synthetic import (
     _tenant_parts,
     llmd_workload,
     mmpp_parameters,

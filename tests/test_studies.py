@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from cacheresearch import analytic as an
+from cacheresearch.analysis import analytic as an
 from cacheresearch.studies import fixed_units, ratio_interval, refresh_units
 from cacheresearch.sweep import SweepError, run_experiment
 

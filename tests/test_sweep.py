@@ -27,8 +27,8 @@ import yaml
 from cacheresearch import __version__, report
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
 from cacheresearch.sweep import SweepError, compose_config, make_plan, run_experiment
-from cacheresearch.synthetic import fleet_workload
-from cacheresearch.trace import load_mooncake
+from cacheresearch.workload.synthetic import fleet_workload
+from cacheresearch.workload.trace import load_mooncake
 from reference import reference_simulate
 
 ROOT = Path(__file__).resolve().parents[1]

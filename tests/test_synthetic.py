@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from cacheresearch.keys import reference_block_keys
-from cacheresearch.synthetic import (
+from cacheresearch.workload.keys import reference_block_keys
+from cacheresearch.workload.synthetic import (
     _design_parts,
     _fleet_parts,
     design_workload,
@@ -281,7 +281,7 @@ def test_design_default_size_is_fast():
 
 # ------------------------------------------------------------------------- prefix processes
 def test_prefix_poisson_workload_structure_and_determinism():
-    from cacheresearch.synthetic import prefix_poisson_workload
+    from cacheresearch.workload.synthetic import prefix_poisson_workload
 
     w = prefix_poisson_workload(n_prefixes=6, prefix_tokens=40, shared_tokens=32, suffix_tokens=20, block_tokens=16,
                                 rate_per_hour=60, duration_s=3600, seed=4)
@@ -303,8 +303,8 @@ def test_prefix_poisson_workload_structure_and_determinism():
 
 @pytest.mark.parametrize("arrival", ["poisson", "diurnal", "bursty"])
 def test_prefix_arrival_processes_have_the_stated_rates(arrival):
-    from cacheresearch.analytic import diurnal_cumulative
-    from cacheresearch.synthetic import prefix_arrival_times
+    from cacheresearch.analysis.analytic import diurnal_cumulative
+    from cacheresearch.workload.synthetic import prefix_arrival_times
 
     rng = np.random.default_rng(0)
     lam = np.full(200, 30 / 3600)
@@ -328,7 +328,7 @@ def test_prefix_arrival_processes_have_the_stated_rates(arrival):
 
 
 def test_prefix_poisson_workload_validation_and_zipf():
-    from cacheresearch.synthetic import prefix_poisson_workload
+    from cacheresearch.workload.synthetic import prefix_poisson_workload
 
     w = prefix_poisson_workload(n_prefixes=50, prefix_tokens=16, block_tokens=16, rate_per_hour=100,
                                 duration_s=3600, popularity="zipf", zipf_s=1.0, seed=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cacheresearch.trace import (
+from cacheresearch.workload.trace import (
     ORACLE_GENERAL_DTYPE,
     TraceError,
     load_mooncake,

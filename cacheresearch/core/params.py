@@ -3,7 +3,7 @@
 Every field is a scalar (or ``[G]`` for a grid), so one compile serves a whole grid. The fields, in
 order:
 
-* the cache policy (:func:`cacheresearch.policies.policy_spec`): ``policy``, ``capacity``, ``ttl_ms``,
+* the cache policy (:func:`cacheresearch.cache.policies.policy_spec`): ``policy``, ``capacity``, ``ttl_ms``,
   ``leaf_first``, ``refresh``;
 * ``replicas`` and ``router`` (the rule's id);
 * the routers' knobs as the registry declares them (:mod:`cacheresearch.routers.registry`): the view
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..policies import INF, policy_spec
+from ..cache.policies import INF, policy_spec
 from ..routers import PRESETS, REGISTRY, Knob, router_id
 
 __all__ = [

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..policies import PRIORITY_IDS
+from ..cache.policies import PRIORITY_IDS
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
 from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, static_options
 from .stream import Stream, pad_stream, stream_shape

@@ -12,7 +12,7 @@ A step reads as the pipeline::
 
 Components and their state (the scan carry is made of them):
 
-* :mod:`.store` ``StoreState``: the run store of every replica (and approximate-index rows);
+* :mod:`cacheresearch.cache.store` ``StoreState``: the run store of every replica (and approximate-index rows);
 * :mod:`.views` ``SyncState``: the stale view's sync point; ``probe`` gives every replica's match;
 * :mod:`.queue` ``QueueState``: the FCFS queue of every replica;
 * ``Totals`` (here): counters of the metrics; ``Cursor``: the current request (replica, instance,
@@ -30,9 +30,9 @@ import numpy as np
 
 from ..routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
 from . import queue as qm
-from ..policies import POLICIES, PRIORITY_IDS, is_priority
-from .priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
-from .store import StoreState, evict, init_store, stored_len
+from ..cache.policies import POLICIES, PRIORITY_IDS, is_priority
+from ..cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
+from ..cache.store import StoreState, evict, init_store, stored_len
 from .stream import Stream
 from .views import SyncState, init_sync, leading, presence, probe, sync
 

@@ -23,7 +23,7 @@ Money model
 A request's input splits into ``uncached`` tokens (1x), ``written`` tokens (cache creation, ``w``x)
 and ``read`` tokens (cache hits, ``r``x): :class:`TokenSplit`, :func:`split_tokens`,
 :func:`request_cost_usd`. For one prefix of rate ``lambda`` the expected cost relative to uncached is
-``h r + (1 - h) w`` (:func:`cacheresearch.analytic.cost_multiplier`) plus, for explicit caches,
+``h r + (1 - h) w`` (:func:`cacheresearch.analysis.analytic.cost_multiplier`) plus, for explicit caches,
 storage: the entry is present a fraction ``h`` of the time (PASTA: Poisson arrivals see time
 averages, for both TTL kinds), which costs ``h * storage / (base * lambda_per_hour)`` per request
 (:meth:`Pricing.multiplier`).

@@ -193,7 +193,7 @@ def ttl_fixed_hit_gamma(rate: float, ttl: float, cv: float) -> float:
 def diurnal_rate(t, mean_rate, amplitude, period_s=86_400.0):
     """``mean_rate * (1 - amplitude * cos(2 pi t / period))``: a day that starts at its trough.
 
-    The same profile :func:`cacheresearch.synthetic.prefix_poisson_workload` draws with
+    The same profile :func:`cacheresearch.workload.synthetic.prefix_poisson_workload` draws with
     ``arrival="diurnal"`` (its mean over whole periods is ``mean_rate``).
     """
     xp = _xp(t)

@@ -23,7 +23,7 @@ length_aware  C blocks    none         leaf-first        Mooncake's LengthAwareC
                                                          recent first
 ============  ==========  ===========  ================  ==========================================
 
-``lfu`` and ``length_aware`` are *priority* policies (:mod:`cacheresearch.core.priority`): they rank
+``lfu`` and ``length_aware`` are *priority* policies (:mod:`cacheresearch.cache.priority`): they rank
 stored runs by more than recency, so every run needs state (``compile_stream(...,
 stateful_singletons=True)``) and the router's ``stale`` view is not available with them. Both keep
 the cache prefix-closed on chained keys (a child's count never exceeds its parent's and on a tie it
@@ -50,7 +50,7 @@ class PolicySpec(NamedTuple):
     uses_ttl: bool
     leaf_first: bool
     refresh_on_hit: bool
-    priority: bool = False  # ranks runs beyond recency (core.priority)
+    priority: bool = False  # ranks runs beyond recency (cache.priority)
 
 
 POLICIES: dict[str, PolicySpec] = {

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .workload import MAX_ARRIVAL_MS, Workload
+from .table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
     "TraceError",

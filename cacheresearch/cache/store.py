@@ -7,7 +7,7 @@ State of row ``r`` and stateful run ``k``: ``kv[r, k] = (stamp, time[, stamp, ti
 stale sync])``. ``stamp`` is the base stamp of the run's latest entry on that row (-1: never
 stored); its blocks cover stamps ``[stamp, stamp + m)``. A row stores exactly the stamps at or above
 its threshold ``thr``, so the run has ``stored_len = clip(stamp + m - thr, 0, m)`` blocks stored:
-the head of the run under leaf-first order, its tail under prompt order (:mod:`.stream`).
+the head of the run under leaf-first order, its tail under prompt order (:mod:`cacheresearch.core.stream`).
 
 Eviction moves the threshold: each row lists the entries written to it in stamp order (``rq``)
 and keeps a pointer (``pq``: position in that list, ``poff``: blocks of that entry already

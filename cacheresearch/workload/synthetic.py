@@ -1,6 +1,6 @@
 """Synthetic workloads with real chained block keys.
 
-Token ids are drawn with NumPy from a seed; block keys come from :mod:`cacheresearch.keys`
+Token ids are drawn with NumPy from a seed; block keys come from :mod:`cacheresearch.workload.keys`
 (JAX). Shared prefixes are hashed once (per tenant) and each request's own tail is hashed as a
 continuation of the prefix's chain, which gives exactly the keys of hashing the whole prompt.
 
@@ -29,7 +29,7 @@ Generators
     requested by its own arrival process over ``duration_s``: Poisson at a per-prefix rate
     (``arrival="poisson"``), a diurnal inhomogeneous Poisson rate (``"diurnal"``) or a bursty
     renewal process with gamma gaps (``"bursty"``); prefix popularity uniform or Zipf. Built for
-    comparing the engine with closed-form models (:mod:`cacheresearch.analytic`).
+    comparing the engine with closed-form models (:mod:`cacheresearch.analysis.analytic`).
 
 All record their parameters in ``Workload.meta``. Token ids lie in ``[0, vocab_size)``;
 timestamp tokens are ``vocab_size + i`` for request ``i`` (a reserved range, unique per request).
@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from .keys import block_keys_jit, split_uint64, to_uint64
-from .workload import MAX_ARRIVAL_MS, Workload
+from .table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
     "fleet_workload",
@@ -704,7 +704,7 @@ def prefix_arrival_times(
     ``poisson``: prefix ``k`` is a Poisson process of rate ``rates_per_s[k]`` (a Poisson count, then
     uniform times). ``diurnal``: an inhomogeneous Poisson process of rate
     ``rates_per_s[k] * (1 - diurnal_amplitude * cos(2 pi t / diurnal_period_s))`` (by thinning; the
-    day starts at its trough; :func:`cacheresearch.analytic.diurnal_rate` is the same profile).
+    day starts at its trough; :func:`cacheresearch.analysis.analytic.diurnal_rate` is the same profile).
     ``bursty``: a renewal process with gamma gaps of mean ``1 / rate`` and coefficient of variation
     ``burst_cv`` (> 1 is burstier than Poisson), started at time 0 (first arrival after one gap).
     """

@@ -4,10 +4,10 @@ A :class:`Workload` is host-side (NumPy) data: one row per request (arrival time
 milliseconds, input and output length in tokens, tenant) and the request's block keys stored
 CSR-style: ``keys[offsets[i]:offsets[i + 1]]`` are request ``i``'s block keys in prompt order.
 Keys are 64-bit (``uint64``); a key identifies a block *and its whole prefix* (chained hashing,
-see :mod:`cacheresearch.keys`), so two requests share a cached block only if they share every
+see :mod:`cacheresearch.workload.keys`), so two requests share a cached block only if they share every
 block before it.
 
-Trace loaders (:mod:`cacheresearch.trace`) and synthetic generators (:mod:`cacheresearch.synthetic`)
+Trace loaders (:mod:`cacheresearch.workload.trace`) and synthetic generators (:mod:`cacheresearch.workload.synthetic`)
 produce a ``Workload``; :func:`cacheresearch.engine.compile_stream` turns it into device arrays.
 """
 
