@@ -139,6 +139,7 @@ import numpy as np
 from . import __version__
 from .analysis import mrc
 from .workload import synthetic, trace
+from .core.replay import replay_grid
 from .engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
 from .workload import Workload
 
@@ -167,7 +168,7 @@ FULL_DESIGN_REQUESTS = 50_000
 #: case groups of ``--cases`` (``sweep`` gives ``sweep{N}_engine`` and ``sweep{N}_curve``)
 CASES = ("single", "sweep", "cache_aware", "mrc")
 #: project paths a case can time (every case names one in ``path``)
-PATHS = ("engine", "curve", "replay")
+PATHS = ("engine", "curve", "replay", "engine_numba")
 
 #: keys every case carries (tests check them); figures that a case does not have are None
 CASE_KEYS = (
@@ -901,6 +902,12 @@ class Bench:
         if not replay_exact:
             raise AssertionError(f"{spec.name}: lru_replay at C={C} != engine")
 
+        # the engine's numba backend, one configuration
+        nbs = measure(lambda: replay_grid(w, [params], [key], max_replicas=R, stream=stream),
+                      repeats=self.repeats, budget_s=self.budget_s, warmup=True)
+        if not np.array_equal(nbs.value.hit_blocks[0], eng_blocks):
+            raise AssertionError(f"{spec.name}: numba engine backend != engine")
+
         # libCacheSim: one configuration, one cache per replica, one core
         lr = lcs_prep = lcs_hit = lcs_acc = None
         rep = np.asarray(m.replica)
@@ -934,6 +941,9 @@ class Bench:
              f"curve: hit_curve(max_capacity=C, backend={backend}), routing included; first call = compile + run"),
             ("replay", rpl, None,
              "replay: route_requests + lru_replay (numba, one capacity); first call = compile + run"),
+            ("engine_numba", nbs, _r(prep),
+             "engine_numba: the engine's numba backend (core.replay.replay_grid, routing included), one configuration; "
+             "first call = compile + run"),
         )
         out = []
         for path, tm, path_prep, method in paths:
@@ -993,6 +1003,13 @@ class Bench:
         # logged at once, so that a time-limited run keeps the engine's figure
         self.log(f"[bench] {spec.name}: engine, {len(cells)} configurations in one call: {eng.best:.4f} s "
                  f"(first call {eng.first:.2f} s)")
+        # (a') the engine's numba backend (core.replay): the same configurations, configurations in threads
+        nb_params = [make_params("lru", int(c), replicas=int(r), router="random") for c, r, _ in cells]
+        nb_keys = [jax.random.PRNGKey(int(s)) for _, _, s in cells]
+        nba = measure(lambda: replay_grid(w, nb_params, nb_keys, max_replicas=max(reps), stream=stream),
+                      repeats=self.repeats, budget_s=self.budget_s, warmup=True)
+        if not np.array_equal(nba.value.hit_tokens, eng_tokens):
+            raise AssertionError(f"{spec.name}: sweep: numba engine backend != engine")
         # (b) one-pass curves: one per (replicas, seed) routing group, all capacities read off
         def curves():
             return {
@@ -1081,6 +1098,17 @@ class Bench:
             "repeats": eng.runs,
         }
         out.append(self.add_case(e, spec))
+        en = {
+            "name": f"sweep{N}_engine_numba", "path": "engine_numba", **common,
+            "project_s": _r(nba.best), "project_s_median": _r(nba.median), "project_compile_s": _r(nba.compile_estimate),
+            "project_first_call_s": _r(nba.first), "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
+            **self.lcs_fields(lr, nba.best, nba.compile_estimate, scale=scale, multi=True),
+            "method": (f"engine_numba: the engine's numba backend (core.replay.replay_grid) over {len(cells)} configs, "
+                       "configurations in threads (prange), routing (mrc.route_requests_many) included; results "
+                       "checked equal to the engine's"),
+            "repeats": nba.runs,
+        }
+        out.append(self.add_case(en, spec))
         c = {
             "name": f"sweep{N}_curve", "path": "curve", **common,
             "project_s": _r(cur.best), "project_s_median": _r(cur.median), "project_compile_s": _r(cur.compile_estimate),

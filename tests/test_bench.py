@@ -22,8 +22,8 @@ from cacheresearch.analysis.mrc import route_requests
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
-NAMES = ["single_engine", "single_curve", "single_replay", "sweep8_engine", "sweep8_curve", "sweep8_cache_aware",
-         "mrc_curve"]
+NAMES = ["single_engine", "single_curve", "single_replay", "single_engine_numba", "sweep8_engine",
+         "sweep8_engine_numba", "sweep8_curve", "sweep8_cache_aware", "mrc_curve"]
 LCS_WORKERS = 2
 
 
@@ -102,6 +102,7 @@ def test_case_names_are_distinct_and_name_their_path(tiny_report):
     assert by_path["single_engine"] == by_path["sweep8_engine"] == by_path["sweep8_cache_aware"] == "engine"
     assert by_path["single_curve"] == by_path["sweep8_curve"] == by_path["mrc_curve"] == "curve"
     assert by_path["single_replay"] == "replay"
+    assert by_path["single_engine_numba"] == by_path["sweep8_engine_numba"] == "engine_numba"
 
 
 def test_ratios(cases, have_lcs):

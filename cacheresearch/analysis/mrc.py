@@ -33,7 +33,7 @@ import numpy as np
 from ..routers import LOAD_FREE_ROUTERS, REGISTRY, FleetView, RequestView, route, router_id
 from ..workload import Workload
 
-__all__ = ["HitCurve", "hit_curve", "route_requests", "stack_distances", "shards_sample", "lru_replay"]
+__all__ = ["HitCurve", "hit_curve", "route_requests", "route_requests_many", "stack_distances", "shards_sample", "lru_replay"]
 
 _BIG = np.int32(2**31 - 1)  # "never seen": a miss at every capacity
 
@@ -67,15 +67,27 @@ def route_requests(workload: Workload, router: str, replicas: int, *, prefix_blo
     :data:`cacheresearch.routers.LOAD_FREE_ROUTERS`: it reads neither load nor cache state, so the
     routed sequence is fixed before the run). The registered rule itself, vmapped over the requests:
     the same decisions as the engine's (``random``: the engine's first random word per request)."""
+    if router == "random" and key is None:
+        raise ValueError("random routing needs a PRNG key")
+    return route_requests_many(workload, router, replicas, prefix_blocks=prefix_blocks,
+                               keys=None if key is None else [key])[0]
+
+
+def route_requests_many(workload: Workload, router: str, replicas: int, *, prefix_blocks: int = 80,
+                        keys=None) -> np.ndarray:
+    """:func:`route_requests` for several PRNG keys at once (int32 [len(keys), N]; one row when
+    ``keys`` is None): one compiled call for all of them."""
     if router not in LOAD_FREE_ROUTERS:
         raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need a router that reads "
                          f"neither load nor cache: {', '.join(LOAD_FREE_ROUTERS)}")
     n = workload.n_requests
-    b0 = np.zeros(n, np.uint32)
+    G = 1 if keys is None else len(keys)
+    b0 = np.zeros((G, n), np.uint32)
     if router == "random":
-        if key is None:
-            raise ValueError("random routing needs a PRNG key")
-        b0 = jax.random.bits(key, (n + 1,), jnp.uint32)[:n]  # engine.request_bits' column 0
+        if keys is None:
+            raise ValueError("random routing needs PRNG keys")
+        kk = jnp.stack(list(keys)) if not hasattr(keys, "shape") else keys
+        b0 = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (n + 1,), jnp.uint32))(kk))[:, :n]  # request_bits col 0
     k = np.zeros(n, np.uint64)
     if router in REGISTRY.knob_readers("prefix_blocks"):
         nb = workload.n_blocks
@@ -83,10 +95,12 @@ def route_requests(workload: Workload, router: str, replicas: int, *, prefix_blo
         k = np.where(nb > 0, workload.keys[np.minimum(pos, max(workload.total_blocks - 1, 0))] if workload.total_blocks else 0, 0)
         k = np.asarray(k, dtype=np.uint64)
     hi, lo = (k >> np.uint64(32)).astype(np.uint32), (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    pad = (1 << max(n - 1, 0).bit_length()) - n  # power-of-two lengths: one compile serves many workloads
-    cols = [np.arange(n + pad, dtype=np.int32)] + [np.pad(np.asarray(x), (0, pad)) for x in (hi, lo, b0)]
+    L = G * n
+    pad = (1 << max(L - 1, 0).bit_length()) - L  # power-of-two lengths: one compile serves many workloads
+    cols = [np.tile(np.arange(n, dtype=np.int32), G), np.tile(hi, G), np.tile(lo, G), b0.reshape(-1)]
+    cols = [np.pad(np.asarray(x), (0, pad)) for x in cols]
     out = _route_batch(router_id(router), int(replicas), *cols)
-    return np.asarray(out, dtype=np.int32)[:n]
+    return np.asarray(out, dtype=np.int32)[:L].reshape(G, n)
 
 
 @partial(jax.jit, static_argnums=(0, 1))

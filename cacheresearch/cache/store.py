@@ -50,10 +50,9 @@ def stored_len(stamp, m, thr):
 
 def _entry(stream, ent, leaf):
     """(run, length, base) of log entries ``ent`` under the recency order ``leaf`` (dynamic)."""
-    run = jnp.where(leaf, stream.log_run_leaf[ent], stream.log_run_plain[ent])
-    m = jnp.where(leaf, stream.log_len_leaf[ent], stream.log_len_plain[ent])
-    b = jnp.where(leaf, stream.log_base_leaf[ent], stream.log_base_plain[ent])
-    return run, m, b
+    E1 = stream.log.shape[-2]
+    v = stream.log.reshape(-1, 3)[jnp.where(leaf, E1, 0) + ent]  # one gather: (run, blocks, base)
+    return v[..., 0], v[..., 1], v[..., 2]
 
 
 def threshold(s: StoreState, row, leaf, stream):

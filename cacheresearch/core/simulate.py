@@ -147,7 +147,7 @@ def _simulate(stream: Stream, params, key, st: Static):
     F = len(init)
     V = st.max_instances * R if st.index else 0
     N1 = stream.arrival_ms.shape[0]
-    E1 = stream.log_run_leaf.shape[0]
+    E1 = stream.log.shape[-2]
     zR = jnp.zeros(R, jnp.int32)
     z = jnp.int32(0)
     carry = Carry(

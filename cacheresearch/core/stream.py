@@ -63,13 +63,9 @@ class Stream(NamedTuple):
     offset: jax.Array  # int32: the request's first block stamp
     n_runs: jax.Array  # int32
     entry0: jax.Array  # int32: the request's first entry E_i
-    # per entry [E + 1] (last: a sentinel), for each recency order
-    log_run_leaf: jax.Array  # int32 run of the entry (K at the sentinel)
-    log_len_leaf: jax.Array  # int32 its blocks
-    log_base_leaf: jax.Array  # int32 its base stamp
-    log_run_plain: jax.Array
-    log_len_plain: jax.Array
-    log_base_plain: jax.Array
+    # per recency order (0 prompt order, 1 leaf-first) and entry [2, E + 1, 3] (last entry: a
+    # sentinel): the entry's (run, blocks, base stamp); one array, so one gather reads an entry
+    log: jax.Array  # int32
     # per block position [S + 1] (flat, prompt order): the 64-bit keys (routing by prefix key)
     key_hi: jax.Array  # uint32
     key_lo: jax.Array  # uint32
@@ -87,7 +83,7 @@ class Stream(NamedTuple):
 
     @property
     def n_entries(self) -> int:
-        return int(self.log_run_leaf.shape[-1]) - 1
+        return int(self.log.shape[-2]) - 1
 
     @property
     def width(self) -> int:
@@ -235,15 +231,13 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
     # entries: prompt order e = E_i + q; leaf-first e = E_i + (p_i - 1 - q)
     e_leaf = entry0[rs.req] + (rs.n_runs[rs.req] - 1 - q)
 
-    def log(entry, base):
-        lr = np.full(E + 1, K, np.int32)
-        ll = np.zeros(E + 1, np.int32)
-        lb = np.full(E + 1, S, np.int32)
-        lr[entry], ll[entry], lb[entry] = run_id, rs.length, base
-        return lr, ll, lb
+    def order_log(entry, base):
+        lg = np.zeros((E + 1, 3), np.int32)
+        lg[:, 0], lg[:, 2] = K, S  # the sentinel: padding run, base past every stamp
+        lg[entry, 0], lg[entry, 1], lg[entry, 2] = run_id, rs.length, base
+        return lg
 
-    lrl, lll, lbl = log(e_leaf, base_leaf)
-    lrp, llp, lbp = log(np.arange(E), base_plain)
+    log = np.stack([order_log(np.arange(E), base_plain), order_log(e_leaf, base_leaf)])
 
     # steps: every request gets at least one (block-less requests are still counted)
     nst = np.maximum(1, -(-rs.n_runs // W))
@@ -274,8 +268,7 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
         offset=jnp.asarray(pad1(off, S).astype(np.int32)),
         n_runs=jnp.asarray(pad1(rs.n_runs).astype(np.int32)),
         entry0=jnp.asarray(pad1(entry0, E).astype(np.int32)),
-        log_run_leaf=jnp.asarray(lrl), log_len_leaf=jnp.asarray(lll), log_base_leaf=jnp.asarray(lbl),
-        log_run_plain=jnp.asarray(lrp), log_len_plain=jnp.asarray(llp), log_base_plain=jnp.asarray(lbp),
+        log=jnp.asarray(log),
         key_hi=jnp.asarray(pad1((keys >> np.uint64(32)).astype(np.uint32))),
         key_lo=jnp.asarray(pad1((keys & np.uint64(0xFFFFFFFF)).astype(np.uint32))),
         block_tokens=jnp.asarray(np.int32(w.block_tokens)),
@@ -316,6 +309,14 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         a = np.asarray(a)
         return np.where(a == n_blocks_total, S1 - 1, a)
 
+    def pad_log(lg):  # [2, e1, 3] -> [2, E1, 3]: run ids re-numbered, sentinel bases moved
+        out = np.zeros((2, E1, 3), np.int32)
+        out[:, :, 0], out[:, :, 2] = K, S1 - 1
+        out[:, : lg.shape[1], 0] = reid(lg[:, :, 0])
+        out[:, : lg.shape[1], 1] = lg[:, :, 1]
+        out[:, : lg.shape[1], 2] = rebase(lg[:, :, 2])
+        return out
+
     return Stream(
         step_run=padv(reid(s.step_run), shape.steps, K),
         step_len=padv(s.step_len, shape.steps, 0),
@@ -331,12 +332,7 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         offset=padv(rebase(s.offset), N1, S1 - 1),
         n_runs=padv(s.n_runs, N1, 0),
         entry0=padv(np.where(np.asarray(s.entry0) == own.entries - 1, E1 - 1, np.asarray(s.entry0)), N1, E1 - 1),
-        log_run_leaf=padv(reid(s.log_run_leaf), E1, K),
-        log_len_leaf=padv(s.log_len_leaf, E1, 0),
-        log_base_leaf=padv(rebase(s.log_base_leaf), E1, S1 - 1),
-        log_run_plain=padv(reid(s.log_run_plain), E1, K),
-        log_len_plain=padv(s.log_len_plain, E1, 0),
-        log_base_plain=padv(rebase(s.log_base_plain), E1, S1 - 1),
+        log=pad_log(np.asarray(s.log)),
         key_hi=padv(s.key_hi, S1, 0),
         key_lo=padv(s.key_lo, S1, 0),
         block_tokens=np.asarray(s.block_tokens),

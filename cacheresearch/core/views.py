@@ -65,7 +65,7 @@ def probe(store, sy: SyncState, stream, e0, p, now, u, params, *, R: int, stale:
     W = stream.step_run.shape[-1]
     plane = jnp.arange(W, dtype=jnp.int32)
     ridx = jnp.arange(R, dtype=jnp.int32)
-    E1 = stream.log_run_plain.shape[0]
+    E1 = stream.log.shape[-2]
     ttl = params.ttl_ms
     vrows = R + u * R + ridx
 
@@ -78,8 +78,9 @@ def probe(store, sy: SyncState, stream, e0, p, now, u, params, *, R: int, stale:
         jj = j + plane
         ok = jj < p
         e = jnp.where(ok, e0 + jj, E1 - 1)
-        run = stream.log_run_plain[e]
-        m = stream.log_len_plain[e][None, :]
+        v = stream.log[0, e]  # prompt order: the request's runs as they appear
+        run = v[:, 0]
+        m = v[:, 1][None, :]
         g = store.kv.at[ridx[:, None], run[None, :]].get(mode="fill", fill_value=-1)  # [R, W, F]
         sl = None
         if prio is not None:  # priority policies keep stored lengths explicitly
