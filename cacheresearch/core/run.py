@@ -87,6 +87,20 @@ class Plan:
                 f"(available {self.available_bytes / 2**20:.0f} MiB), devices {jax.device_count()}")
 
 
+_COMPILED: dict = {}  # (static options, argument shapes) -> compiled program (studies call repeatedly)
+
+
+def _compiled(st: Static, *args):
+    sig = (st, tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
+    exe = _COMPILED.get(sig)
+    if exe is None:
+        exe = jax.jit(nested_fn(st)).lower(*args).compile()
+        if len(_COMPILED) > 32:
+            _COMPILED.clear()
+        _COMPILED[sig] = exe
+    return exe
+
+
 def _needs(p) -> tuple[bool, bool, bool]:
     """(approximate-index rows, stale fields, priority fields) a configuration needs."""
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
@@ -159,7 +173,6 @@ def simulate_cells(
         C = max(len(c) for c in cells)
         S = len(sids)
         per = C if max_batch is None else max(1, min(C, int(max_batch) // S))
-        fn = jax.jit(nested_fn(st))
 
         def args(c0, per, cells=cells, S=S):
             sel = [[cs[min(c0 + j, len(cs) - 1)] for j in range(per)] for cs in cells]
@@ -170,7 +183,7 @@ def simulate_cells(
 
         while True:
             _, P, keys = args(0, per)
-            compiled = fn.lower(stacked, P, keys).compile()
+            compiled = _compiled(st, stacked, P, keys)
             mem = _memory(compiled)
             if mem <= budget or per == 1:
                 break

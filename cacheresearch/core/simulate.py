@@ -387,9 +387,6 @@ def nested_fn(st: Static):
     return jax.vmap(inner, in_axes=(0, 0, 0))
 
 
-_simulate_nested_jit = jax.jit(lambda stream, params, keys, st: nested_fn(st)(stream, params, keys),
-                               static_argnames=("st",))
-
 
 def static_options(
     params,
