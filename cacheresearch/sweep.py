@@ -657,11 +657,12 @@ def simulate_plan(cfg, plan: Plan):
         idx[g] = wkeys.setdefault(_workload_key(plan, cell), len(wkeys))
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
     prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
+    blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
         w = build_workload(cfg, plan, k)
-        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio))
+        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio, block_ids=blocks))
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests)))
         del w

@@ -174,7 +174,7 @@ def tree_workloads(draw, max_requests=N_MAX, max_len=L_MAX):
 
 
 def padded_stream(w: Workload, chunk_runs: int, n_requests: int = N_MAX, n_blocks: int = L_MAX, *,
-                  stateful_singletons: bool = False):
+                  stateful_singletons: bool = False, block_ids: bool = False):
     """``compile_stream`` padded to one template shape, so that many workloads reuse one program.
 
     The shape bounds every workload of ``n_requests`` requests of at most ``n_blocks`` blocks: each
@@ -182,11 +182,11 @@ def padded_stream(w: Workload, chunk_runs: int, n_requests: int = N_MAX, n_block
     Per-request outputs then have the template's length; the first ``w.n_requests`` are real.
     """
     assert w.n_requests <= n_requests and w.n_blocks.max(initial=0) <= n_blocks
-    s = compile_stream(w, chunk_runs=chunk_runs, stateful_singletons=stateful_singletons)
+    s = compile_stream(w, chunk_runs=chunk_runs, stateful_singletons=stateful_singletons, block_ids=block_ids)
     total = n_requests * n_blocks
     keys = total if stateful_singletons else max(total // 2, 1)  # singletons with state: every run at worst
     shape = StreamShape(steps=n_requests * -(-n_blocks // chunk_runs), width=chunk_runs, requests=n_requests + 1,
-                        entries=total + 1, positions=total + 1, keys=keys)
+                        entries=total + 1, positions=total + 1, keys=keys, distinct=total if block_ids else 0)
     return jax.tree.map(jnp.asarray, pad_stream(s, shape))
 
 

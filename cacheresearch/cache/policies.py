@@ -21,6 +21,8 @@ lfu           C blocks    none         leaf-first        perfect-history LFU: ev
 length_aware  C blocks    none         leaf-first        Mooncake's LengthAwareCache: evict the block
                                                          deepest in its prompt first, ties least
                                                          recent first
+s3fifo        C blocks    none         leaf-first touch  S3-FIFO (SOSP'23): small, main and ghost FIFO
+                                                         queues, per block (cacheresearch.cache.s3fifo)
 ============  ==========  ===========  ================  ==========================================
 
 ``lfu`` and ``length_aware`` are *priority* policies (:mod:`cacheresearch.cache.priority`): they rank
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "INF"]
+__all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "S3FIFO_ID", "INF"]
 
 INF = 2**31 - 1  # "no limit" for capacity and TTL (int32)
 
@@ -51,6 +53,7 @@ class PolicySpec(NamedTuple):
     leaf_first: bool
     refresh_on_hit: bool
     priority: bool = False  # ranks runs beyond recency (cache.priority)
+    block_state: bool = False  # keeps per-block state (cache.s3fifo)
 
 
 POLICIES: dict[str, PolicySpec] = {
@@ -61,7 +64,9 @@ POLICIES: dict[str, PolicySpec] = {
     "unbounded": PolicySpec(4, False, False, True, True),
     "lfu": PolicySpec(5, True, False, True, True, priority=True),
     "length_aware": PolicySpec(6, True, False, True, True, priority=True),
+    "s3fifo": PolicySpec(7, True, False, True, True, block_state=True),
 }
+S3FIFO_ID = POLICIES["s3fifo"].id
 PRIORITY_IDS = tuple(p.id for p in POLICIES.values() if p.priority)
 
 

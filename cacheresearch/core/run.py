@@ -2,7 +2,7 @@
 
 :func:`simulate_cells` groups the cells by the state shape they need (approximate-index rows only
 for configurations whose router uses the approximate view; as-of-sync fields only for the stale
-view), and within a group by stream: one compiled program per group, a nested vmap over
+view; priority fields only for lfu / length_aware; per-block queues only for s3fifo), and within a group by stream: one compiled program per group, a nested vmap over
 ``[streams, configurations per stream]`` in which each stream is passed once (never gathered per
 configuration). Streams of a group are padded to one shape; configurations per stream are padded
 by repeating the stream's last cell (results dropped).
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..cache.policies import PRIORITY_IDS
+from ..cache.policies import PRIORITY_IDS, S3FIFO_ID
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
 from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, static_options
 from .stream import Stream, pad_stream, stream_shape
@@ -60,6 +60,8 @@ class GroupPlan:
     per_stream: int  # configurations per stream per call (after chunking)
     calls: int
     memory_bytes: int = 0  # the compiled program's memory analysis (one call)
+    priority: bool = False  # lfu / length_aware fields
+    s3: bool = False  # s3fifo's per-block queues
 
     @property
     def n_cells(self) -> int:
@@ -101,11 +103,11 @@ def _compiled(st: Static, *args):
     return exe
 
 
-def _needs(p) -> tuple[bool, bool, bool]:
-    """(approximate-index rows, stale fields, priority fields) a configuration needs."""
+def _needs(p) -> tuple[bool, bool, bool, bool]:
+    """(approximate-index rows, stale fields, priority fields, s3fifo queues) a configuration needs."""
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
     return (bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"]),
-            int(p.policy) in PRIORITY_IDS)
+            int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID)
 
 
 def _stack(xs):
@@ -145,7 +147,7 @@ def simulate_cells(
     stream_of = np.asarray(stream_of, np.int64)
     if G == 0:
         raise ValueError("no cells to run")
-    for k in ("index", "stale", "routers_compiled", "priority", "max_depth"):
+    for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3"):
         options.pop(k, None)
     avail = available_memory_bytes()
     budget = int(avail * memory_fraction)
@@ -155,14 +157,14 @@ def simulate_cells(
         groups.setdefault(_needs(p), {}).setdefault(int(stream_of[g]), []).append(g)
     out: list = [None] * G
     ready = []
-    for (index, stale, priority), by_stream in groups.items():
+    for (index, stale, priority, s3), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
         gp_params = [params[g] for cs in cells for g in cs]
         grid = _stack(gp_params)
         depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
-                            max_depth=depth, **options)
+                            max_depth=depth, s3=s3, **options)
         check_bounds(grid, max_replicas, st)
         for s_ in sids:
             check_stream(streams[s_], st)
@@ -194,7 +196,7 @@ def simulate_cells(
                 f"{memory_fraction:.0%} of the {avail / 2**20:.0f} MiB available: reduce the workload (requests), "
                 f"max_replicas, engine.queue_slots or the router instances, or run fewer streams at once")
         calls = -(-C // per)
-        gp = GroupPlan(index, stale, st.routers, sids, cells, per, calls, mem)
+        gp = GroupPlan(index, stale, st.routers, sids, cells, per, calls, mem, priority, s3)
         plan.groups.append(gp)
         ready.append((gp, compiled, stacked, args))
     if log is not None:  # the whole plan, before anything runs
@@ -202,7 +204,8 @@ def simulate_cells(
         for i, (gp, *_rest) in enumerate(ready):
             log(f"  program {i + 1}: {gp.n_cells} configurations, {len(gp.streams)} streams x {gp.per_stream} per "
                 f"call, {gp.calls} calls, index rows {'yes' if gp.index else 'no'}, stale fields "
-                f"{'yes' if gp.stale else 'no'}, memory {gp.memory_bytes / 2**20:.0f} MiB")
+                f"{'yes' if gp.stale else 'no'}, priority fields {'yes' if gp.priority else 'no'}, s3fifo queues "
+                f"{'yes' if gp.s3 else 'no'}, memory {gp.memory_bytes / 2**20:.0f} MiB")
     for gp, compiled, stacked, args in ready:
         per, cells = gp.per_stream, gp.cells
         for c0 in range(0, max(len(c) for c in cells), per):

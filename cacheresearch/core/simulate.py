@@ -30,7 +30,8 @@ import numpy as np
 
 from ..routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
 from . import queue as qm
-from ..cache.policies import POLICIES, PRIORITY_IDS, is_priority
+from ..cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
+from ..cache.s3fifo import S3State, init_s3, s3_request
 from ..cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from ..cache.store import StoreState, evict, init_store, stored_len
 from .stream import Stream
@@ -102,6 +103,7 @@ class Static(NamedTuple):
     routers: tuple  # router ids compiled into the program (a grid may only use these)
     queue: bool = True  # model the replicas' queues (loads, TTFT); off: hit rates only, faster
     priority: bool = False  # keep the priority policies' fields (lfu, length_aware)
+    s3: bool = False  # keep s3fifo's per-block queues
     max_depth: int = 0  # most blocks of a request (the length_aware search bound)
 
 
@@ -127,6 +129,7 @@ class Cursor(NamedTuple):
 
 class Carry(NamedTuple):
     store: StoreState
+    s3: S3State
     sync: SyncState
     queue: qm.QueueState
     totals: Totals
@@ -152,6 +155,7 @@ def _simulate(stream: Stream, params, key, st: Static):
     z = jnp.int32(0)
     carry = Carry(
         store=init_store(R + V, K, E1, init),
+        s3=init_s3(R, max(stream.n_distinct, 1), stream.block_id.shape[0]) if st.s3 else init_s3(1, 1, 1),
         sync=init_sync(R),
         queue=qm.init_queue(R, st.queue_slots),
         totals=Totals(z, z, z, zR, zR, z, z, z, z),
@@ -167,6 +171,7 @@ def _simulate(stream: Stream, params, key, st: Static):
     leaf = params.leaf_first
     prio = is_priority(params.policy) if st.priority else None
     is_lfu = params.policy == POLICIES["lfu"].id
+    is_s3 = params.policy == S3FIFO_ID
 
     def step(c: Carry, x):
         runs, lens, j0s, qs, req, first, last = x
@@ -276,6 +281,13 @@ def _simulate(stream: Stream, params, key, st: Static):
             store = evict(store, r, cap_r, leaf, stream, st.window, last)
         if st.index:
             store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, last)
+        # ---- s3fifo: per-block queues, the whole request at its last step (its own lookup)
+        s3 = c.s3
+        occ_r = store.occ[r]
+        if st.s3:
+            s3, hit3 = s3_request(s3, r, stream.block_id, base, n, cap_r, last & is_s3 & (req < stream.n_requests))
+            hit = jnp.where(is_s3, hit3, hit)
+            occ_r = jnp.where(is_s3, s3.occ[r], occ_r)
         # ---- metrics
         real = last & (req < stream.n_requests)
         inp = stream.input_tokens[req]
@@ -284,7 +296,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         tok_hi, tok_lo = _add_limbs(t.tok_hi, t.tok_lo, jnp.where(real, hit_tok, 0))
         t = t._replace(
             tok_hi=tok_hi, tok_lo=tok_lo,
-            max_occ=t.max_occ.at[r].max(jnp.where(last, store.occ[r], 0)),
+            max_occ=t.max_occ.at[r].max(jnp.where(last, occ_r, 0)),
             nreq=t.nreq.at[r].add(real.astype(jnp.int32)),
             req_hit=t.req_hit + (real & (hit > 0)).astype(jnp.int32),
         )
@@ -293,17 +305,17 @@ def _simulate(stream: Stream, params, key, st: Static):
             qs_, ttft = qm.dispatch(c.queue, r, now, real, inp - hit_tok, stream.output_tokens[req], n, u, params)
         else:
             qs_, ttft = c.queue, jnp.int32(0)
-        c = Carry(store, sy, qs_, t, Cursor(r, u, hit, alive, match_r))
+        c = Carry(store, s3, sy, qs_, t, Cursor(r, u, hit, alive, match_r))
         out = (ttft,) + ((hit, hit_tok, r, match_r) if st.per_request else ())
         return c, out
 
     xs = (stream.step_run, stream.step_len, stream.step_j0, stream.step_q, stream.step_req, stream.step_first,
           stream.step_last)
     c, out = jax.lax.scan(step, carry, xs)
-    return _finish(stream, params, c, out, st, active, replicas)
+    return _finish(stream, params, c, out, st, active, replicas, is_s3)
 
 
-def _finish(stream, params, c: Carry, out, st: Static, active, replicas) -> Metrics:
+def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) -> Metrics:
     R = st.max_replicas
     N1 = stream.arrival_ms.shape[0]
     t, q = c.totals, c.queue
@@ -342,7 +354,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas) -> Metr
         hit_tokens_lo=t.tok_lo,
         requests_hit=t.req_hit,
         max_occupancy=t.max_occ,
-        occupancy=c.store.occ[:R],
+        occupancy=jnp.where(is_s3, c.s3.occ, c.store.occ[:R]) if st.s3 else c.store.occ[:R],
         requests_per_replica=t.nreq,
         ttft_p50_ms=pct(50),
         ttft_p90_ms=pct(90),
@@ -404,6 +416,7 @@ def static_options(
     queue: bool = True,
     priority: bool | None = None,
     max_depth: int = 0,
+    s3: bool | None = None,
 ) -> Static:
     """The static shape options of a run, with ``None`` resolved from the (concrete) params.
 
@@ -433,8 +446,11 @@ def static_options(
         compiled = tuple(sorted({int(x) for x in routers}))
         if priority is None:
             priority = bool(np.isin(np.asarray(params.policy), PRIORITY_IDS).any())
+        if s3 is None:
+            s3 = bool((np.asarray(params.policy) == S3FIFO_ID).any())
     else:
         priority = bool(priority)
+        s3 = bool(s3)
         compiled = tuple(ROUTERS.values())
         match = bool(match) if match is not None else True
         index = bool(index) if index is not None else False
@@ -448,8 +464,8 @@ def static_options(
     if routers_compiled is not None:
         compiled = tuple(sorted({router_id(r) if isinstance(r, str) else int(r) for r in routers_compiled}))
     return Static(int(max_replicas), int(max_instances), int(queue_slots), bool(match), bool(index), bool(stale),
-                  int(max_vnodes), bool(per_request), window, compiled, bool(queue), bool(priority),
-                  int(max_depth) if priority else 0)
+                  int(max_vnodes), bool(per_request), window, compiled, bool(queue), priority=bool(priority),
+                  s3=bool(s3), max_depth=int(max_depth) if priority else 0)
 
 
 def default_window() -> int:
@@ -499,12 +515,20 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("policies lfu and length_aware need priority=True")
     if st.priority and st.stale:
         raise ValueError("the stale router view is not available with the priority policies (lfu, length_aware)")
+    s3 = np.asarray(params.policy).reshape(-1) == S3FIFO_ID
+    if s3.any() and not st.s3:
+        raise ValueError("policy s3fifo needs s3=True")
+    if (s3 & cache).any():
+        raise ValueError("policy s3fifo keeps per-block queues that the cache-reading routers' views do not read: "
+                         "use a router that reads no cache state with it")
 
 
 def check_stream(stream: Stream, st: Static) -> None:
     """A stream fits the program: priority policies need every run stateful."""
     if st.priority and stream.has_singletons:
         raise ValueError("policies lfu and length_aware need compile_stream(..., stateful_singletons=True)")
+    if st.s3 and stream.n_distinct == 0:
+        raise ValueError("policy s3fifo needs compile_stream(..., block_ids=True)")
 
 
 def _max_depth(stream: Stream) -> int:

@@ -75,6 +75,10 @@ class Stream(NamedTuple):
     n_requests: jax.Array  # int32: real requests (excludes padding)
     # per stateful run [K]: its length (this array's size fixes the state's shape)
     run_len: jax.Array  # int32
+    # block-level ids, only for policies with per-block state (s3fifo; compile_stream(block_ids=True)):
+    # the dense id of every block [S + 1] (U at the end), and a [U] array whose size is the id space
+    block_id: jax.Array  # int32 [S + 1] (or [1] when absent)
+    block_space: jax.Array  # int8 [U] (or [0] when absent)
 
     @property
     def n_keys(self) -> int:
@@ -88,6 +92,11 @@ class Stream(NamedTuple):
     @property
     def width(self) -> int:
         return int(self.step_run.shape[-1])
+
+    @property
+    def n_distinct(self) -> int:
+        """Block ids (0 when the stream carries none)."""
+        return int(self.block_space.shape[-1])
 
     @property
     def has_singletons(self) -> bool:
@@ -104,6 +113,7 @@ class StreamShape(NamedTuple):
     entries: int  # E + 1
     positions: int  # S + 1
     keys: int  # K
+    distinct: int = 0  # U: block ids (0 unless block_ids=True)
 
     def union(self, other: "StreamShape") -> "StreamShape":
         return StreamShape(*(max(a, b) for a, b in zip(self, other)))
@@ -111,7 +121,7 @@ class StreamShape(NamedTuple):
 
 def stream_shape(s: Stream) -> StreamShape:
     return StreamShape(int(s.step_run.shape[-2]), s.width, int(s.arrival_ms.shape[-1]), s.n_entries + 1,
-                       int(s.key_hi.shape[-1]), s.n_keys)
+                       int(s.key_hi.shape[-1]), s.n_keys, s.n_distinct)
 
 
 class RunStructure(NamedTuple):
@@ -187,13 +197,15 @@ def default_chunk_runs(n_runs: np.ndarray) -> int:
     return best
 
 
-def compile_stream(workload: Workload, *, chunk_runs: int | None = None, stateful_singletons: bool = False) -> Stream:
+def compile_stream(workload: Workload, *, chunk_runs: int | None = None, stateful_singletons: bool = False,
+                   block_ids: bool = False) -> Stream:
     """Run-compressed, chunked device arrays for ``workload`` (host-side NumPy work, done once).
 
     ``chunk_runs``: runs per scan step (default :func:`default_chunk_runs`; a speed knob, never a
     result). A request with at most ``chunk_runs`` runs takes one scan step.
     ``stateful_singletons``: give runs that occur once state too (the priority policies ``lfu`` and
     ``length_aware`` rank every stored run, so they need it; LRU and TTL policies do not).
+    ``block_ids``: carry every block's dense id (``s3fifo`` keeps per-block state).
     """
     w = workload
     n = w.n_requests
@@ -275,7 +287,17 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
         input_total=jnp.asarray(np.float32(w.input_tokens.sum())),
         n_requests=jnp.asarray(np.int32(n)),
         run_len=jnp.asarray(run_len.astype(np.int32)),
+        **_block_fields(w, block_ids),
     )
+
+
+def _block_fields(w: Workload, on: bool) -> dict:
+    if not on:
+        return dict(block_id=jnp.zeros(1, jnp.int32), block_space=jnp.zeros(0, jnp.int8))
+    ids = w.dense_ids() if w.total_blocks else np.zeros(0, np.int64)
+    U = int(ids.max()) + 1 if ids.size else 1
+    return dict(block_id=jnp.asarray(np.concatenate([ids, [U]]).astype(np.int32)),
+                block_space=jnp.zeros(U, jnp.int8))
 
 
 def pad_stream(s: Stream, shape: StreamShape) -> Stream:
@@ -317,6 +339,14 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         out[:, : lg.shape[1], 2] = rebase(lg[:, :, 2])
         return out
 
+    def pad_blocks():
+        U, u = shape.distinct, own.distinct
+        if U == 0:
+            return dict(block_id=np.asarray(s.block_id), block_space=np.asarray(s.block_space))
+        bid = np.asarray(s.block_id)
+        bid = np.where(bid >= u, U, bid) if u else np.full(1, U, np.int32)
+        return dict(block_id=padv(bid, S1, U).astype(np.int32), block_space=np.zeros(U, np.int8))
+
     return Stream(
         step_run=padv(reid(s.step_run), shape.steps, K),
         step_len=padv(s.step_len, shape.steps, 0),
@@ -339,6 +369,7 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         input_total=np.asarray(s.input_total),
         n_requests=np.asarray(s.n_requests),
         run_len=padv(s.run_len, K, 1),
+        **pad_blocks(),
     )
 
 
