@@ -54,11 +54,6 @@ def _kernel():
     if _KERNEL is None:
         import numba  # noqa: PLC0415
 
-        # numba's own thread pool, not OpenMP: an OpenMP runtime loaded next to XLA's in one process
-        # coincided with a crash inside XLA's compiler in a long test session
-        if numba.config.THREADING_LAYER == "default":
-            numba.config.THREADING_LAYER = "workqueue"
-
         @numba.njit(parallel=True, cache=True)
         def run(arrival, nb, inp, off, nruns, e0, log0, K, bt, rep, cap, ttl, leaf, refresh, R):
             G, N = rep.shape
