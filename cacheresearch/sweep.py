@@ -220,6 +220,24 @@ class CacheConf:
 
 
 @dataclass
+class ReplicaConf:
+    """How a replica serves and how much KV it holds.
+
+    ``scheduler``: ``fcfs`` (one server per replica, prefill at a rate) or ``vllm`` (continuous batching
+    with one KV pool for cached and running blocks). ``gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
+    ``gpu_memory_utilization`` give the KV capacity from hardware in place of ``cache.capacity_blocks``.
+    """
+
+    scheduler: str = "fcfs"
+    step_model: Optional[str] = None  # step-time preset of the vllm scheduler (null: the default preset)
+    gpu: Optional[str] = None
+    model: Optional[str] = None
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass
 class EngineConf:
     chunk_runs: Optional[int] = None  # runs per scan step (None: chosen from the stream; speed only)
     max_batch: Optional[int] = None  # configurations per compiled call (None: as many as fit in memory)
@@ -251,6 +269,7 @@ class SweepConfig:
     trace: TraceConf = field(default_factory=TraceConf)
     fleet: FleetConf = field(default_factory=FleetConf)
     cache: CacheConf = field(default_factory=CacheConf)
+    replica: ReplicaConf = field(default_factory=ReplicaConf)
     engine: EngineConf = field(default_factory=EngineConf)
     seed: int = 0
     seeds: int = 1
