@@ -453,6 +453,12 @@ def make_plan(cfg: DictConfig) -> Plan:
     if unknown:  # only reachable without the schema
         raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
     base = _base_values(cfg)
+    hw_cap = hardware_capacity(cfg)  # replica.gpu / replica.model: KV capacity in place of cache.capacity_blocks
+    if hw_cap is not None:
+        if grid.get("capacity_blocks") is not None:
+            raise SweepError("replica.gpu / replica.model set the KV capacity: drop grid.capacity_blocks "
+                             "(grid.capacity_blocks=null)")
+        base["capacity_blocks"] = hw_cap
     for k in GRID_KEYS:
         if k in ("layout",) + TENANT_GRID_KEYS and base[k] is None:
             continue
@@ -515,6 +521,30 @@ def make_plan(cfg: DictConfig) -> Plan:
         source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
         workload_dims=[d for d in dims if d in wl_keys],
     )
+
+
+def hardware_capacity(cfg) -> int | None:
+    """KV blocks per replica from ``replica.gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
+    ``gpu_memory_utilization`` (:func:`cacheresearch.hardware.kv_blocks`, in the workload's block size),
+    or ``None`` when neither ``replica.gpu`` nor ``replica.model`` is set."""
+    rc = cfg.get("replica") if hasattr(cfg, "get") else None
+    if rc is None or (rc.get("gpu") is None and rc.get("model") is None):
+        return None
+    if rc.get("gpu") is None or rc.get("model") is None:
+        raise SweepError("replica.gpu and replica.model go together (the KV capacity needs both)")
+    from .hardware import kv_blocks  # noqa: PLC0415
+
+    src = cfg.workload.source
+    node = cfg.trace if src == "trace" else cfg.workload.get(src)
+    bt = node.get("block_tokens", 16) if node is not None else 16
+    try:
+        cap = kv_blocks(str(rc.model), str(rc.gpu), tp=int(rc.tp), kv_dtype=str(rc.kv_dtype),
+                        gpu_memory_utilization=float(rc.gpu_memory_utilization), block_tokens=int(bt))
+    except ValueError as e:
+        raise SweepError(f"replica: {e}") from None
+    _log(f"replica: {rc.model} on {rc.tp} x {rc.gpu}, kv_dtype {rc.kv_dtype}, gpu_memory_utilization "
+         f"{rc.gpu_memory_utilization}: {cap} blocks of {bt} tokens per replica")
+    return cap
 
 
 # ------------------------------------------------------------------------------ workloads

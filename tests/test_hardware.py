@@ -55,3 +55,21 @@ def test_bad_input(kw, msg):
     args.update(kw)
     with pytest.raises(ValueError, match=msg):
         hw.kv_blocks(args.pop("model"), args.pop("gpu"), **args)
+
+
+def test_sweep_takes_capacity_from_hardware():
+    from cacheresearch.sweep import SweepError, compose_config, make_plan
+
+    cfg = compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", "replica.model=llama3_8b",
+                          "replica.kv_dtype=fp8"])
+    if cfg.grid.get("capacity_blocks") is not None:
+        cfg = compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", "replica.model=llama3_8b",
+                              "replica.kv_dtype=fp8", "grid.capacity_blocks=null"])
+    plan = make_plan(cfg)
+    assert plan.base["capacity_blocks"] == hw.kv_blocks("llama3_8b", "h100_80gb", kv_dtype="fp8",
+                                                        block_tokens=int(cfg.workload.fleet.block_tokens))
+    with pytest.raises(SweepError, match="go together"):
+        make_plan(compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb"]))
+    with pytest.raises(SweepError, match="replica: unknown model"):
+        make_plan(compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", "replica.model=nope",
+                                  "grid.capacity_blocks=null"]))
