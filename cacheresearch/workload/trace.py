@@ -14,6 +14,27 @@ Mooncake JSONL
     non-negative integer ``tenant`` field is read when present (default 0); other fields are
     ignored. Blank lines are skipped.
 
+Qwen-Bailian JSONL (Alibaba's "KVCache Cache in the Wild" usage traces)
+    One JSON object per line::
+
+        {"chat_id": 7, "parent_chat_id": 3, "timestamp": 61.25, "input_length": 1840,
+         "output_length": 212, "type": "text", "turn": 2, "hash_ids": [0, 1, ...]}
+
+    ``timestamp`` is in seconds from the trace start (integer or float; stored as integer
+    milliseconds, rounded), ``hash_ids`` are 16-token blocks by default
+    (``len(hash_ids) == ceil(input_length / 16)``), ``chat_id`` is a non-negative integer unique in
+    the file, ``parent_chat_id`` is ``-1`` for the first request of a session or the ``chat_id`` of
+    an earlier request, ``type`` is a request category (``text``, ``search``, ``image``, ``file``;
+    other non-empty names are kept too) and ``turn`` a non-negative integer. :func:`read_bailian`
+    returns the workload with the session structure (:class:`BailianTrace`): each request's parent
+    request (by ``parent_chat_id``), its session (the root of its parent chain) and its type; the
+    workload's ``tenant`` column is the type's index. A parent that is not in the file (the trace is
+    a window of a longer log) makes its child the root of a new session; the count is kept in
+    ``meta["orphans"]``.
+
+:func:`load_trace` reads either format, given (``format="mooncake"`` / ``"bailian"``) or detected
+from the first non-blank line (a ``chat_id`` field means Bailian).
+
 libCacheSim oracleGeneral
     Packed 24-byte little-endian records ``(uint32 time, uint64 id, uint32 size,
     int64 next_access_vtime)``; ``next_access_vtime`` is the index of the next record with the same
@@ -24,8 +45,10 @@ libCacheSim oracleGeneral
 from __future__ import annotations
 
 import json
+import math
 from os import PathLike
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,7 +56,14 @@ from .table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
     "TraceError",
+    "TRACE_FORMATS",
+    "BailianTrace",
+    "detect_format",
+    "load_trace",
     "load_mooncake",
+    "read_bailian",
+    "load_bailian",
+    "save_bailian",
     "save_mooncake",
     "write_oracle_general",
     "read_oracle_general",
@@ -256,3 +286,208 @@ def write_oracle_general(block_ids: np.ndarray, path: str | PathLike, *, times=N
 def read_oracle_general(path: str | PathLike) -> np.ndarray:
     """Read an oracleGeneral file back as a structured array of :data:`ORACLE_GENERAL_DTYPE`."""
     return np.fromfile(Path(path), dtype=ORACLE_GENERAL_DTYPE)
+
+
+# ------------------------------------------------------------------------------ Qwen-Bailian
+#: Trace formats :func:`load_trace` reads, with the tokens per ``hash_ids`` entry each uses by default.
+TRACE_FORMATS = {"mooncake": 512, "bailian": 16}
+BAILIAN_TYPES = ("text", "search", "image", "file")
+
+
+class BailianTrace(NamedTuple):
+    """A Bailian trace: the request table and its sessions (one entry per request, file order)."""
+
+    workload: Workload  # tenant = index into type_names
+    chat_id: np.ndarray  # int64 [N]
+    parent_chat_id: np.ndarray  # int64 [N] (-1: a root)
+    parent: np.ndarray  # int64 [N]: index of the parent request, -1 for a root (or an orphan)
+    session: np.ndarray  # int64 [N]: 0-based session index (sessions numbered by their first request)
+    turn: np.ndarray  # int64 [N]
+    type: np.ndarray  # int32 [N]: index into type_names
+    type_names: tuple  # category names, known ones first (text, search, image, file), then in order of appearance
+
+    @property
+    def n_sessions(self) -> int:
+        return int(self.session.max(initial=-1)) + 1
+
+
+def _timestamp_s(obj: dict, path, lineno: int) -> int:
+    if "timestamp" not in obj:
+        raise _fail(path, lineno, "timestamp", "missing")
+    v = obj["timestamp"]
+    if type(v) not in (int, float) or not math.isfinite(v):
+        raise _fail(path, lineno, "timestamp", f"expected a finite number of seconds, got {v!r}")
+    if v < 0:
+        raise _fail(path, lineno, "timestamp", f"must be non-negative, got {v}")
+    ms = int(round(v * 1000))
+    if ms > MAX_ARRIVAL_MS:
+        raise _fail(path, lineno, "timestamp", f"{v} s is beyond the engine's {MAX_ARRIVAL_MS / 1000:.0f} s")
+    return ms
+
+
+def read_bailian(
+    path: str | PathLike,
+    *,
+    block_tokens: int = 16,
+    max_requests: int | None = None,
+    name: str | None = None,
+) -> BailianTrace:
+    """Read a Qwen-Bailian JSONL trace (module docstring) with its sessions.
+
+    Raises :class:`TraceError` naming the file, the 1-based line and the field on malformed input
+    (missing or mistyped fields, decreasing timestamps, a repeated ``chat_id``, a request that is
+    its own parent, ``hash_ids`` of the wrong length or repeating an id).
+    """
+    if type(block_tokens) is not int or block_tokens <= 0:
+        raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    if max_requests is not None and (type(max_requests) is not int or max_requests < 1):
+        raise ValueError(f"max_requests must be a positive integer or None, got {max_requests!r}")
+    p = Path(path)
+    cols: dict[str, list] = {k: [] for k in ("ts", "in", "out", "chat", "par", "turn", "type", "len")}
+    flat: list[int] = []
+    index_of: dict[int, int] = {}
+    line_of: dict[int, int] = {}
+    types: dict[str, int] = {t: i for i, t in enumerate(BAILIAN_TYPES)}
+    prev_ts, prev_line = -1, 0
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if max_requests is not None and len(cols["ts"]) >= max_requests:
+                break
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as e:
+                raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
+            if type(obj) is not dict:
+                raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
+            chat = _int_field(obj, "chat_id", path, lineno)
+            if chat in index_of:
+                raise _fail(path, lineno, "chat_id", f"{chat} repeats (first on line {line_of[chat]})")
+            if "parent_chat_id" not in obj:
+                raise _fail(path, lineno, "parent_chat_id", "missing")
+            par = obj["parent_chat_id"]
+            if type(par) is not int or par < -1:
+                raise _fail(path, lineno, "parent_chat_id", f"expected -1 (a root) or a chat_id, got {par!r}")
+            if par == chat:
+                raise _fail(path, lineno, "parent_chat_id", f"a request cannot be its own parent ({chat})")
+            ts = _timestamp_s(obj, path, lineno)
+            if ts < prev_ts:
+                raise _fail(path, lineno, "timestamp",
+                            f"timestamps must be non-decreasing: {ts / 1000} s after {prev_ts / 1000} s "
+                            f"(line {prev_line})")
+            n_in = _int_field(obj, "input_length", path, lineno)
+            n_out = _int_field(obj, "output_length", path, lineno)
+            turn = _int_field(obj, "turn", path, lineno)
+            if "type" not in obj:
+                raise _fail(path, lineno, "type", "missing")
+            tname = obj["type"]
+            if type(tname) is not str or not tname:
+                raise _fail(path, lineno, "type", f"expected a category name such as "
+                                                  f"{'/'.join(BAILIAN_TYPES)}, got {tname!r}")
+            if "hash_ids" not in obj:
+                raise _fail(path, lineno, "hash_ids", "missing")
+            ids = obj["hash_ids"]
+            _check_hash_ids(ids, path, lineno)
+            expect = -(-n_in // block_tokens)
+            if len(ids) != expect:
+                raise _fail(path, lineno, "hash_ids",
+                            f"has {len(ids)} ids but input_length {n_in} with block_tokens {block_tokens} "
+                            f"needs ceil({n_in}/{block_tokens}) = {expect}")
+            prev_ts, prev_line = ts, lineno
+            index_of[chat] = len(cols["ts"])
+            line_of[chat] = lineno
+            for k, v in (("ts", ts), ("in", n_in), ("out", n_out), ("chat", chat), ("par", par), ("turn", turn),
+                         ("type", types.setdefault(tname, len(types))), ("len", len(ids))):
+                cols[k].append(v)
+            flat.extend(ids)
+    if not cols["ts"]:
+        raise TraceError(f"{path}:1: empty trace: no requests found")
+    n = len(cols["ts"])
+    parent = np.array([index_of.get(q, -1) if q >= 0 else -1 for q in cols["par"]], dtype=np.int64)
+    # a parent listed later than its child is not a parent in arrival order: treat the child as a root
+    parent = np.where(parent < np.arange(n), parent, -1)
+    orphans = int(np.sum((np.asarray(cols["par"]) >= 0) & (parent < 0)))
+    session = np.empty(n, dtype=np.int64)
+    n_sess = 0
+    for i in range(n):  # parents come first, so one forward pass labels every chain
+        if parent[i] < 0:
+            session[i] = n_sess
+            n_sess += 1
+        else:
+            session[i] = session[parent[i]]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.asarray(cols["len"], dtype=np.int64), out=offsets[1:])
+    names = tuple(sorted(types, key=types.get))
+    used = sorted(set(cols["type"]))
+    remap = np.full(len(names), -1, np.int32)  # keep only the categories present, known ones first
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    tcode = remap[np.asarray(cols["type"], dtype=np.int64)]
+    names = tuple(names[u] for u in used)
+    w = Workload(
+        arrival_ms=np.asarray(cols["ts"], dtype=np.int64),
+        input_tokens=np.asarray(cols["in"], dtype=np.int64),
+        output_tokens=np.asarray(cols["out"], dtype=np.int64),
+        tenant=tcode,
+        keys=np.asarray(flat, dtype=np.uint64),
+        offsets=offsets,
+        block_tokens=block_tokens,
+        name=p.stem if name is None else name,
+        meta={"format": "bailian", "file": p.name, "types": ",".join(names), "sessions": n_sess,
+              "orphans": orphans},
+    )
+    return BailianTrace(w, np.asarray(cols["chat"], np.int64), np.asarray(cols["par"], np.int64), parent, session,
+                        np.asarray(cols["turn"], np.int64), tcode, names)
+
+
+def load_bailian(path: str | PathLike, *, block_tokens: int = 16, max_requests: int | None = None,
+                 name: str | None = None) -> Workload:
+    """The request table of a Bailian trace (:func:`read_bailian` without the session arrays)."""
+    return read_bailian(path, block_tokens=block_tokens, max_requests=max_requests, name=name).workload
+
+
+def save_bailian(trace: BailianTrace, path: str | PathLike) -> Path:
+    """Write a :class:`BailianTrace` as Bailian JSONL (inverse of :func:`read_bailian`, timestamps in
+    seconds with millisecond resolution)."""
+    w = trace.workload
+    off = w.offsets.tolist()
+    keys = w.keys.tolist()
+    lines = []
+    for i in range(w.n_requests):
+        rec = {"chat_id": int(trace.chat_id[i]), "parent_chat_id": int(trace.parent_chat_id[i]),
+               "timestamp": int(w.arrival_ms[i]) / 1000, "input_length": int(w.input_tokens[i]),
+               "output_length": int(w.output_tokens[i]), "type": trace.type_names[int(trace.type[i])],
+               "turn": int(trace.turn[i]), "hash_ids": keys[off[i]: off[i + 1]]}
+        lines.append(json.dumps(rec))
+    p = Path(path)
+    p.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    return p
+
+
+def detect_format(path: str | PathLike) -> str:
+    """``"bailian"`` when the first non-blank line is a JSON object with a ``chat_id`` field, else
+    ``"mooncake"`` (the loader then checks every field)."""
+    with open(Path(path), "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as e:
+                raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
+            return "bailian" if isinstance(obj, dict) and "chat_id" in obj else "mooncake"
+    raise TraceError(f"{path}:1: empty trace: no requests found")
+
+
+def load_trace(path: str | PathLike, *, format: str = "auto", block_tokens: int | None = None,
+               max_requests: int | None = None, name: str | None = None) -> Workload:
+    """Load a Mooncake or Bailian JSONL trace. ``format``: ``auto`` (:func:`detect_format`),
+    ``mooncake`` or ``bailian``; ``block_tokens`` defaults to the format's (:data:`TRACE_FORMATS`)."""
+    if format == "auto":
+        format = detect_format(path)
+    if format not in TRACE_FORMATS:
+        raise ValueError(f"unknown trace format {format!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
+    bt = TRACE_FORMATS[format] if block_tokens is None else block_tokens
+    if format == "bailian":
+        return load_bailian(path, block_tokens=bt, max_requests=max_requests, name=name)
+    return load_mooncake(path, block_tokens=bt, max_requests=max_requests, name=name)
