@@ -76,6 +76,7 @@ from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
 from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
+from .workload.keys import SALT_MODES
 from .workload.synthetic import design_workload, fleet_workload, tenant_workload
 from .workload.trace import TraceError, load_mooncake
 from .workload import Workload, WorkloadError
@@ -99,7 +100,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 #: and :mod:`cacheresearch.core.params`) may be grid keys too; ``prefix_blocks`` is ``fleet.prefix_blocks``.
 KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
 #: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
-TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival")
+TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
 GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
              + TENANT_GRID_KEYS + ("layout", "seed"))
 LAYOUTS = ("stable", "timestamp_top")
@@ -183,6 +184,8 @@ class TenantWorkloadConf:
     output_tokens: int = 0
     vocab_size: int = 128_256
     layout: str = "stable"
+    system_tokens: int = 0  # a system prompt shared by every tenant, before each tenant's prefix
+    salt: str = "none"  # cache salt: none | per_tenant | per_user (vLLM cache_salt; a grid key too)
 
 
 @dataclass
@@ -371,6 +374,10 @@ def _check_value(key: str, v, source: str):
     if name == "arrival":
         if v not in ARRIVALS:
             raise SweepError(f"{key}: unknown arrival process {v!r}; choose one of {list(ARRIVALS)}")
+        return v
+    if name == "salt":
+        if v not in SALT_MODES:
+            raise SweepError(f"{key}: unknown salt {v!r}; choose one of {list(SALT_MODES)}")
         return v
     if name in KNOB_KEYS:
         return _check_knob(key, KNOB_DECLS[name], v)
@@ -801,6 +808,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "rate_per_s": ("arrival rate (load level)", "requests/s"),
         "hot_share": ("extra traffic share of the hot tenant", "1"),
         "arrival": ("arrival process", None),
+        "salt": ("cache salt: who may share a cached block", None),
         "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
                  None),
         **{k: (f"{k}: {d.doc}", d.unit) for k, d in KNOB_DECLS.items()},  # router / speed knobs, as declared

@@ -91,6 +91,8 @@ __all__ = [
     "pad_tokens",
     "reference_block_keys",
     "reference_hash_words",
+    "SALT_MODES",
+    "salt_values",
     "split_uint64",
     "to_uint64",
     "tokens_to_workload",
@@ -218,6 +220,34 @@ def reference_block_keys(
         parent = reference_hash_words(words)
         keys.append(parent)
     return keys
+
+
+# ------------------------------------------------------------------------------------ salts
+#: Who shares a cached block: ``none`` (one namespace), ``per_tenant`` (an organisation's requests
+#: share), ``per_user`` (only a user's own requests share). Generators take these as ``salt=``.
+SALT_MODES = ("none", "per_tenant", "per_user")
+_SALT_NS = {"tenant": 0x54454E54, "user": 0x55534552, "request": 0x52455155}  # "TENT", "USER", "REQU"
+
+
+def salt_values(namespace: str, ids) -> np.ndarray:
+    """Nonzero ``uint32`` cache salts for integer ``ids`` in ``namespace`` (``tenant``, ``user``, ``request``).
+
+    Distinct ids of one namespace get distinct salts (a bijective 32-bit mix of the id, for ids below
+    2**32), and the namespaces use different mixes. 0 ("no salt") is never returned: the id whose mix is 0
+    gets 1 instead (the only possible clash; ids here are small).
+    """
+    if namespace not in _SALT_NS:
+        raise ValueError(f"unknown salt namespace {namespace!r}; choose one of {sorted(_SALT_NS)}")
+    x = np.asarray(ids, dtype=np.int64)
+    if np.any(x < 0) or np.any(x >= 2**32):
+        raise ValueError("salt ids must lie in [0, 2**32)")
+    v = x.astype(np.uint32) ^ np.uint32(_SALT_NS[namespace])
+    with np.errstate(over="ignore"):
+        for c in (0x85EBCA6B, 0xC2B2AE35):  # murmur3 fmix32: a bijection of uint32
+            v = v ^ (v >> np.uint32(16))
+            v = v * np.uint32(c)
+        v = v ^ (v >> np.uint32(16))
+    return np.where(v == 0, np.uint32(1), v).astype(np.uint32)
 
 
 # -------------------------------------------------------------------------------- JAX version

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .keys import block_keys_jit, split_uint64, to_uint64
+from .keys import SALT_MODES, block_keys_jit, salt_values, split_uint64, to_uint64
 from .table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
@@ -128,8 +128,11 @@ def poisson_arrivals_ms(n: int, rate_per_s: float, rng: np.random.Generator) -> 
     return t
 
 
-def _hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0) -> np.ndarray:
-    """uint64 ``[N, L // bs]`` keys of full-length rows ``tokens [N, L]``, chunked over rows."""
+def _hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0, salt=None) -> np.ndarray:
+    """uint64 ``[N, L // bs]`` keys of full-length rows ``tokens [N, L]``, chunked over rows.
+
+    ``salt``: optional uint32 ``[N]`` cache salts (0 = none; vLLM's ``cache_salt``: it enters the
+    extra keys of absolute block 0 only, so it matters only when ``start_token == 0``)."""
     n, length = tokens.shape
     out = np.empty((n, length // bs), dtype=np.uint64)
     if out.size == 0:
@@ -138,26 +141,28 @@ def _hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0) -
     for a in range(0, n, _CHUNK):
         b = min(n, a + _CHUNK)
         par = None if parent is None else (parent[0][a:b], parent[1][a:b])
+        sa = None if salt is None else np.asarray(salt[a:b], dtype=np.uint32)
         hi, lo, _ = block_keys_jit(
-            tokens[a:b], lengths[: b - a], block_size=bs, parent=par, start_token=start_token
+            tokens[a:b], lengths[: b - a], block_size=bs, parent=par, start_token=start_token, cache_salt=sa
         )
         out[a:b] = to_uint64(hi, lo)
     return out
 
 
-def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int) -> np.ndarray:
+def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int, salt=None) -> np.ndarray:
     """Keys ``[N, nb]`` of prompts ``prefix[which[i]] ++ tail[i]``, hashing each prefix once.
 
     The prefix's full blocks are hashed per row of ``prefix`` (one per tenant); its leftover
     tokens (``P % bs``) are prepended to each tail, which is hashed as a continuation of the
-    chain from the prefix's last key.
+    chain from the prefix's last key. ``salt``: optional cache salt per row of ``prefix``.
     """
     p_full = (prefix.shape[1] // bs) * bs
-    pre = _hash_rows(prefix[:, :p_full], bs)  # [T, p_full // bs]
-    return _extend_keys(pre, prefix[:, p_full:], which, tail, bs)
+    pre = _hash_rows(prefix[:, :p_full], bs, salt=salt)  # [T, p_full // bs]
+    return _extend_keys(pre, prefix[:, p_full:], which, tail, bs, salt=salt)
 
 
-def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int) -> np.ndarray:
+def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int,
+                 salt=None) -> np.ndarray:
     """Keys ``[N, n_pre + n_tail]`` of prompts ``head[which[i]] ++ tail[i]`` for already keyed heads.
 
     Head ``r`` is given by ``pre[r]`` (uint64 keys of its ``n_pre`` full blocks) and ``rest[r]`` (its
@@ -176,7 +181,8 @@ def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.
         if n_pre:
             hi, lo = split_uint64(pre[:, -1])
             parent = (hi[which], lo[which])
-        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=n_pre * bs)
+        sa = None if (salt is None or n_pre) else np.asarray(salt)[which]  # block 0 lies in the tail
+        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=n_pre * bs, salt=sa)
     return keys
 
 
@@ -240,6 +246,7 @@ def fleet_workload(
     output_tokens=0,
     seed: int = 0,
     vocab_size: int = 128_256,
+    salt: str = "none",
     name: str = "",
 ) -> Workload:
     """The fleet scenario: shared system prompt + tenant document + unique user suffix.
@@ -255,7 +262,11 @@ def fleet_workload(
       output_tokens: non-negative int, or int array ``[n_requests]``.
       seed: seeds every draw (tokens, tenants, arrivals).
       vocab_size: token ids are drawn from ``[0, vocab_size)``.
+      salt: ``"none"`` or ``"per_tenant"``: a vLLM ``cache_salt`` per tenant
+        (:func:`~cacheresearch.workload.keys.salt_values`) in the first block's extra keys, so
+        tenants share no block at all (not even the system prompt).
     """
+    salt = _choice("salt", salt, ("none", "per_tenant"))
     n_tenants = _int("n_tenants", n_tenants, 1)
     system_tokens = _int("system_tokens", system_tokens, 0)
     doc_tokens = _int("doc_tokens", doc_tokens, 0)
@@ -278,15 +289,16 @@ def fleet_workload(
     )
     prefix = np.concatenate([np.broadcast_to(parts["system"], (n_tenants, system_tokens)), parts["docs"]], axis=1)
     tenant = parts["tenant"]
+    tsalt = salt_values("tenant", np.arange(n_tenants)) if salt == "per_tenant" else None
     if layout == "stable":
-        keys = _prefix_suffix_keys(prefix, tenant, parts["user"], block_tokens)
+        keys = _prefix_suffix_keys(prefix, tenant, parts["user"], block_tokens, salt=tsalt)
     else:  # every prompt starts with its own token: nothing to share, hash whole prompts
         prompt_len = 1 + system_tokens + doc_tokens + user_tokens
         keys = np.empty((n_requests, prompt_len // block_tokens), dtype=np.uint64)
         for a in range(0, n_requests, _CHUNK):
             b = min(n_requests, a + _CHUNK)
             full = np.concatenate([parts["stamp"][a:b, None], prefix[tenant[a:b]], parts["user"][a:b]], axis=1)
-            keys[a:b] = _hash_rows(full, block_tokens)
+            keys[a:b] = _hash_rows(full, block_tokens, salt=None if tsalt is None else tsalt[tenant[a:b]])
     input_tokens = system_tokens + doc_tokens + user_tokens + (layout == "timestamp_top")
     meta = dict(
         generator="fleet_workload",
@@ -303,6 +315,7 @@ def fleet_workload(
         output_tokens=_output_meta(output_tokens),
         seed=seed,
         vocab_size=vocab_size,
+        salt=salt,
     )
     return _csr_workload(
         keys, arrival_ms=parts["arrival"], input_tokens=input_tokens, output_tokens=out, tenant=tenant,
@@ -443,11 +456,11 @@ def _mmpp_times(rate_low, rate_high, mean_low_s, mean_high_s, duration_s, rng) -
 
 def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, query_tokens, duration_s, rate_per_s,
                   arrival, hot_share, tenant_law, zipf_s, burst, diurnal_amplitude, diurnal_period_s, seed,
-                  vocab_size):
+                  vocab_size, system_tokens=0):
     """Token pieces and per-request draws of :func:`tenant_workload` (shared with the tests).
 
     ``burst`` is ``(burst_low, burst_high, burst_mean_low_s, burst_mean_high_s)``. Returns ``prefix``
-    ``[T, P]``, ``user_ctx`` ``[T * U, Ut]`` (row ``t * U + u`` = user ``u`` of tenant ``t``), ``query``
+    ``[T, S + P]`` (the shared ``system_tokens``-token system prompt, then the tenant's own tokens), ``user_ctx`` ``[T * U, Ut]`` (row ``t * U + u`` = user ``u`` of tenant ``t``), ``query``
     ``[N, Q]``, ``tenant`` and ``user`` (``[N]``, the user's row in ``user_ctx``), ``t`` (arrival
     times, float s, sorted) and ``p`` (tenant probabilities).
     """
@@ -465,6 +478,9 @@ def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, qu
     t = np.sort(t)
     n = int(t.shape[0])
     prefix = _tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
+    if system_tokens:  # its own stream (the 7th child), so the other draws do not move
+        system = _tokens(np.random.default_rng(np.random.SeedSequence(seed).spawn(7)[6]), (system_tokens,), vocab_size)
+        prefix = np.concatenate([np.broadcast_to(system, (n_tenants, system_tokens)), prefix], axis=1)
     user_ctx = _tokens(r_usr, (n_tenants * users_per_tenant, user_tokens), vocab_size)
     query = _tokens(r_qry, (n, query_tokens), vocab_size)
     p = tenant_probabilities(n_tenants, tenant_law, zipf_s, hot_share)
@@ -473,13 +489,20 @@ def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, qu
     return dict(prefix=prefix, user_ctx=user_ctx, query=query, tenant=tenant, user=user, t=t, p=p)
 
 
-def _tenant_keys(prefix, user_ctx, users_per_tenant, user, query, bs) -> np.ndarray:
+def _tenant_keys(prefix, user_ctx, users_per_tenant, user, query, bs, salt: str = "none") -> np.ndarray:
     """Keys ``[N, (P + Ut + Q) // bs]`` of ``prefix[tenant] ++ user_ctx[user] ++ query``: each tenant
-    prefix hashed once, each user context once (as its continuation), each query as a continuation."""
+    prefix hashed once, each user context once (as its continuation), each query as a continuation.
+    ``salt``: ``per_tenant`` salts each tenant's prefix, ``per_user`` each user's (the prefix is then
+    hashed once per user: salted chains share nothing)."""
     n_tenants, p_len = prefix.shape
     u_len = user_ctx.shape[1]
     owner = np.repeat(np.arange(n_tenants), users_per_tenant)
-    head = _prefix_suffix_keys(prefix, owner, user_ctx, bs)  # [T * U, (P + Ut) // bs]
+    if salt == "per_user":
+        rows = np.arange(owner.shape[0])
+        head = _prefix_suffix_keys(prefix[owner], rows, user_ctx, bs, salt=salt_values("user", rows))
+    else:
+        tsalt = salt_values("tenant", np.arange(n_tenants)) if salt == "per_tenant" else None
+        head = _prefix_suffix_keys(prefix, owner, user_ctx, bs, salt=tsalt)  # [T * U, (P + Ut) // bs]
     r = (p_len + u_len) % bs  # leftover tokens of prefix ++ user context, carried into the query
     if r:
         last = prefix[:, p_len - min(r, p_len):]
@@ -511,6 +534,8 @@ def tenant_workload(
     output_tokens=0,
     seed: int = 0,
     vocab_size: int = 128_256,
+    system_tokens: int = 0,
+    salt: str = "none",
     name: str = "",
 ) -> Workload:
     """The routing experiments: tenant prefixes, per-user contexts, fresh queries, time-varying arrivals.
@@ -566,6 +591,12 @@ def tenant_workload(
         including the number of requests.
       output_tokens: non-negative int, or int array ``[n_requests]`` (the request count is random;
         generate once with the same seed to learn it).
+      system_tokens: a system prompt of this many tokens, the same for every tenant, before each
+        tenant's prefix (0 = none; its tokens come from their own random stream, so the other draws
+        are those of ``system_tokens=0``).
+      salt: who may share a cached block (:data:`~cacheresearch.workload.keys.SALT_MODES`): ``none``,
+        ``per_tenant`` (a vLLM ``cache_salt`` per organisation) or ``per_user`` (one per user); the
+        salt enters the first block's extra keys, so every later key differs too.
       name: default ``f"tenant-{arrival}"``.
 
     ``arrival_ms = floor(t * 1000)`` (int64, sorted). ``meta`` records every argument, the derived
@@ -575,6 +606,8 @@ def tenant_workload(
     """
     n_tenants = _int("n_tenants", n_tenants, 1)
     prefix_tokens = _int("prefix_tokens", prefix_tokens, 0)
+    system_tokens = _int("system_tokens", system_tokens, 0)
+    salt = _choice("salt", salt, SALT_MODES)
     users_per_tenant = _int("users_per_tenant", users_per_tenant, 1)
     user_tokens = _int("user_tokens", user_tokens, 0)
     query_tokens = _int("query_tokens", query_tokens, 0)
@@ -602,17 +635,20 @@ def tenant_workload(
         arrival=arrival, hot_share=hot_share, tenant_law=tenant_law, zipf_s=zipf_s,
         burst=(burst_low, burst_high, burst_mean_low_s, burst_mean_high_s),
         diurnal_amplitude=diurnal_amplitude, diurnal_period_s=diurnal_period_s, seed=seed, vocab_size=vocab_size,
+        system_tokens=system_tokens,
     )
     n = int(parts["t"].shape[0])
     out = _output_tokens(output_tokens, n)
     keys = _tenant_keys(parts["prefix"], parts["user_ctx"], users_per_tenant, parts["user"], parts["query"],
-                        block_tokens)
+                        block_tokens, salt=salt)
     arrival_ms = np.floor(parts["t"] * 1000.0).astype(np.int64)
     tenant = parts["tenant"]
     meta = dict(
         generator="tenant_workload",
         n_tenants=n_tenants,
         prefix_tokens=prefix_tokens,
+        system_tokens=system_tokens,
+        salt=salt,
         users_per_tenant=users_per_tenant,
         user_tokens=user_tokens,
         query_tokens=query_tokens,
@@ -640,7 +676,8 @@ def tenant_workload(
         mean_rate_per_s=n / duration_s,
     )
     return _csr_workload(
-        keys, arrival_ms=arrival_ms, input_tokens=prefix_tokens + user_tokens + query_tokens, output_tokens=out,
+        keys, arrival_ms=arrival_ms, input_tokens=system_tokens + prefix_tokens + user_tokens + query_tokens,
+        output_tokens=out,
         tenant=tenant, bs=block_tokens, name=name or f"tenant-{arrival}", meta=meta,
     )
 
