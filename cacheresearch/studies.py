@@ -1296,6 +1296,10 @@ def plot_advisor(ds):
 
 PLOTS = {"economics": plot_economics, "ttl": plot_ttl, "che": plot_che, "ttl_advisor": plot_advisor}
 
+from . import audit as _audit  # noqa: E402  (studies in their own modules add themselves)
+
+_audit.register(STUDIES, SUMMARIES, PLOTS)
+
 
 def plot(ds: xr.Dataset):
     """The figure of a study dataset (a :class:`matplotlib.figure.Figure`, Agg canvas)."""
