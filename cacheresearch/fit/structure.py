@@ -1,0 +1,170 @@
+"""The prefix structure of a workload: sessions, each request's parent, and the radix tree of ids.
+
+Chained block ids name a block *and its whole prefix*, so the requests of a trace form a forest of
+radix trees keyed by their first block (a *root*). :func:`request_structure` describes every request
+against the requests before it:
+
+* its **session**: given (Bailian ``parent_chat_id`` chains, :func:`cacheresearch.workload.trace.read_bailian`)
+  or, for traces without session ids (Mooncake), the tree of its first block;
+* its **parent**: the given parent, else the earlier request of its session that shares the longest
+  prefix with it (ties: the most recent);
+* ``shared``: blocks shared with the parent, ``dropped = parent blocks - shared`` (how far up the
+  parent's path the request branches off) and ``appended = blocks - shared`` (its new blocks); a
+  multi-turn step extends the parent's context (``dropped == 0``, ``appended > 0``), an exact repeat
+  has both zero;
+* ``root_match``: for a session's first request, the blocks it shares with earlier requests of
+  *other* sessions (a shared system prompt).
+
+:func:`tree_stats` summarizes the radix tree (nodes, branching factors, depths, reuse of blocks)
+for comparing a trace with a sample of a fitted model. Plain NumPy; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..workload import Workload
+
+__all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times"]
+
+
+class Structure(NamedTuple):
+    session: np.ndarray  # int64 [N], sessions numbered by first request
+    position: np.ndarray  # int64 [N]: index of the request within its session (0 = first)
+    parent: np.ndarray  # int64 [N]: parent request (-1 for a session's first request)
+    lag: np.ndarray  # int64 [N]: position - parent's position (0 for first requests)
+    shared: np.ndarray  # int64 [N]
+    dropped: np.ndarray  # int64 [N]
+    appended: np.ndarray  # int64 [N]
+    root_match: np.ndarray  # int64 [N]: first requests: blocks shared with other sessions; else 0
+    root_group: np.ndarray  # int64 [N]: index of the request's first block among distinct first blocks
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    if n == 0:
+        return 0
+    neq = np.nonzero(a[:n] != b[:n])[0]
+    return int(neq[0]) if neq.size else n
+
+
+def request_structure(w: Workload, session=None, parent=None) -> Structure:
+    """The structure of every request (module docstring). ``session`` and ``parent`` (int [N],
+    ``-1`` for none) come from the trace when it has them; otherwise sessions are the trees of the
+    first blocks and parents the longest-prefix earlier requests."""
+    n = w.n_requests
+    off = w.offsets
+    keys = w.keys
+    first = np.where(w.n_blocks > 0, keys[np.minimum(off[:-1], max(w.total_blocks - 1, 0))], np.uint64(2**64 - 1))
+    _, root_group = np.unique(first, return_inverse=True)
+    root_group = root_group.astype(np.int64).reshape(-1)
+    if session is None:
+        sess_raw = root_group
+    else:
+        sess_raw = np.asarray(session, dtype=np.int64)
+        if sess_raw.shape != (n,):
+            raise ValueError("session must give one session per request")
+    # renumber sessions by first request
+    _, first_idx, inv = np.unique(sess_raw, return_index=True, return_inverse=True)
+    order = np.argsort(first_idx, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    sess = rank[inv.reshape(-1)].astype(np.int64)
+    if parent is not None:
+        parent = np.asarray(parent, dtype=np.int64)
+        if parent.shape != (n,):
+            raise ValueError("parent must give one parent per request")
+        if np.any(parent >= np.arange(n)):
+            raise ValueError("a parent must be an earlier request")
+        bad = (parent >= 0) & (sess[np.maximum(parent, 0)] != sess)
+        if bad.any():
+            raise ValueError(f"request {int(np.argmax(bad))} has a parent in another session")
+    position = np.zeros(n, np.int64)
+    count: dict[int, int] = {}
+    par = np.full(n, -1, np.int64)
+    shared = np.zeros(n, np.int64)
+    root_match = np.zeros(n, np.int64)
+    last_in: dict[tuple, int] = {}  # (session, key) -> latest request of that session containing the key
+    owner_seen: dict[int, int] = {}  # key -> a session that has it (any)
+    kl = keys.tolist()
+    for i in range(n):
+        s = int(sess[i])
+        position[i] = count.get(s, 0)
+        count[s] = position[i] + 1
+        ks = kl[off[i]: off[i + 1]]
+        if position[i] > 0:
+            if parent is not None and parent[i] >= 0:
+                p = int(parent[i])
+                m = _common_prefix(keys[off[i]: off[i + 1]], keys[off[p]: off[p + 1]])
+            else:
+                m = 0
+                while m < len(ks) and (s, ks[m]) in last_in:
+                    m += 1
+                p = last_in[(s, ks[m - 1])] if m else -1
+                if p < 0:  # nothing shared: the previous request of the session
+                    p = int(np.nonzero(sess[:i] == s)[0][-1])
+            par[i] = p
+            shared[i] = m
+        else:
+            m = 0
+            while m < len(ks) and ks[m] in owner_seen:
+                m += 1
+            root_match[i] = m
+        for k in ks:
+            last_in[(s, k)] = i
+            owner_seen.setdefault(k, s)
+    nb = w.n_blocks.astype(np.int64)
+    has = par >= 0
+    lag = np.where(has, position - position[np.maximum(par, 0)], 0)
+    dropped = np.where(has, nb[np.maximum(par, 0)] - shared, 0)
+    appended = np.where(has, nb - shared, 0)
+    return Structure(sess, position, par, lag, shared, dropped, appended, root_match, root_group)
+
+
+def block_reuse_times(w: Workload) -> np.ndarray:
+    """Seconds between consecutive requests that contain the same block, over every reuse."""
+    t = np.repeat(w.arrival_ms, w.n_blocks) / 1000.0
+    order = np.lexsort((t, w.keys))
+    k, ts = w.keys[order], t[order]
+    same = k[1:] == k[:-1]
+    return (ts[1:] - ts[:-1])[same]
+
+
+def tree_stats(w: Workload) -> dict:
+    """Radix-tree summary: distinct blocks (nodes), roots, children per internal node, depth of
+    leaves, share of block reuses taken by the most reused 10% of blocks, reuse-time quantiles."""
+    keys = w.keys
+    nb = w.n_blocks
+    req = np.repeat(np.arange(w.n_requests), nb)
+    pos = np.arange(w.total_blocks) - w.offsets[:-1][req]
+    parent = np.where(pos > 0, np.concatenate([[np.uint64(0)], keys[:-1]]), np.uint64(2**64 - 1))
+    uniq, inv, cnt = np.unique(keys, return_inverse=True, return_counts=True)
+    depth = np.zeros(uniq.size, np.int64)
+    depth[inv.reshape(-1)] = pos
+    par_of = np.full(uniq.size, np.uint64(2**64 - 1))
+    par_of[inv.reshape(-1)] = parent
+    pk, children = np.unique(par_of, return_counts=True)
+    internal = pk != np.uint64(2**64 - 1)
+    n_roots = int(children[~internal].sum()) if (~internal).any() else 0
+    ch = children[internal]
+    is_parent = np.isin(uniq, pk[internal])
+    leaf_depth = depth[~is_parent] + 1
+    reuses = cnt - 1
+    top = np.sort(reuses)[::-1][: max(1, uniq.size // 10)]
+    rt = block_reuse_times(w)
+    return {
+        "requests": int(w.n_requests),
+        "nodes": int(uniq.size),
+        "roots": n_roots,
+        "internal_nodes": int(ch.size),
+        "branching_mean": float(ch.mean()) if ch.size else 0.0,
+        "branching_nodes_share": float(np.mean(ch > 1)) if ch.size else 0.0,
+        "leaf_depth_mean": float(leaf_depth.mean()) if leaf_depth.size else 0.0,
+        "leaf_depth_p90": float(np.percentile(leaf_depth, 90)) if leaf_depth.size else 0.0,
+        "block_reuse_share_top10pct": float(top.sum() / max(reuses.sum(), 1)),
+        "reused_block_share": float(np.mean(cnt > 1)),
+        "reuse_time_p50_s": float(np.median(rt)) if rt.size else float("nan"),
+        "reuse_time_p90_s": float(np.percentile(rt, 90)) if rt.size else float("nan"),
+    }
