@@ -12,6 +12,14 @@ Memory: before running, each group's program is compiled ahead of time and its m
 group that would not fit is split into chunks of fewer configurations per stream that do; if even
 one configuration per stream does not fit, the run is refused with a message that names the
 estimate and the settings to change. :class:`Plan` says what will run before it runs.
+
+Calls are the chunks of a run: :func:`plan_cells` returns a :class:`CellRunner` whose calls run one at
+a time (the sweep writes each to a file as it finishes). ``max_batch`` bounds the configurations per
+call; below a group's stream count it splits the streams too. Over several local devices the
+configuration axis of each call is sharded (a 1-D mesh, ``shard_map``; streams replicated), padded to
+at least two configurations per device. A cell's PRNG key is its own seed, so its result does not depend
+on chunking, padding or the device count (one float32 rounding exception across device counts: README,
+"Scaling out").
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
 from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, static_options
 from .stream import Stream, pad_stream, stream_shape
 
-__all__ = ["simulate_cells", "Plan", "GroupPlan", "available_memory_bytes", "MemoryError_"]
+__all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
+           "available_memory_bytes", "MemoryError_"]
 
 
 class MemoryError_(RuntimeError):  # noqa: N801 - not the builtin: raised before anything is allocated
@@ -59,13 +68,29 @@ class GroupPlan:
     cells: list  # per stream: the cell indices (global) it serves
     per_stream: int  # configurations per stream per call (after chunking)
     calls: int
-    memory_bytes: int = 0  # the compiled program's memory analysis (one call)
+    memory_bytes: int = 0  # the compiled program's memory analysis (one call, all its devices)
     priority: bool = False  # lfu / length_aware fields
     s3: bool = False  # s3fifo's per-block queues
+    streams_per_call: int = 0  # streams of the group in one call (all of them unless chunked)
 
     @property
     def n_cells(self) -> int:
         return sum(len(c) for c in self.cells)
+
+
+@dataclass
+class Call:
+    """One compiled call: ``sel[i, j]`` is the cell run for stream slot ``i``, configuration ``j``
+    (padding repeats a real cell; its result is dropped). ``real`` lists the (i, j, cell) kept."""
+
+    group: int
+    slots: np.ndarray  # [streams per call] positions in the group's stream list (padding repeats)
+    sel: np.ndarray  # [streams per call, configurations per stream] global cell indices
+    real: list
+
+    @property
+    def cells(self) -> np.ndarray:
+        return np.asarray([g for _, _, g in self.real], dtype=np.int64)
 
 
 @dataclass
@@ -74,6 +99,7 @@ class Plan:
     n_cells: int = 0
     n_streams: int = 0
     available_bytes: int = 0
+    devices: int = 1
 
     @property
     def memory_bytes(self) -> int:
@@ -86,17 +112,44 @@ class Plan:
     def line(self) -> str:
         return (f"plan: {self.n_cells} configurations over {self.n_streams} streams, {len(self.groups)} programs, "
                 f"{self.calls} calls, memory estimate {self.memory_bytes / 2**20:.0f} MiB per call "
-                f"(available {self.available_bytes / 2**20:.0f} MiB), devices {jax.device_count()}")
+                f"(available {self.available_bytes / 2**20:.0f} MiB), devices {self.devices}")
 
 
-_COMPILED: dict = {}  # (static options, argument shapes) -> compiled program (studies call repeatedly)
+_COMPILED: dict = {}  # (static options, devices, argument shapes) -> compiled program (studies call repeatedly)
+_AXIS = "cells"  # the mesh axis: configurations per stream
 
 
-def _compiled(st: Static, *args):
-    sig = (st, tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
+def _mesh(devices: list):
+    return jax.sharding.Mesh(np.asarray(devices, dtype=object), (_AXIS,))
+
+
+def _program(st: Static, devices: list):
+    """The nested vmap; over several devices, ``shard_map`` over the configuration axis (each device
+    runs the same program on its slice; streams are replicated), so a configuration's result does not
+    depend on the device count."""
+    fn = nested_fn(st)
+    if len(devices) == 1:
+        return jax.jit(fn)
+    PS = jax.sharding.PartitionSpec
+    return jax.jit(jax.shard_map(fn, mesh=_mesh(devices), in_specs=(PS(), PS(None, _AXIS), PS(None, _AXIS)),
+                                 out_specs=PS(None, _AXIS), check_vma=False))
+
+
+def _place(devices: list, stacked, P, keys):
+    """Commit the arguments to the devices: streams replicated, configurations split."""
+    if len(devices) == 1:
+        return stacked, P, keys
+    PS, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    mesh = _mesh(devices)
+    return (jax.device_put(stacked, NS(mesh, PS())), jax.device_put(P, NS(mesh, PS(None, _AXIS))),
+            jax.device_put(keys, NS(mesh, PS(None, _AXIS))))
+
+
+def _compiled(st: Static, devices: list, *args):
+    sig = (st, tuple(d.id for d in devices), tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
     exe = _COMPILED.get(sig)
     if exe is None:
-        exe = jax.jit(nested_fn(st)).lower(*args).compile()
+        exe = _program(st, devices).lower(*_place(devices, *args)).compile()
         if len(_COMPILED) > 32:
             _COMPILED.clear()
         _COMPILED[sig] = exe
@@ -108,6 +161,14 @@ def _needs(p) -> tuple[bool, bool, bool, bool]:
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
     return (bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"]),
             int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID)
+
+
+def cell_order(params: list, stream_of) -> np.ndarray:
+    """Cell indices ordered as the runner groups them (state shape, then stream, then cell): contiguous
+    slices of this order share programs and streams, so they split a grid into parts that run well."""
+    stream_of = np.asarray(stream_of, np.int64)
+    keys = [(_needs(p), int(stream_of[g]), g) for g, p in enumerate(params)]
+    return np.asarray([g for *_, g in sorted(keys)], dtype=np.int64)
 
 
 def _stack(xs):
@@ -123,7 +184,55 @@ def _memory(compiled) -> int:
         return 0
 
 
-def simulate_cells(
+def _device_memory(devices: list) -> int | None:
+    """Memory of one accelerator (``bytes_limit``), or None on the host (devices share host memory)."""
+    if devices[0].platform == "cpu":
+        return None
+    try:
+        return int(devices[0].memory_stats()["bytes_limit"])
+    except Exception:  # noqa: BLE001 - no statistics: fall back to host memory
+        return None
+
+
+def _balanced(n: int, most: int) -> int:
+    """The smallest block size that covers ``n`` in as many blocks as blocks of ``most`` would."""
+    return -(-n // -(-n // max(1, most)))
+
+
+def _padded(per: int, devices: int) -> int:
+    """Configurations per stream in a call: a multiple of the device count, and at least two per
+    device. XLA compiles a batch of one differently (some float32 ratios and means round 1 ulp apart
+    from the same configuration in a larger batch); from two up, a configuration's result does not
+    depend on its batch, so padding (a repeated cell, its result dropped) keeps results exact."""
+    return max(2, -(-per // devices)) * devices
+
+
+class CellRunner:
+    """A planned run of cells: :attr:`plan` (what runs, before it runs), :attr:`calls` (the compiled
+    calls, each a chunk of cells) and :meth:`run` (one call's results). :func:`simulate_cells` runs
+    them all; the sweep runs them one chunk at a time (files, resume, progress)."""
+
+    def __init__(self, plan: Plan, calls: list, ready: list, devices: list, seeds: np.ndarray, params: list):
+        self.plan, self.calls = plan, calls
+        self._ready, self._devices, self._seeds, self._params = ready, devices, seeds, params
+
+    def run(self, k: int):
+        """(global cell indices, their metrics as NumPy with a leading cell axis) of call ``k``."""
+        call = self.calls[k]
+        compiled, stacked = self._ready[call.group]
+        if len(call.slots) != stacked.run_len.shape[0] or np.any(call.slots != np.arange(len(call.slots))):
+            stacked = jax.tree.map(lambda x: x[call.slots], stacked)
+        S, C = call.sel.shape
+        P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((S, C))),
+                         *[self._params[g] for g in call.sel.reshape(-1)])
+        keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(self._seeds[call.sel]))
+        m = jax.tree.map(np.asarray, jax.block_until_ready(compiled(*_place(self._devices, stacked, P, keys))))
+        i = np.asarray([i for i, _, _ in call.real], dtype=np.int64)
+        j = np.asarray([j for _, j, _ in call.real], dtype=np.int64)
+        return call.cells, jax.tree.map(lambda x: x[i, j], m)
+
+
+def plan_cells(
     streams: list[Stream],
     stream_of: np.ndarray,
     params: list,
@@ -132,37 +241,45 @@ def simulate_cells(
     max_replicas: int,
     max_batch: int | None = None,
     memory_fraction: float = 0.8,
+    devices: list | int | None = None,
     log=None,
     **options,
-) -> tuple[Metrics, Plan]:
-    """Run cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
-    ``g``; returns the metrics stacked in cell order (NumPy) and the :class:`Plan` that ran.
-
-    ``max_batch``: at most this many configurations per compiled call (default: as many as fit);
-    ``memory_fraction``: the share of available memory one call may use; ``options``: static options
-    of :func:`~cacheresearch.core.simulate.static_options` (``index``, ``stale`` and the compiled
-    routers are chosen per group); ``log``: a callable for the plan line and progress (or None).
-    """
+) -> CellRunner:
+    """Plan cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
+    ``g``: group, compile ahead of time, check memory and cut into calls (see :func:`simulate_cells`)."""
     G = len(params)
     stream_of = np.asarray(stream_of, np.int64)
+    seeds = np.asarray(seeds, np.uint32)
     if G == 0:
         raise ValueError("no cells to run")
+    if max_batch is not None and int(max_batch) < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    local = jax.local_devices()
+    if devices is None:
+        devices = local
+    elif isinstance(devices, int):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"devices={devices}: this process has {len(local)} local devices")
+        devices = local[:devices]
+    devices = list(devices)
+    D = len(devices)
     for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3"):
         options.pop(k, None)
-    avail = available_memory_bytes()
+    per_device = _device_memory(devices)
+    avail = per_device if per_device is not None else available_memory_bytes()
     budget = int(avail * memory_fraction)
-    plan = Plan(n_cells=G, n_streams=len(set(stream_of.tolist())), available_bytes=avail)
+    plan = Plan(n_cells=G, n_streams=len(set(stream_of.tolist())), available_bytes=avail, devices=D)
     groups: dict[tuple, dict[int, list[int]]] = {}
     for g, p in enumerate(params):
         groups.setdefault(_needs(p), {}).setdefault(int(stream_of[g]), []).append(g)
-    out: list = [None] * G
+    calls: list[Call] = []
     ready = []
     for (index, stale, priority, s3), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
-        gp_params = [params[g] for cs in cells for g in cs]
-        grid = _stack(gp_params)
+        grid = _stack([params[g] for cs in cells for g in cs])
         depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
+        options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
                             max_depth=depth, s3=s3, **options)
         check_bounds(grid, max_replicas, st)
@@ -174,45 +291,98 @@ def simulate_cells(
         stacked = _stack([pad_stream(streams[s], shape) for s in sids])
         C = max(len(c) for c in cells)
         S = len(sids)
-        per = C if max_batch is None else max(1, min(C, int(max_batch) // S))
+        if max_batch is None:
+            s_per, per = S, C
+        elif int(max_batch) >= S:
+            s_per, per = S, _balanced(C, min(C, int(max_batch) // S))
+        else:
+            s_per, per = _balanced(S, int(max_batch)), 1
 
-        def args(c0, per, cells=cells, S=S):
-            sel = [[cs[min(c0 + j, len(cs) - 1)] for j in range(per)] for cs in cells]
-            P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((S, per))),
-                             *[params[g] for row in sel for g in row])
-            keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(np.asarray(seeds, np.uint32)[np.asarray(sel)]))
-            return sel, P, keys
+        def probe(s_per, per, cells=cells, stacked=stacked, st=st):
+            pad = _padded(per, D)
+            sel = np.asarray([[cells[min(i, S - 1)][0]] * pad for i in range(s_per)], dtype=np.int64)
+            P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((s_per, pad))),
+                             *[params[g] for g in sel.reshape(-1)])
+            keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(seeds[sel]))
+            part = stacked if s_per == S else jax.tree.map(lambda x: x[:s_per], stacked)
+            compiled = _compiled(st, devices, part, P, keys)
+            m = _memory(compiled)
+            return compiled, (m if per_device is not None else m * D)  # forced host devices share memory
 
         while True:
-            _, P, keys = args(0, per)
-            compiled = _compiled(st, stacked, P, keys)
-            mem = _memory(compiled)
-            if mem <= budget or per == 1:
+            compiled, mem = probe(s_per, per)
+            if mem <= budget or (per == 1 and s_per == 1):
                 break
-            per = max(1, per // 2)
+            if per > 1:
+                per = _balanced(C, per // 2)
+            else:
+                s_per = _balanced(S, s_per // 2)
         if mem > budget:
             raise MemoryError_(
-                f"one call of {S} streams x 1 configuration needs an estimated {mem / 2**20:.0f} MiB, more than "
+                f"one call of 1 stream x 1 configuration needs an estimated {mem / 2**20:.0f} MiB, more than "
                 f"{memory_fraction:.0%} of the {avail / 2**20:.0f} MiB available: reduce the workload (requests), "
-                f"max_replicas, engine.queue_slots or the router instances, or run fewer streams at once")
-        calls = -(-C // per)
-        gp = GroupPlan(index, stale, st.routers, sids, cells, per, calls, mem, priority, s3)
+                f"max_replicas, engine.queue_slots or the router instances")
+        pad = _padded(per, D)
+        gi = len(plan.groups)
+        n_calls = 0
+        for s0 in range(0, S, s_per):
+            slots = np.asarray([min(i, S - 1) for i in range(s0, s0 + s_per)], dtype=np.int64)
+            block = [cells[i] for i in range(s0, min(S, s0 + s_per))]
+            for c0 in range(0, max(len(c) for c in block), per):
+                sel = np.empty((s_per, pad), dtype=np.int64)
+                real = []
+                for i, slot in enumerate(slots):
+                    cs = cells[slot]
+                    for j in range(pad):
+                        sel[i, j] = cs[min(c0 + min(j, per - 1), len(cs) - 1)]
+                        if i < len(block) and j < per and c0 + j < len(cs):
+                            real.append((i, j, cs[c0 + j]))
+                calls.append(Call(gi, slots, sel, real))
+                n_calls += 1
+        gp = GroupPlan(index, stale, st.routers, sids, cells, per, n_calls, mem, priority, s3, s_per)
         plan.groups.append(gp)
-        ready.append((gp, compiled, stacked, args))
+        ready.append((compiled, stacked))
     if log is not None:  # the whole plan, before anything runs
         log(plan.line())
-        for i, (gp, *_rest) in enumerate(ready):
-            log(f"  program {i + 1}: {gp.n_cells} configurations, {len(gp.streams)} streams x {gp.per_stream} per "
-                f"call, {gp.calls} calls, index rows {'yes' if gp.index else 'no'}, stale fields "
-                f"{'yes' if gp.stale else 'no'}, priority fields {'yes' if gp.priority else 'no'}, s3fifo queues "
-                f"{'yes' if gp.s3 else 'no'}, memory {gp.memory_bytes / 2**20:.0f} MiB")
-    for gp, compiled, stacked, args in ready:
-        per, cells = gp.per_stream, gp.cells
-        for c0 in range(0, max(len(c) for c in cells), per):
-            sel, P, keys = args(c0, per)
-            m = jax.tree.map(np.asarray, jax.block_until_ready(compiled(stacked, P, keys)))
-            for i, cs in enumerate(cells):
-                for j in range(per):
-                    if c0 + j < len(cs):
-                        out[cs[c0 + j]] = jax.tree.map(lambda x, i=i, j=j: x[i, j], m)
-    return jax.tree.map(lambda *xs: np.stack(xs), *out), plan
+        for i, gp in enumerate(plan.groups):
+            log(f"  program {i + 1}: {gp.n_cells} configurations, {gp.streams_per_call} of {len(gp.streams)} streams "
+                f"x {gp.per_stream} per call, {gp.calls} calls, index rows {'yes' if gp.index else 'no'}, stale "
+                f"fields {'yes' if gp.stale else 'no'}, priority fields {'yes' if gp.priority else 'no'}, s3fifo "
+                f"queues {'yes' if gp.s3 else 'no'}, memory {gp.memory_bytes / 2**20:.0f} MiB")
+    return CellRunner(plan, calls, ready, devices, seeds, params)
+
+
+def simulate_cells(
+    streams: list[Stream],
+    stream_of: np.ndarray,
+    params: list,
+    seeds: np.ndarray,
+    *,
+    max_replicas: int,
+    max_batch: int | None = None,
+    memory_fraction: float = 0.8,
+    devices: list | int | None = None,
+    log=None,
+    **options,
+) -> tuple[Metrics, Plan]:
+    """Run cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
+    ``g``; returns the metrics stacked in cell order (NumPy) and the :class:`Plan` that ran.
+
+    ``max_batch``: at most this many configurations per compiled call (default: as many as fit;
+    fewer than a group's streams splits the streams too); ``memory_fraction``: the share of available
+    memory one call may use; ``devices``: the local devices (or how many) the configuration axis is
+    sharded over (default: all; padded to a multiple of their count); ``options``: static options of
+    :func:`~cacheresearch.core.simulate.static_options` (``index``, ``stale`` and the compiled
+    routers are chosen per group); ``log``: a callable for the plan line and progress (or None).
+
+    A cell's PRNG key is ``jax.random.key(seeds[g])``, its own seed: results do not depend on the
+    grouping, the chunking, the padding or the device count.
+    """
+    runner = plan_cells(streams, stream_of, params, seeds, max_replicas=max_replicas, max_batch=max_batch,
+                        memory_fraction=memory_fraction, devices=devices, log=log, **options)
+    out: list = [None] * len(params)
+    for k in range(len(runner.calls)):
+        cells, m = runner.run(k)
+        for n, g in enumerate(cells):
+            out[g] = jax.tree.map(lambda x, n=n: x[n], m)
+    return jax.tree.map(lambda *xs: np.stack(xs), *out), runner.plan
