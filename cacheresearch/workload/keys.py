@@ -93,6 +93,7 @@ __all__ = [
     "reference_hash_words",
     "SALT_MODES",
     "salt_values",
+    "rekey_after",
     "split_uint64",
     "to_uint64",
     "tokens_to_workload",
@@ -248,6 +249,26 @@ def salt_values(namespace: str, ids) -> np.ndarray:
             v = v * np.uint32(c)
         v = v ^ (v >> np.uint32(16))
     return np.where(v == 0, np.uint32(1), v).astype(np.uint32)
+
+
+def rekey_after(w: Workload, at_ms: int, version: int = 1, *, name: str | None = None) -> Workload:
+    """``w`` with every request arriving at or after ``at_ms`` keyed as model version ``version``.
+
+    A model or version upgrade (or a new system-prompt deploy) changes every key from the first block
+    on: vLLM keys blocks per model, and a salt or root change reaches every descendant through the
+    chain. Each key of a later request is XOR-ed with one 64-bit word of ``version`` (a bijection):
+    requests of the same version still share exactly what they shared, and no key of the new version
+    equals one of the old (up to the 64-bit collision odds). ``version`` must be >= 1.
+    """
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 1:
+        raise ValueError(f"version must be an integer >= 1, got {version!r}")
+    mix = np.uint64((int(salt_values("request", [int(version) % 2**32])[0]) << 32) | 0x9E3779B9)
+    after = np.repeat(np.asarray(w.arrival_ms) >= int(at_ms), w.n_blocks)
+    keys = np.where(after, w.keys ^ mix, w.keys)
+    return Workload(arrival_ms=w.arrival_ms, input_tokens=w.input_tokens, output_tokens=w.output_tokens,
+                    tenant=w.tenant, keys=keys, offsets=w.offsets, block_tokens=w.block_tokens,
+                    name=name or f"{w.name}-v{version}@{int(at_ms)}ms",
+                    meta=dict(w.meta, version_upgrade_ms=int(at_ms), version=int(version)))
 
 
 # -------------------------------------------------------------------------------- JAX version
