@@ -1316,3 +1316,9 @@ def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True) -> str:
     if figure:
         plot(ds).savefig(out / "figure.png", dpi=120)
     return text
+
+
+# studies of traces (experiment=fit, the Mooncake figures, TTL advice on a trace): cacheresearch.trace_studies
+from .trace_studies import register as _register_trace_studies  # noqa: E402
+
+_register_trace_studies(STUDIES, SUMMARIES, PLOTS)

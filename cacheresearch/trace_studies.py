@@ -1,0 +1,260 @@
+"""Studies of traces: fitting a workload model and validating it by replay (``experiment=fit``).
+
+Shell-side (files, xarray, matplotlib) around :mod:`cacheresearch.fit`; registered as study kinds in
+:mod:`cacheresearch.studies` (``kind: fit`` in the experiment config).
+
+``fit``  reads a Mooncake or Bailian trace (``trace.path``, ``trace.format``), fits the session model
+         (:func:`cacheresearch.fit.fit_workload`), samples it with ``seeds`` seeds, and puts the trace's
+         replay beside the samples' and beside the closed forms: token hit rate of one leaf-first LRU
+         cache over a log grid of capacities (1% to 100% of the trace's working set; exact one-pass
+         curves) and of one TTL cache refreshed on hit over ``study.ttl_s``; the naive baseline
+         (:func:`cacheresearch.fit.naive_workload`) the same way. The fitted model is stored in the
+         dataset (``attrs["fitted_model"]``, JSON), so ``workload.source=fitted
+         workload.fitted.path=OUT/results.nc`` samples it; ``study.write_model=FILE`` also writes it
+         as YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+from scipy import stats
+
+from .fit import fit_workload, naive_workload, sample_workload, tree_stats
+from .fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
+from .workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
+
+__all__ = ["fit_study", "load_fit_trace", "model_from_file", "register"]
+
+FIT_DEFAULTS = dict(
+    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
+    capacity_points=16,
+    ttl_s=[60, 300, 900, 3600],
+    baseline=True,
+    write_model=None,
+    max_kinds=6,
+)
+
+
+def _resolve(p: str) -> Path:
+    try:
+        from hydra.utils import to_absolute_path
+
+        return Path(to_absolute_path(p))
+    except Exception:  # noqa: BLE001 - outside a Hydra run
+        return Path(p).resolve()
+
+
+def load_fit_trace(tc: dict):
+    """``(workload, fit keyword arguments)`` of a trace setting ``{path, format, block_tokens,
+    max_requests}``: Bailian traces bring their sessions, parents and types."""
+    from .studies import StudyError
+
+    if not tc.get("path"):
+        raise StudyError("study.trace.path (or trace.path) is required: a Mooncake or Bailian JSONL trace")
+    p = _resolve(str(tc["path"]))
+    if not p.is_file():
+        raise StudyError(f"trace.path: file not found: {tc['path']} (looked at {p})")
+    fmt = tc.get("format") or "auto"
+    if fmt == "auto":
+        fmt = detect_format(p)
+    if fmt not in TRACE_FORMATS:
+        raise StudyError(f"trace.format: unknown format {fmt!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
+    bt = tc.get("block_tokens") or TRACE_FORMATS[fmt]
+    mr = tc.get("max_requests")
+    if fmt == "bailian":
+        tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
+        return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
+    return load_mooncake(p, block_tokens=int(bt), max_requests=mr), {}
+
+
+def model_from_file(path) -> dict:
+    """A fitted model from a YAML / JSON file or from a ``results.nc`` of ``experiment=fit``."""
+    p = Path(path)
+    if p.suffix == ".nc":
+        with xr.open_dataset(p, engine="h5netcdf") as ds:
+            if "fitted_model" not in ds.attrs:
+                raise ValueError(f"{p}: not a dataset of experiment=fit (no fitted_model attribute)")
+            return json.loads(ds.attrs["fitted_model"])
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+
+
+def _mean_ci(x: np.ndarray, level: float = 0.95):
+    """Mean over axis 0 and a t interval (NaN with one seed)."""
+    m = x.mean(0)
+    n = x.shape[0]
+    if n < 2:
+        return m, np.full_like(m, np.nan), np.full_like(m, np.nan)
+    h = stats.t.ppf(0.5 + level / 2, n - 1) * x.std(0, ddof=1) / math.sqrt(n)
+    return m, m - h, m + h
+
+
+def _trace_cfg(cfg, c: dict) -> dict:
+    tc = dict(c["trace"])
+    top = cfg.get("trace") if hasattr(cfg, "get") else None
+    if top is not None:
+        for k in ("path", "format", "block_tokens", "max_requests"):
+            v = top.get(k) if hasattr(top, "get") else None
+            if tc.get(k) in (None, "auto") and v is not None:
+                tc[k] = v
+    return tc
+
+
+def fit_study(cfg) -> xr.Dataset:
+    from . import studies as S
+
+    t0 = time.perf_counter()
+    c = S._study_cfg(cfg, FIT_DEFAULTS)
+    seeds = S._seeds(cfg)
+    ttls = S._positive_list("study.ttl_s", c["ttl_s"])
+    tc = _trace_cfg(cfg, c)
+    w, extra = load_fit_trace(tc)
+    tf = time.perf_counter()
+    try:
+        model = fit_workload(w, max_kinds=int(c["max_kinds"]), **extra)
+    except ValueError as e:
+        raise S.StudyError(f"fit: {e}") from None
+    fit_s = time.perf_counter() - tf
+    if c["write_model"]:
+        from omegaconf import OmegaConf
+
+        OmegaConf.save(OmegaConf.create(model), _resolve(str(c["write_model"])))
+    caps = capacity_grid(w, int(c["capacity_points"]))
+    tr_cap = capacity_hit_rates(w, caps)
+    tr_ttl = ttl_hit_rates(w, ttls)
+    samples = {"fitted": [sample_workload(model, s) for s in seeds]}
+    if c["baseline"]:
+        samples["naive"] = [naive_workload(w, s) for s in seeds]
+    data, attrs = {}, {}
+    for name, ws in samples.items():
+        cap = np.stack([capacity_hit_rates(x, caps) for x in ws])
+        ttl = np.stack([ttl_hit_rates(x, ttls) for x in ws])
+        for var, arr, dim in ((f"hit_rate_{name}", cap, "capacity_blocks"), (f"hit_rate_{name}_ttl", ttl, "ttl_s")):
+            m, lo, hi = _mean_ci(arr)
+            data[var] = ((dim,), m)
+            data[var + "_ci_low"] = ((dim,), lo)
+            data[var + "_ci_high"] = ((dim,), hi)
+            data[var + "_seeds"] = (("seed", dim), arr)
+        pre = "" if name == "fitted" else f"{name}_"
+        attrs[f"{pre}max_abs_gap_capacity"] = float(np.max(np.abs(cap.mean(0) - tr_cap)))
+        attrs[f"{pre}max_abs_gap_ttl"] = float(np.max(np.abs(ttl.mean(0) - tr_ttl)))
+        attrs[f"{pre}tree_stats"] = json.dumps(tree_stats(ws[0]))
+        attrs[f"{pre}requests_mean"] = float(np.mean([x.n_requests for x in ws]))
+    che, ttl_an = analytic_hit_rates(samples["fitted"][0], caps, ttls)
+    data["hit_rate_trace"] = (("capacity_blocks",), tr_cap)
+    data["hit_rate_trace_ttl"] = (("ttl_s",), tr_ttl)
+    data["hit_rate_analytic"] = (("capacity_blocks",), che)
+    data["hit_rate_analytic_ttl"] = (("ttl_s",), ttl_an)
+    ds = xr.Dataset(data, coords={"capacity_blocks": caps, "ttl_s": np.asarray(ttls), "seed": np.asarray(seeds)})
+    ds = ds.assign_coords(capacity_share=("capacity_blocks", caps / working_set(w)))
+    S._doc(ds, {
+        "hit_rate_trace": ("token hit rate of the trace's replay, one leaf-first LRU cache", "1"),
+        "hit_rate_trace_ttl": ("token hit rate of the trace's replay, one TTL cache refreshed on hit", "1"),
+        "hit_rate_fitted": ("token hit rate of samples of the fitted model, mean over seeds", "1"),
+        "hit_rate_fitted_ttl": ("token hit rate of samples of the fitted model (TTL), mean over seeds", "1"),
+        "hit_rate_naive": ("token hit rate of the naive baseline (Poisson, resampled requests)", "1"),
+        "hit_rate_naive_ttl": ("token hit rate of the naive baseline (TTL)", "1"),
+        "hit_rate_analytic": ("Che's approximation from the fitted sample's block rates (finite window)", "1"),
+        "hit_rate_analytic_ttl": ("1 - exp(-lambda TTL) from the fitted sample's block rates (finite window)", "1"),
+    })
+    comps = model["components"]
+    laws = {t: {"arrivals": f"{len(cm['arrivals']['rates_per_s'])} rate bins, {cm['arrivals']['renewal']['family']}"
+                f" gaps", "requests_per_session": cm["session"]["count"]["family"],
+                "reuse_gap": cm["session"]["gap"]["family"], "lengths": f"lognormal mixture of "
+                f"{sum(1 for k in cm['first_input_tokens']['params'] if k.startswith('w'))}",
+                "output": cm["output_tokens"]["family"], "step_classes": cm["step"]["class_p"] if cm["step"] else None}
+            for t, cm in comps.items()}
+    ds.attrs.update(S._common_attrs(cfg, "fit", t0, dict(
+        trace=str(w.name), trace_format=str(w.meta.get("format", "")), trace_requests=int(w.n_requests),
+        working_set_blocks=working_set(w), block_tokens=int(w.block_tokens), fit_time_s=fit_s,
+        fitted_model=json.dumps(model), fitted_laws=json.dumps(laws), trace_tree_stats=json.dumps(tree_stats(w)),
+        seeds=len(seeds), **attrs)))
+    return ds
+
+
+def summarize_fit(ds) -> str:
+    from .studies import _header, _pct, _table
+
+    a = ds.attrs
+    out = _header(ds)
+    out.append(f"trace {a['trace']} ({a['trace_format']}, {a['trace_requests']:,} requests, working set "
+               f"{a['working_set_blocks']:,} blocks of {a['block_tokens']} tokens); fit {a['fit_time_s']:.1f} s; "
+               f"{a['seeds']} sample seed(s)")
+    for t, d in json.loads(a["fitted_laws"]).items():
+        out.append(f"  [{t}] " + "; ".join(f"{k}: {v}" for k, v in d.items()))
+    has_naive = "hit_rate_naive" in ds
+    hdr = ["capacity (blocks)", "share", "trace", "fitted [95% CI]", "analytic (Che)"] + (["naive"] if has_naive else [])
+    rows = [hdr]
+    for i, cb in enumerate(ds.capacity_blocks.values):
+        x = ds.isel(capacity_blocks=i)
+        r = [f"{int(cb):,}", f"{float(x.capacity_share):.2f}", _pct(x.hit_rate_trace),
+             f"{_pct(x.hit_rate_fitted)} [{_pct(x.hit_rate_fitted_ci_low)}, {_pct(x.hit_rate_fitted_ci_high)}]",
+             _pct(x.hit_rate_analytic)]
+        if has_naive:
+            r.append(_pct(x.hit_rate_naive))
+        rows.append(r)
+    out += ["", "LRU (leaf-first, one replica): token hit rate", _table(rows), ""]
+    rows = [["TTL (s, refresh)", "trace", "fitted [95% CI]", "analytic"] + (["naive"] if has_naive else [])]
+    for i, tt in enumerate(ds.ttl_s.values):
+        x = ds.isel(ttl_s=i)
+        r = [f"{float(tt):g}", _pct(x.hit_rate_trace_ttl),
+             f"{_pct(x.hit_rate_fitted_ttl)} [{_pct(x.hit_rate_fitted_ttl_ci_low)}, {_pct(x.hit_rate_fitted_ttl_ci_high)}]",
+             _pct(x.hit_rate_analytic_ttl)]
+        if has_naive:
+            r.append(_pct(x.hit_rate_naive_ttl))
+        rows.append(r)
+    out += [_table(rows), ""]
+    line = (f"max |fitted - trace|: capacity {100 * a['max_abs_gap_capacity']:.2f} points, TTL "
+            f"{100 * a['max_abs_gap_ttl']:.2f} points (target 3)")
+    if has_naive:
+        line += (f"; naive baseline: capacity {100 * a['naive_max_abs_gap_capacity']:.2f}, TTL "
+                 f"{100 * a['naive_max_abs_gap_ttl']:.2f}")
+    out.append(line)
+    ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
+    out.append("radix tree, trace | fitted sample: " + ", ".join(
+        f"{k} {ts[k]:.3g} | {fs[k]:.3g}" for k in ("requests", "nodes", "roots", "branching_nodes_share",
+                                                   "leaf_depth_mean", "block_reuse_share_top10pct",
+                                                   "reuse_time_p50_s")))
+    return "\n".join(out)
+
+
+def plot_fit(ds):
+    from .studies import _fig
+
+    fig = _fig(11, 4.5)
+    ax1, ax2 = fig.subplots(1, 2)
+    x = ds.capacity_blocks.values
+    for ax, dim, suf, xl in ((ax1, "capacity_blocks", "", "LRU capacity (blocks)"), (ax2, "ttl_s", "_ttl", "TTL (s)")):
+        xv = ds[dim].values
+        ax.plot(xv, 100 * ds[f"hit_rate_trace{suf}"], "k-o", ms=4, label="trace replay")
+        ax.plot(xv, 100 * ds[f"hit_rate_fitted{suf}"], "C0-s", ms=4, label="fitted model (mean)")
+        lo, hi = ds[f"hit_rate_fitted{suf}_ci_low"], ds[f"hit_rate_fitted{suf}_ci_high"]
+        if np.all(np.isfinite(lo)):
+            ax.fill_between(xv, 100 * lo, 100 * hi, color="C0", alpha=0.25, label="fitted 95% CI")
+        ax.plot(xv, 100 * ds[f"hit_rate_analytic{suf}"], "C2--", label="analytic (Che / TTL formula)")
+        if f"hit_rate_naive{suf}" in ds:
+            ax.plot(xv, 100 * ds[f"hit_rate_naive{suf}"], "C3:", label="naive baseline")
+        ax.set_xscale("log")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("token hit rate (%)")
+        ax.grid(True, alpha=0.3)
+    del x
+    a = ds.attrs
+    ax1.set_title(f"{a['trace']}: max gap {100 * a['max_abs_gap_capacity']:.1f} pts")
+    ax2.set_title(f"TTL refresh: max gap {100 * a['max_abs_gap_ttl']:.1f} pts")
+    ax1.legend(fontsize="small")
+    return fig
+
+
+def register(studies: dict, summaries: dict, plots: dict) -> None:
+    """Add this module's study kinds to :mod:`cacheresearch.studies`' tables."""
+    studies["fit"] = fit_study
+    summaries["fit"] = summarize_fit
+    plots["fit"] = plot_fit
