@@ -14,8 +14,10 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       ``workload.fleet``), ``design`` (:func:`~cacheresearch.workload.synthetic.design_workload`,
                       ``workload.design``), ``tenant`` (:func:`~cacheresearch.workload.synthetic.tenant_workload`,
                       ``workload.tenant``; ``n_requests`` sets the duration per load level; ``layout:
-                      timestamp_top`` re-keys every request) or ``trace`` (a Mooncake JSONL file:
-                      ``trace.path``, ``trace.block_tokens``, ``trace.max_requests``)
+                      timestamp_top`` re-keys every request), ``trace`` (a Mooncake or Bailian JSONL
+                      file: ``trace.path``, ``trace.format`` (auto / mooncake / bailian),
+                      ``trace.block_tokens``, ``trace.max_requests``) or ``fitted`` (whole sessions sampled
+                      from a model fitted by ``experiment=fit``: ``workload.fitted.path``, ``.duration_s``)
 ``fleet``             ``router`` (a rule, a preset of :data:`cacheresearch.routers.PRESETS` or a name under
                       ``fleet.variants``), ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
                       largest replica count of the grid), ``latency`` (replica speed preset), ``knobs``
@@ -78,7 +80,7 @@ from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .workload.keys import SALT_MODES
 from .workload.synthetic import design_workload, fleet_workload, tenant_workload
-from .workload.trace import TraceError, load_mooncake
+from .workload.trace import TraceError, load_trace
 from .workload import Workload, WorkloadError
 
 __all__ = [
@@ -104,7 +106,7 @@ TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
 GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
              + TENANT_GRID_KEYS + ("layout", "seed"))
 LAYOUTS = ("stable", "timestamp_top")
-SOURCES = ("fleet", "design", "trace", "tenant")
+SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
 ARRIVALS = ("poisson", "bursty", "diurnal")
 RESULT_FILE, SUMMARY_FILE, FIGURE_FILE = "results.nc", "summary.txt", "figure.png"
 
@@ -116,8 +118,9 @@ class SweepError(ValueError):
 # ------------------------------------------------------------------------------ schema
 @dataclass
 class TraceConf:
-    path: Optional[str] = None  # Mooncake JSONL, relative to the directory the command runs in
-    block_tokens: int = 512
+    path: Optional[str] = None  # Mooncake or Bailian JSONL, relative to the directory the command runs in
+    format: str = "auto"  # mooncake | bailian | auto (detected from the first line)
+    block_tokens: Optional[int] = None  # tokens per hash id (null: the format's, 512 Mooncake / 16 Bailian)
     max_requests: Optional[int] = None
 
 
@@ -189,11 +192,22 @@ class TenantWorkloadConf:
 
 
 @dataclass
+class FittedWorkloadConf:
+    """A model fitted by ``experiment=fit`` (cacheresearch.fit): ``path`` to its ``results.nc`` or a
+    YAML / JSON model; whole sessions are sampled with the run's ``seed`` over ``duration_s`` (null:
+    the fitted trace's window)."""
+
+    path: Optional[str] = None
+    duration_s: Optional[float] = None
+
+
+@dataclass
 class WorkloadConf:
-    source: str = "fleet"  # fleet | design | trace | tenant
+    source: str = "fleet"  # fleet | design | trace | tenant | fitted
     fleet: FleetWorkloadConf = field(default_factory=FleetWorkloadConf)
     design: DesignWorkloadConf = field(default_factory=DesignWorkloadConf)
     tenant: TenantWorkloadConf = field(default_factory=TenantWorkloadConf)
+    fitted: FittedWorkloadConf = field(default_factory=FittedWorkloadConf)
 
 
 #: ``fleet.knobs``: the base value of every router / speed knob (null = the declared default or the preset's).
@@ -522,7 +536,7 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise SweepError(f"replicas {sorted(replicas)} exceed fleet.max_replicas={max_r}")
 
     dims = [k for k in GRID_KEYS if k in coords]
-    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(
+    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "fitted": ("seed",), "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(
         source, ())
     return Plan(
         source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
@@ -567,7 +581,7 @@ def _resolve_path(p: str) -> Path:
 def _workload_key(plan: Plan, cell: dict) -> tuple:
     if plan.source == "fleet":
         return (cell["layout"], cell["seed"])
-    if plan.source == "design":
+    if plan.source in ("design", "fitted"):
         return (cell["seed"],)
     if plan.source == "tenant":
         return (cell["layout"], cell["seed"]) + tuple(cell[k] for k in TENANT_GRID_KEYS)
@@ -596,7 +610,20 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
             path = _resolve_path(str(cfg.trace.path))
             if not path.is_file():
                 raise SweepError(f"trace.path: file not found: {cfg.trace.path} (looked at {path})")
-            return load_mooncake(path, block_tokens=cfg.trace.block_tokens, max_requests=cfg.trace.max_requests)
+            return load_trace(path, format=str(cfg.trace.format), block_tokens=cfg.trace.block_tokens,
+                              max_requests=cfg.trace.max_requests)
+        if src == "fitted":
+            from .fit import sample_workload  # noqa: PLC0415
+            from .trace_studies import model_from_file  # noqa: PLC0415
+
+            fc = cfg.workload.fitted
+            if fc.path is None:
+                raise SweepError("workload.source=fitted needs workload.fitted.path=FILE (results.nc of experiment=fit)")
+            path = _resolve_path(str(fc.path))
+            if not path.is_file():
+                raise SweepError(f"workload.fitted.path: file not found: {fc.path} (looked at {path})")
+            return sample_workload(model_from_file(path), seed=int(wkey[0]), duration_s=fc.duration_s,
+                                   name=f"fitted-{path.parent.name or path.stem}")
         if src == "fleet":
             args = OmegaConf.to_container(cfg.workload.fleet, resolve=True)
             args.update(layout=wkey[0], seed=wkey[1])
