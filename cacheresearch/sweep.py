@@ -75,7 +75,8 @@ from . import __version__
 from .core.params import KNOB_DECLS
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
-from .engine import KNOBS, combine_limbs, compile_stream, make_params, stack_params, static_options
+from .engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
+from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables
 from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .workload.keys import SALT_MODES
@@ -274,6 +275,8 @@ GridConf = make_dataclass(
 class OutputConf:
     variable: str = "token_hit_rate"  # the variable of the summary table and the figure
     figure: bool = True
+    prefix_top: int = 8  # per-prefix variables: tenants (or trace roots) kept as their own prefix group
+    pricing: str = "anthropic_5m"  # the pricing preset of the per-prefix cost columns
 
 
 @dataclass
@@ -747,7 +750,9 @@ def simulate_plan(cfg, plan: Plan):
         w = build_workload(cfg, plan, k)
         streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio, block_ids=blocks))
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
-                              n_requests=int(w.n_requests)))
+                              n_requests=int(w.n_requests),
+                              groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
+                                                                             cfg.output.prefix_top, 1))))
         del w
     t_build = time.perf_counter() - t0
 
@@ -766,7 +771,7 @@ def simulate_plan(cfg, plan: Plan):
     with _CompileTimer() as ct:
         try:
             metrics, run_plan = simulate_cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
-                                               max_batch=mb, log=_log, **opts)
+                                               max_batch=mb, log=_log, per_request=True, **opts)
         except MemoryError_ as e:
             raise SweepError(f"{e} (or set engine.max_batch)") from None
     t_sim = time.perf_counter() - t1
@@ -802,7 +807,23 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "overflow_share": grid(metrics.overflow_share, np.float64),
         "queue_overflow": grid(metrics.queue_overflow, np.int64),
     }
+    if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
+        cells = list(plan.cells())
+        rules = [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells]
+        try:
+            pdata, plabels, pattrs = prefix_variables(cells, rules, metrics.hit_tokens, idx,
+                                                      [w["groups"] for w in workloads], dims, shape,
+                                                      pricing=str(cfg.output.pricing))
+        except ValueError as e:
+            raise SweepError(f"output.pricing: {e}") from None
+        data.update(pdata)
+        coords["prefix"] = np.asarray(plabels)
     ds = xr.Dataset(data, coords=coords)
+    for v, (ln, u) in PREFIX_DOCS.items():
+        if v in ds:
+            ds[v].attrs.update(long_name=ln, units=u)
+    if "prefix" in ds.coords:
+        ds.attrs.update(pattrs)
     long = {
         "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
         "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
