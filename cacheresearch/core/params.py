@@ -34,6 +34,9 @@ __all__ = [
     "PARAM_DTYPES",
     "LATENCY_PRESETS",
     "LATENCY_KNOBS",
+    "STEP_PRESETS",
+    "STEP_KNOBS",
+    "DEFAULT_STEP_PRESET",
     "KNOBS",
     "KNOB_DECLS",
     "resolve_router",
@@ -64,6 +67,53 @@ LATENCY_KNOBS: tuple[Knob, ...] = (
          doc="replica time per output token (amortised over the batch)", unit="us"),
 )
 
+#: Step-time presets of the vllm replica (core/batch.py): a step of the running batch takes
+#: ``step_base_ns + step_prefill_ns * prefill tokens + step_decode_ns * decode tokens``. The
+#: coefficients are BLIS's (llm-d's inference simulator, inference-sim/inference-sim ``defaults.yaml``,
+#: ``beta_coeffs`` in microseconds, trained on vLLM v0.8.4), rounded to nanoseconds. They are
+#: assumptions about a deployment, not measurements of one; every number is a knob.
+STEP_PRESETS: dict[str, dict] = {
+    "llama31_8b_h100_tp1": dict(
+        step_base_ns=5_752_705, step_prefill_ns=17_251, step_decode_ns=5_999, kv_blocks=29_205,
+        source="BLIS defaults.yaml, meta-llama/llama-3.1-8b-instruct, H100, TP=1, vLLM v0.8.4: "
+        "beta = [5752.705, 17.2509, 5.9991] us; total_kv_blocks 29,205 (assumption for other versions)",
+    ),
+    "llama31_8b_a100_tp1": dict(
+        step_base_ns=16_441_532, step_prefill_ns=47_837, step_decode_ns=18_206, kv_blocks=29_205,
+        source="BLIS defaults.yaml, meta-llama/llama-3.1-8b-instruct, A100-80GB, TP=1, vLLM v0.8.4: "
+        "beta = [16441.53, 47.8374, 18.2056] us",
+    ),
+    "codellama34b_h100_tp1": dict(
+        step_base_ns=26_595_278, step_prefill_ns=96_284, step_decode_ns=56_586, kv_blocks=2_537,
+        source="BLIS defaults.yaml, codellama/codellama-34b-instruct-hf, H100, TP=1, vLLM v0.8.4: "
+        "beta = [26595.28, 96.2844, 56.5863] us; total_kv_blocks 2,537",
+    ),
+    "llama33_70b_h100_tp4": dict(
+        step_base_ns=12_601_271, step_prefill_ns=76_423, step_decode_ns=66_844, kv_blocks=128_273,
+        source="BLIS defaults.yaml, meta-llama/llama-3.3-70b-instruct, H100, TP=4, vLLM v0.8.4: "
+        "beta = [12601.27, 76.4228, 66.8440] us; total_kv_blocks 128,273",
+    ),
+}
+DEFAULT_STEP_PRESET = "llama31_8b_h100_tp1"
+
+#: The vllm replica's knobs (core/batch.py): scheduler limits (vLLM's ``max_num_seqs`` and
+#: ``max_num_batched_tokens``; its defaults vary by version and GPU: 256 / 2,048-8,192 on most
+#: GPUs, 1,024 / 8,192 for the API server on GPUs with 70 GB or more), the step-time model, and the
+#: latency metrics' warm-up.
+STEP_KNOBS: tuple[Knob, ...] = (
+    Knob("max_num_seqs", 256, 1, 65_536, doc="vllm replica: most requests in the running batch", unit="requests"),
+    Knob("max_num_batched_tokens", 8192, 1, 131_072, doc="vllm replica: token budget of one step "
+         "(prefill chunks + one token per decoding request)", unit="tokens"),
+    Knob("step_base_ns", STEP_PRESETS[DEFAULT_STEP_PRESET]["step_base_ns"], 0, 2_000_000_000,
+         doc="vllm replica: fixed time of a step (beta0)", unit="ns"),
+    Knob("step_prefill_ns", STEP_PRESETS[DEFAULT_STEP_PRESET]["step_prefill_ns"], 0, 10_000_000,
+         doc="vllm replica: step time per prefill token computed (beta1)", unit="ns"),
+    Knob("step_decode_ns", STEP_PRESETS[DEFAULT_STEP_PRESET]["step_decode_ns"], 0, 10_000_000,
+         doc="vllm replica: step time per decode token (beta2)", unit="ns"),
+    Knob("warmup_ms", 0, 0, 2**31 - 1, doc="latency metrics leave out requests arriving this long after the "
+         "first arrival (warm-up)", unit="ms"),
+)
+
 #: The fields that are no knob: (name, dtype, meaning).
 _FIXED_FIELDS = (
     ("policy", np.int32, "policy id (metadata; behaviour comes from the fields below)"),
@@ -76,14 +126,14 @@ _FIXED_FIELDS = (
 )
 
 #: Every knob declaration by name, in the order of :data:`KNOBS`.
-KNOB_DECLS: dict[str, Knob] = {k.name: k for k in REGISTRY.knobs() + LATENCY_KNOBS}
+KNOB_DECLS: dict[str, Knob] = {k.name: k for k in REGISTRY.knobs() + LATENCY_KNOBS + STEP_KNOBS}
 #: Router and replica knobs (``ROUTER_DEFAULTS``' keys), then the replica speed.
 KNOBS: tuple[str, ...] = tuple(KNOB_DECLS)
 
 _PARAM_KNOBS = (REGISTRY.shared_knobs("view") + REGISTRY.router_knobs() + LATENCY_KNOBS
-                + REGISTRY.shared_knobs("replica"))
+                + REGISTRY.shared_knobs("replica") + STEP_KNOBS)
 _clash = sorted({n for n, _, _ in _FIXED_FIELDS} & set(KNOBS))
-if _clash or len(KNOB_DECLS) != len(REGISTRY.knobs()) + len(LATENCY_KNOBS):
+if _clash or len(KNOB_DECLS) != len(REGISTRY.knobs()) + len(LATENCY_KNOBS) + len(STEP_KNOBS):
     raise ValueError(f"knob names collide with Params fields or each other: {_clash or sorted(KNOBS)}")
 
 #: Params field -> NumPy dtype of its values.
@@ -133,6 +183,7 @@ def make_params(
     router: str = "round_robin",
     prefix_blocks: int | None = None,
     latency: str | None = None,
+    step_model: str | None = None,
     **knobs,
 ) -> Params:
     """One configuration. Capacity is required for LRU policies, TTL for TTL policies.
@@ -140,7 +191,8 @@ def make_params(
     ``router`` is a rule (:data:`cacheresearch.routers.ROUTERS`) or a preset
     (:data:`cacheresearch.routers.PRESETS`); ``knobs`` override any router knob
     (:data:`cacheresearch.routers.ROUTER_DEFAULTS`; ``view`` by name) or the replica speed
-    (``prefill_tps``, ``decode_us_per_token``; ``latency`` names a :data:`LATENCY_PRESETS` entry).
+    (``prefill_tps``, ``decode_us_per_token``; ``latency`` names a :data:`LATENCY_PRESETS` entry) and the
+    vllm replica's knobs (:data:`STEP_KNOBS`; ``step_model`` names a :data:`STEP_PRESETS` entry).
     Every knob is checked against its declared range (:data:`KNOB_DECLS`).
     """
     spec = policy_spec(policy)
@@ -167,6 +219,11 @@ def make_params(
             raise ValueError(f"unknown latency preset {latency!r}; choose one of {sorted(LATENCY_PRESETS)}")
         for k in LATENCY_KNOBS:
             knobs.setdefault(k.name, LATENCY_PRESETS[latency][k.name])
+    if step_model is not None:
+        if step_model not in STEP_PRESETS:
+            raise ValueError(f"unknown step-time preset {step_model!r}; choose one of {sorted(STEP_PRESETS)}")
+        for name in ("step_base_ns", "step_prefill_ns", "step_decode_ns"):
+            knobs.setdefault(name, STEP_PRESETS[step_model][name])
     k = resolve_router(router, prefix_blocks=prefix_blocks, **knobs)
     # integer ranges first, then the float knobs (views are checked when converted)
     for kind in ("int", "float"):

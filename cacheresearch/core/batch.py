@@ -1,0 +1,478 @@
+"""The vllm replica: continuous batching over one KV pool per replica, after vLLM v1's scheduler.
+
+A component with its own state (:class:`Replica`, one per replica, vmapped) and a step
+(:func:`replica_step`: one engine step of one replica), driven by a scan over arrivals
+(:func:`simulate_vllm`). The semantics, step by step, are in docs/fleet_semantics.md ("The vllm
+replica"); the plain-Python reference is ``tests/reference_batch.py`` and the two agree request by
+request (every TTFT, finish time, prefix hit and preemption).
+
+Time is an int32 count of 10-microsecond ticks (a run may span 5.9 hours; a saturated clock sets
+``time_overflow``). A replica's step starts at its clock: it releases the requests that finished at
+the previous step, schedules the running batch (each decoding request one token, prefilling ones
+chunks of the token budget ``max_num_batched_tokens``, in admission order; preempting the latest
+admitted requests, by recompute, while the pool cannot hold the allocation), then admits waiting
+requests FCFS while the budget, ``max_num_seqs`` and the pool allow (their prefix is matched and
+pinned now, not at arrival), then advances its clock by the step time ``step_base_ns +
+step_prefill_ns * prefill tokens + step_decode_ns * decode tokens`` (rounded up to a tick). Before
+each arrival every replica runs the steps that start at or before it, so routers see the pools as
+they are at that moment; after the last arrival the replicas drain.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..cache.pool import PoolState, extend, init_pool, leading_hit, pin, release, evict_lru
+from ..cache.store import evict, init_store, stored_len
+from ..routers import FleetView, RequestView, ring_positions, route
+from .views import init_sync, probe
+
+__all__ = ["TICKS_PER_MS", "Replica", "init_replica", "step_ticks", "replica_step", "simulate_vllm"]
+
+TICKS_PER_MS = 100  # 10-microsecond ticks
+TICK_NS = 10_000
+LIM = 2**31 - 1
+
+
+class Slots(NamedTuple):
+    """Running requests of one replica, compact in admission order (positions ``< nrun``)."""
+
+    req: jax.Array  # int32 [S] request (N: empty)
+    c: jax.Array  # int32 [S] tokens computed by prefill (the prefix hit included)
+    pt: jax.Array  # int32 [S] prefill target: input tokens + tokens generated before this admission
+    d: jax.Array  # int32 [S] output tokens generated
+    d0: jax.Array  # int32 [S] output tokens generated before this admission
+    hit: jax.Array  # int32 [S] prefix hit blocks at this admission
+    npre: jax.Array  # int32 [S] preemptions so far
+    tok: jax.Array  # int32 [S] tokens scheduled in the current step
+    pref: jax.Array  # bool [S] prefilling when the current step was scheduled
+    done: jax.Array  # bool [S] finished at the end of the current step (released at the next)
+
+
+class Waiting(NamedTuple):
+    req: jax.Array  # int32 [Q] FIFO ring (preempted requests go to the front)
+    d: jax.Array  # int32 [Q] output tokens already generated (preempted requests)
+    npre: jax.Array  # int32 [Q]
+    head: jax.Array  # int32
+    count: jax.Array  # int32
+
+
+class Stats(NamedTuple):
+    steps: jax.Array  # int32
+    busy: jax.Array  # int32 ticks with a step running
+    kv_acc: jax.Array  # float32 sum of blocks in use x step ticks
+    kv_max: jax.Array  # int32 most blocks in use after scheduling
+    q_acc: jax.Array  # float32 sum of waiting requests x step ticks
+    preempt: jax.Array  # int32 preemptions
+    dropped: jax.Array  # int32 requests dropped: the waiting ring was full
+    rejected: jax.Array  # int32 requests dropped: larger than the whole pool
+    stuck: jax.Array  # bool an eviction found nothing evictable (a bug; reported)
+    tover: jax.Array  # bool the clock saturated
+
+
+class Replica(NamedTuple):
+    pool: PoolState
+    run: Slots
+    nrun: jax.Array  # int32
+    wait: Waiting
+    clock: jax.Array  # int32 ticks: when the next step starts (or the last step ended, when idle)
+    load_req: jax.Array  # int32 requests waiting or running
+    load_blk: jax.Array  # int32 their blocks
+    seen: jax.Array  # bool the clock has been set (a first request arrived)
+    stats: Stats
+
+
+def init_replica(K: int, S: int, Q: int, N: int) -> Replica:
+    zS = jnp.zeros(S, jnp.int32)
+    fS = jnp.zeros(S, jnp.bool_)
+    z = jnp.int32(0)
+    f0 = jnp.float32(0)
+    return Replica(
+        pool=init_pool(K),
+        run=Slots(jnp.full(S, N, jnp.int32), zS, zS, zS, zS, zS, zS, zS, fS, fS),
+        nrun=z,
+        wait=Waiting(jnp.full(Q, N, jnp.int32), jnp.zeros(Q, jnp.int32), jnp.zeros(Q, jnp.int32), z, z),
+        clock=z, load_req=z, load_blk=z, seen=jnp.bool_(False),
+        stats=Stats(z, z, f0, z, f0, z, z, z, jnp.bool_(False), jnp.bool_(False)),
+    )
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def _mul_ticks(x, y):
+    """(floor(x * y / TICK_NS), (x * y) mod TICK_NS) exactly in int32 (x: ns >= 0, y: tokens >= 0)."""
+    q, r = x // TICK_NS, x % TICK_NS
+    ry = r * y
+    return q * y + ry // TICK_NS, ry % TICK_NS
+
+
+def step_ticks(params, prefill_tokens, decode_tokens):
+    """Step time in ticks: ``ceil((step_base_ns + step_prefill_ns p + step_decode_ns d) / 10 us)``."""
+    h0, l0 = params.step_base_ns // TICK_NS, params.step_base_ns % TICK_NS
+    h1, l1 = _mul_ticks(params.step_prefill_ns, prefill_tokens)
+    h2, l2 = _mul_ticks(params.step_decode_ns, decode_tokens)
+    return h0 + h1 + h2 + _ceil_div(l0 + l1 + l2, TICK_NS)
+
+
+def _req_runs(stream, req, W: int):
+    """A request's runs in prompt order: (run [.., W], blocks, first block j0, valid)."""
+    E1 = stream.log.shape[-2]
+    q = jnp.arange(W, dtype=jnp.int32)
+    p = stream.n_runs[req]
+    ok = q < p[..., None]
+    e = jnp.where(ok, stream.entry0[req][..., None] + q, E1 - 1)
+    v = stream.log[0][e]
+    j0 = v[..., 2] - stream.offset[req][..., None]
+    return jnp.where(ok, v[..., 0], 0), jnp.where(ok, v[..., 1], 0), j0, ok
+
+
+def _held(kv_tokens, bt):
+    return _ceil_div(kv_tokens, bt)
+
+
+def _keyed(c, P, bt):
+    """Canonical run blocks among a request's first ``c`` computed tokens: full prompt blocks only."""
+    return jnp.minimum(c // bt, P // bt)
+
+
+def _work(c, pt, d, d0, P, bt):
+    """Blocks a running request holds outside the runs (partial chunk block, generated tokens)."""
+    return _held(_kv(c, pt, d, d0), bt) - _keyed(c, P, bt)
+
+
+def _kv(c, pt, d, d0):
+    """Tokens whose KV a running request holds: its computed prefill, then every generated token but
+    the last (a token's KV is computed by the step after the one that sampled it)."""
+    return jnp.where(c < pt, c, c + jnp.maximum(d - d0 - 1, 0))
+
+
+def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
+    """One engine step of one replica (when ``go``): release, schedule running, admit, advance the clock.
+    Returns (replica, events) with events per slot: (request, first token?, finished?, tick)."""
+    S = rep.run.req.shape[0]
+    Q = rep.wait.req.shape[0]
+    N = stream.arrival_ms.shape[0] - 1
+    bt = stream.block_tokens
+    cap = params.capacity
+    slot = jnp.arange(S, dtype=jnp.int32)
+    pool, run, wait, stats = rep.pool, rep.run, rep.wait, rep.stats
+
+    # ---- 1. release the requests that finished at the previous step; compact the slots
+    valid = slot < rep.nrun
+    done = run.done & valid & go
+    runs, m, j0, ok = _req_runs(stream, run.req, W)
+    nb = stream.n_blocks[run.req]
+    P = stream.input_tokens[run.req]
+    pool = release(pool, runs, nb, nb[:, None] - j0 - m, ok, done)
+    wk = _work(run.c, run.pt, run.d, run.d0, P, bt)
+    pool = pool._replace(work=pool.work - jnp.sum(jnp.where(done, wk, 0)))
+    load_req = rep.load_req - jnp.sum(done.astype(jnp.int32))
+    load_blk = rep.load_blk - jnp.sum(jnp.where(done, nb, 0))
+    keep = valid & ~done
+    dest = jnp.where(keep, jnp.cumsum(keep.astype(jnp.int32)) - 1, S)
+    nrun = jnp.sum(keep.astype(jnp.int32))
+
+    def compact(x, fill):
+        return jnp.full_like(x, fill).at[dest].set(x, mode="drop")
+
+    run = Slots(compact(run.req, N), *(compact(x, 0) for x in run[1:8]),
+                jnp.zeros(S, jnp.bool_), jnp.zeros(S, jnp.bool_))
+    runs, m, j0, ok = (compact(x, f) for x, f in ((runs, 0), (m, 0), (j0, 0), (ok, False)))
+    nb, P = compact(nb, 0), compact(P, 0)
+    out = stream.output_tokens[run.req]
+
+    # ---- 2. the running batch, in admission order
+    v = slot < nrun
+    pref = v & (run.c < run.pt)
+    want = jnp.where(pref, run.pt - run.c, jnp.where(v, 1, 0))
+    budget = params.max_num_batched_tokens
+    tok = jnp.clip(budget - (jnp.cumsum(want) - want), 0, want)
+    c_new = jnp.where(pref, run.c + tok, run.c)
+    kv_old = _kv(run.c, run.pt, run.d, run.d0)
+    a_old = _held(kv_old, bt) - _keyed(run.c, P, bt)
+    a_new = _held(kv_old + tok, bt) - _keyed(c_new, P, bt)
+    tgt = jnp.clip(_keyed(c_new, P, bt)[:, None] - j0, 0, m)
+    s_g = pool.s.at[jnp.where(ok, runs, pool.s.shape[0])].get(mode="fill", fill_value=0)
+    ds = jnp.sum(jnp.where(ok, jnp.maximum(tgt - s_g, 0), 0), axis=1)
+    delta = jnp.where(v & (tok > 0), ds + a_new - a_old, 0)
+    cum = jnp.cumsum(delta)
+
+    def violated(c):
+        pool_, nrun_, _, _ = c
+        return go & jnp.any((slot < nrun_) & (pool_.pinned + pool_.work + cum > cap))
+
+    def preempt(c):
+        pool_, nrun_, wait_, st_ = c
+        L = nrun_ - 1
+        oneL = slot == L
+        pool_ = release(pool_, runs, nb, nb[:, None] - j0 - m, ok, oneL)
+        pool_ = pool_._replace(work=pool_.work - a_old[L])
+        room = wait_.count < Q
+        h = jnp.mod(wait_.head - 1, Q)
+        wait_ = Waiting(
+            req=wait_.req.at[jnp.where(room, h, Q)].set(run.req[L], mode="drop"),
+            d=wait_.d.at[jnp.where(room, h, Q)].set(run.d[L], mode="drop"),
+            npre=wait_.npre.at[jnp.where(room, h, Q)].set(run.npre[L] + 1, mode="drop"),
+            head=jnp.where(room, h, wait_.head), count=wait_.count + room.astype(jnp.int32),
+        )
+        st_ = st_._replace(preempt=st_.preempt + 1, dropped=st_.dropped + (~room).astype(jnp.int32))
+        return pool_, L, wait_, st_
+
+    npre_before = stats.preempt
+    pool, nrun_k, wait, stats = jax.lax.while_loop(violated, preempt, (pool, nrun, wait, stats))
+    # preempted requests that found the waiting ring full are dropped: the ring holds the others
+    lost = (slot >= nrun_k) & (slot < nrun)
+    ring_n = jnp.minimum(nrun - nrun_k, Q - rep.wait.count)
+    dropped_slots = lost & (slot < nrun - ring_n)  # preempted last, after the ring filled
+    load_req = load_req - jnp.sum(dropped_slots.astype(jnp.int32))
+    load_blk = load_blk - jnp.sum(jnp.where(dropped_slots, nb, 0))
+    preempted = stats.preempt > npre_before
+    kept = slot < nrun_k
+    tok = jnp.where(kept, tok, 0)
+    sched = kept & (tok > 0)
+    pool = extend(pool, runs.reshape(-1), tgt.reshape(-1), (ok & sched[:, None]).reshape(-1))
+    pool = pool._replace(work=pool.work + jnp.sum(jnp.where(sched, a_new - a_old, 0)))
+    pool, stuck1 = evict_lru(pool, stream.run_len, cap)
+    nrun = nrun_k
+    run = run._replace(c=jnp.where(kept, c_new, run.c), tok=tok, pref=pref & sched)
+
+    # ---- 3. admit waiting requests FCFS
+    left = budget - jnp.sum(tok)
+    seq_cap = jnp.minimum(params.max_num_seqs, max_seqs)
+
+    def can_admit(c):
+        _, _, nrun_, wait_, left_, blocked, _, _ = c
+        return go & ~preempted & (wait_.count > 0) & (nrun_ < seq_cap) & (left_ > 0) & ~blocked
+
+    def admit(c):
+        pool_, run_, nrun_, wait_, left_, blocked, st_, lb = c
+        h = wait_.req[wait_.head]
+        dprev, np_ = wait_.d[wait_.head], wait_.npre[wait_.head]
+        hr, hm, hj, hok = _req_runs(stream, h, W)
+        ht = jnp.where(hok, hr, pool_.s.shape[0])
+        sg = pool_.s.at[ht].get(mode="fill", fill_value=0)
+        Ph = stream.input_tokens[h]
+        hit = jnp.minimum(leading_hit(sg, hm, hok), jnp.maximum(Ph - 1, 0) // bt)
+        pt = Ph + dprev
+        c0 = hit * bt
+        tk = jnp.minimum(pt - c0, left_)
+        c1 = c0 + tk
+        k1 = _keyed(c1, Ph, bt)
+        a1 = _held(c1, bt) - k1
+        r0 = pool_.ref.at[ht].get(mode="fill", fill_value=1)
+        dpin = jnp.sum(jnp.where(hok & (r0 == 0), sg, 0))
+        tq = jnp.clip(k1 - hj, 0, hm)
+        dsum = jnp.sum(jnp.where(hok, jnp.maximum(tq - sg, 0), 0))
+        fits = pool_.pinned + pool_.work + dpin + dsum + a1 <= cap
+        reject = ~fits & (nrun_ == 0)  # larger than the whole pool: never schedulable
+        p2 = extend(pin(pool_, hr, hok), hr, tq, hok)
+        p2 = p2._replace(work=p2.work + a1)
+        p2, stk = evict_lru(p2, stream.run_len, cap)
+        pool_ = jax.tree.map(lambda a, b: jnp.where(fits, a, b), p2, pool_)
+        at = jnp.where(fits, nrun_, S)
+        run_ = Slots(
+            req=run_.req.at[at].set(h, mode="drop"), c=run_.c.at[at].set(c1, mode="drop"),
+            pt=run_.pt.at[at].set(pt, mode="drop"), d=run_.d.at[at].set(dprev, mode="drop"),
+            d0=run_.d0.at[at].set(dprev, mode="drop"), hit=run_.hit.at[at].set(hit, mode="drop"),
+            npre=run_.npre.at[at].set(np_, mode="drop"), tok=run_.tok.at[at].set(tk, mode="drop"),
+            pref=run_.pref.at[at].set(True, mode="drop"), done=run_.done,
+        )
+        pop = fits | reject
+        wait_ = wait_._replace(head=jnp.where(pop, jnp.mod(wait_.head + 1, Q), wait_.head),
+                               count=wait_.count - pop.astype(jnp.int32))
+        st_ = st_._replace(rejected=st_.rejected + reject.astype(jnp.int32), stuck=st_.stuck | (fits & stk))
+        lb = lb - jnp.where(reject, stream.n_blocks[h], 0)
+        return (pool_, run_, nrun_ + fits.astype(jnp.int32), wait_, jnp.where(fits, left_ - tk, left_),
+                ~fits & ~reject, st_, lb)
+
+    rej0 = stats.rejected
+    pool, run, nrun, wait, left, _, stats, load_blk = jax.lax.while_loop(
+        can_admit, admit, (pool, run, nrun, wait, left, jnp.bool_(False), stats, load_blk))
+    load_req = load_req - (stats.rejected - rej0)
+
+    # ---- 4. the step: token counts, time, completions
+    v = slot < nrun
+    sched = v & (run.tok > 0)
+    out = stream.output_tokens[run.req]
+    complete = sched & run.pref & (run.c >= run.pt)
+    decode = sched & ~run.pref
+    d_new = run.d + (complete | decode).astype(jnp.int32)
+    first_tok = complete & (run.d == 0)
+    fin = sched & (complete | decode) & (d_new >= jnp.maximum(out, 1))
+    p_tok = jnp.sum(jnp.where(sched & run.pref, run.tok, 0))
+    d_tok = jnp.sum(decode.astype(jnp.int32))
+    stepped = go & jnp.any(sched)
+    dt = jnp.where(stepped, jnp.maximum(step_ticks(params, p_tok, d_tok), 1), 0)
+    over = rep.clock > LIM - dt
+    clock = jnp.where(over, LIM, rep.clock + dt)
+    used = pool.pinned + pool.work
+    dtf = dt.astype(jnp.float32)
+    stats = stats._replace(
+        steps=stats.steps + stepped.astype(jnp.int32),
+        busy=stats.busy + dt,
+        kv_acc=stats.kv_acc + used.astype(jnp.float32) * dtf,
+        kv_max=jnp.maximum(stats.kv_max, jnp.where(stepped, used, 0)),
+        q_acc=stats.q_acc + wait.count.astype(jnp.float32) * dtf,
+        stuck=stats.stuck | stuck1,
+        tover=stats.tover | over,
+    )
+    run = run._replace(d=jnp.where(sched, d_new, run.d), done=fin)
+    new = Replica(pool, run, nrun, wait, clock, load_req, load_blk, rep.seen, stats)
+    new = jax.tree.map(lambda a, b: jnp.where(go, a, b), new, rep)
+    events = (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
+    return new, events
+
+
+def has_work(rep: Replica):
+    return (rep.nrun > 0) | (rep.wait.count > 0)
+
+
+class _Carry(NamedTuple):
+    reps: Replica  # [R]
+    store: object  # approximate index rows (run store)
+    ttft_t: jax.Array  # int32 [N + 1] tick of the first token (-1: none)
+    fin_t: jax.Array  # int32 [N + 1] finish tick (-1: not served)
+    hit_b: jax.Array  # int32 [N + 1] prefix hit blocks (last admission)
+    npre: jax.Array  # int32 [N + 1] preemptions
+    rep_of: jax.Array  # int32 [N + 1] replica
+    copies: jax.Array  # int32 sum of prefix copies at arrival
+    copies_n: jax.Array
+    over_q: jax.Array
+    over_n: jax.Array
+
+
+def _record(c: _Carry, ev):
+    req, first, fin, tick = ev  # [R, S] each (tick [R])
+    tk = jnp.broadcast_to(tick[:, None], req.shape)
+    N1 = c.ttft_t.shape[0]
+    rf = jnp.where(first, req, N1).reshape(-1)
+    rd = jnp.where(fin, req, N1).reshape(-1)
+    return c._replace(ttft_t=c.ttft_t.at[rf].set(tk.reshape(-1), mode="drop"),
+                      fin_t=c.fin_t.at[rd].set(tk.reshape(-1), mode="drop"))
+
+
+def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
+    """Run every replica's steps that start at or before ``now_t`` (all of them when ``now_t`` = LIM)."""
+    ridx = jnp.arange(R, dtype=jnp.int32)
+    active = ridx < jnp.clip(params.replicas, 1, R)
+
+    def elig(reps):
+        return active & (has_work(reps) | jnp.any(reps.run.done, axis=1)) & (reps.clock <= now_t)
+
+    def cond(c):
+        return jnp.any(elig(c.reps))
+
+    def body(c):
+        go = elig(c.reps)
+        step = jax.vmap(lambda r, g: replica_step(r, g, stream, params, W=W, max_seqs=max_seqs))
+        # hits and preemption counts of finishing requests, before the slots change
+        reps, ev = step(c.reps, go)
+        req, first, fin, _ = ev
+        N1 = c.hit_b.shape[0]
+        rd = jnp.where(fin, req, N1).reshape(-1)
+        c = c._replace(reps=reps, hit_b=c.hit_b.at[rd].set(reps.run.hit.reshape(-1), mode="drop"),
+                       npre=c.npre.at[rd].set(reps.run.npre.reshape(-1), mode="drop"))
+        return _record(c, ev)
+
+    return jax.lax.while_loop(cond, body, c)
+
+
+def simulate_vllm(stream, params, key, st, request_bits, finish):
+    """The scan over arrivals with vllm replicas; ``finish(stream, params, c, st, ...)`` builds Metrics."""
+    R = st.max_replicas
+    K = stream.run_len.shape[0]
+    N1 = stream.arrival_ms.shape[0]
+    N = N1 - 1
+    W = max(st.max_runs, 1)
+    S = st.max_running
+    E1 = stream.log.shape[-2]
+    V = st.max_instances * R if st.index else 0
+    replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
+    instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
+    ridx = jnp.arange(R, dtype=jnp.int32)
+    active = ridx < replicas
+    bits = request_bits(key, N1)
+    ring = ring_positions(R, st.max_vnodes)
+    reps = jax.vmap(lambda _: init_replica(K, S, st.queue_slots, N))(ridx)
+    store = init_store(R + V, K, E1, (-1, 0)) if st.index else init_store(1, 1, 1, (-1, 0))
+    neg = jnp.full(N1, -1, jnp.int32)
+    z = jnp.int32(0)
+    c0 = _Carry(reps, store, neg, neg, jnp.zeros(N1, jnp.int32), jnp.zeros(N1, jnp.int32),
+                jnp.zeros(N1, jnp.int32), z, z, z, z)
+    sy = init_sync(R)
+
+    def step(c: _Carry, req):
+        now = stream.arrival_ms[req]
+        now_t = jnp.where(now > LIM // TICKS_PER_MS, LIM, now * TICKS_PER_MS)
+        c = _advance(c, now_t, stream, params, W, S, R)
+        reps = c.reps
+        n = stream.n_blocks[req]
+        base = stream.offset[req]
+        u = jnp.mod(req, instances)
+        runs, m, j0, ok = _req_runs(stream, req, W)
+        tg = jnp.where(ok, runs, K)
+        s_all = reps.pool.s.at[:, tg].get(mode="fill", fill_value=0)  # [R, W]
+        mt = jnp.where(active, leading_hit(s_all, m[None], ok[None]), 0)
+        mv = mt
+        if st.index:
+            _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
+                           stale=False, index=True, active=active)
+            mv = jnp.where(params.view == 1, mvi, mt)
+        pb = jnp.minimum(params.prefix_blocks, n)
+        kpos = base + jnp.clip(pb - 1, 0, None)
+        rv = RequestView(index=req, arrival_ms=now, n_blocks=n,
+                         prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
+                         prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
+                         bits=bits[req], instance=u)
+        fv = FleetView(replicas=replicas, match=mv, queue=reps.load_req, active_blocks=reps.load_blk,
+                       tree_size=reps.pool.cached)
+        r = route(params.router, rv, fv, params, ring, compiled=st.routers)
+        # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
+        copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
+        mbest = jnp.max(jnp.where(active, mt, 0))
+        qual = (mbest > 0) & jnp.bool_(st.match)
+        c = c._replace(copies=c.copies + jnp.where(n > 0, copies_i, 0), copies_n=c.copies_n + (n > 0).astype(jnp.int32),
+                       over_q=c.over_q + qual.astype(jnp.int32),
+                       over_n=c.over_n + (qual & (mt[r] < mbest)).astype(jnp.int32),
+                       rep_of=c.rep_of.at[req].set(r))
+        # the approximate index learns the decision (leaf-first LRU of index_capacity blocks)
+        store = c.store
+        if st.index:
+            vrow = R + u * R + r
+            g = store.kv.at[vrow, tg].get(mode="fill", fill_value=-1)
+            sli = stored_len(g[:, 0], m, store.thr[vrow])
+            leaf_b = base + n - j0 - m
+            vals = jnp.stack([leaf_b, jnp.zeros_like(leaf_b)], axis=-1)
+            kv = store.kv.at[vrow, tg].set(vals, mode="drop")
+            p = stream.n_runs[req]
+            lane = jnp.arange(W, dtype=jnp.int32)
+            rq = store.rq.at[vrow, jnp.where(ok, store.cnt[vrow] + lane, E1)].set(stream.entry0[req] + lane, mode="drop")
+            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(p),
+                                   occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
+            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, jnp.bool_(True))
+        # enqueue on replica r
+        rep = jax.tree.map(lambda a: a[r], reps)
+        idle = ~has_work(rep) & ~jnp.any(rep.run.done)
+        room = rep.wait.count < st.queue_slots
+        pos = jnp.where(room, jnp.mod(rep.wait.head + rep.wait.count, st.queue_slots), st.queue_slots)
+        w = rep.wait
+        w = w._replace(req=w.req.at[pos].set(req, mode="drop"), d=w.d.at[pos].set(0, mode="drop"),
+                       npre=w.npre.at[pos].set(0, mode="drop"), count=w.count + room.astype(jnp.int32))
+        rep = rep._replace(
+            wait=w,
+            clock=jnp.where(idle, jnp.maximum(rep.clock, now_t), rep.clock),
+            load_req=rep.load_req + room.astype(jnp.int32),
+            load_blk=rep.load_blk + jnp.where(room, n, 0),
+            stats=rep.stats._replace(dropped=rep.stats.dropped + (~room).astype(jnp.int32)),
+        )
+        reps = jax.tree.map(lambda a, b: a.at[r].set(b), reps, rep)
+        return c._replace(reps=reps, store=store), None
+
+    c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
+    c = _advance(c, jnp.int32(LIM), stream, params, W, S, R)
+    return finish(stream, params, c, st, active, replicas)

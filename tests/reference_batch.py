@@ -1,0 +1,312 @@
+"""Plain-Python reference of the vllm replica (cacheresearch/core/batch.py, cacheresearch/cache/pool.py).
+
+Block by block, with dicts and lists: no runs, no vectors. The semantics (docs/fleet_semantics.md, "The
+vllm replica"):
+
+* time in 10-microsecond ticks; a request arriving at ``t`` ms arrives at tick ``100 t``;
+* before each arrival every replica runs the steps that start at or before it (its clock); a request
+  joins its replica's waiting queue; an idle replica's clock moves to the arrival;
+* a step: (1) release the requests that finished at the previous step (their pins go; blocks whose
+  last pin goes enter the free queue in vLLM's order, tail first: block ``j`` of a request of ``n``
+  blocks gets stamp ``ctr + n - 1 - j``, then ``ctr += n``); (2) the running batch in admission order:
+  a prefilling request asks for the rest of its prefill target, a decoding one for one token; the
+  token budget is handed out in order; the pool must hold every allocation (blocks in use + the
+  request's new blocks, counted against the pool as the step began, <= capacity), else the latest
+  admitted request is preempted (its pins released, its blocks back in the free queue, it goes to the
+  front of the waiting queue to recompute its prompt and the tokens it generated); (3) when nothing was
+  preempted, waiting requests are admitted FCFS while budget, ``max_num_seqs`` and the pool allow: the
+  prefix hit (leading cached blocks, at most ``floor((input - 1) / B)``) is taken now, every key of the
+  prompt is pinned, the first chunk is computed; (4) unpinned cached blocks are evicted, lowest stamp
+  first, whenever the blocks held exceed the capacity; (5) the step takes ``ceil((base + prefill_ns *
+  prefill tokens + decode_ns * decode tokens) / 10 us)`` ticks (at least one); a request whose prefill
+  completes emits a token at the step's end (its first: TTFT), a decoding one emits one; a request
+  with all its output tokens finishes at the step's end.
+* A request's computed full prompt blocks are cached (visible to lookups and routers) from the step
+  that computes them; its other blocks (a partial block, generated tokens) are working blocks that
+  vanish when it leaves.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from reference_fleet import route_one
+
+TICKS_PER_MS = 100
+TICK_NS = 10_000
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+class _Req:
+    __slots__ = ("i", "c", "pt", "d", "d0", "hit", "npre", "tok", "pref", "done")
+
+    def __init__(self, i, c, pt, d, hit, npre):
+        self.i, self.c, self.pt, self.d, self.d0, self.hit, self.npre = i, c, pt, d, d, hit, npre
+        self.tok, self.pref, self.done = 0, True, False
+
+
+class _Replica:
+    def __init__(self):
+        self.stored = set()  # keys cached (canonical blocks)
+        self.ref = {}  # key -> pins
+        self.stamp = {}  # key -> free-queue stamp
+        self.ctr = 0
+        self.work = 0
+        self.running: list[_Req] = []
+        self.waiting: deque = deque()  # (i, d, npre)
+        self.clock = 0
+        self.steps = 0
+        self.busy = 0
+        self.preempt = 0
+        self.dropped = 0
+        self.rejected = 0
+        self.kv_max = 0
+
+    def pinned(self):
+        return sum(1 for k in self.stored if self.ref.get(k, 0) > 0)
+
+    def has_work(self):
+        return bool(self.running) or bool(self.waiting)
+
+
+def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robin", bits=None,
+                    max_num_seqs=256, max_num_batched_tokens=8192, step_base_ns=5_752_705,
+                    step_prefill_ns=17_251, step_decode_ns=5_999, queue_slots=1024, max_running=256,
+                    view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, **kn):
+    """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
+    R = int(replicas)
+    N = int(workload.n_requests)
+    B = int(workload.block_tokens)
+    C = int(capacity_blocks)
+    I = int(instances)
+    seqs = min(int(max_num_seqs), int(max_running))
+    reps = [_Replica() for _ in range(R)]
+    index = [[OrderedDict() for _ in range(R)] for _ in range(I)]
+    keys_of = [[int(k) for k in workload.request_keys(i)] for i in range(N)]
+    P_of = [int(x) for x in workload.input_tokens]
+    O_of = [int(x) for x in workload.output_tokens]
+    bits_l = [[0, 0, 0, 0]] * N if bits is None else [[int(x) for x in row] for row in np.asarray(bits).tolist()]
+    knobs = dict(chwbl_c_pct=150, cache_threshold_pm=500, balance_abs=32, balance_rel_pct=150,
+                 miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
+                 load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16)
+    knobs.update(kn)
+    ttft = [-1] * N
+    fin = [-1] * N
+    hit = [0] * N
+    npre_out = [0] * N
+    rep_of = [-1] * N
+
+    def keyed(c, P):
+        return min(c // B, P // B)
+
+    def work_of(q: _Req):
+        P = P_of[q.i]
+        return _cdiv(kv_of(q), B) - keyed(q.c, P)
+
+    def kv_of(q: _Req):
+        # the computed prefill, then every generated token but the last (its KV comes with the next step)
+        return q.c if q.c < q.pt else q.c + max(q.d - q.d0 - 1, 0)
+
+    def release(rp: _Replica, q: _Req):
+        keys = keys_of[q.i]
+        n = len(keys)
+        for j, k in enumerate(keys):
+            rp.ref[k] -= 1
+            if rp.ref[k] == 0:
+                rp.stamp[k] = rp.ctr + n - 1 - j
+        rp.ctr += n
+
+    def evict(rp: _Replica):
+        while len(rp.stored) + rp.work > C:
+            cand = [k for k in rp.stored if rp.ref.get(k, 0) == 0]
+            assert cand, "nothing evictable"
+            k = min(cand, key=lambda x: rp.stamp[x])
+            rp.stored.discard(k)
+
+    def new_canonical(rp, q_keys, c_new, P):
+        return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
+
+    def step(rp: _Replica):
+        # 1. release
+        for q in [q for q in rp.running if q.done]:
+            release(rp, q)
+            rp.work -= work_of(q)
+        rp.running = [q for q in rp.running if not q.done]
+        if not rp.has_work():
+            return
+        # 2. running batch
+        budget = int(max_num_batched_tokens)
+        plan = []
+        used0 = rp.pinned() + rp.work
+        cum = 0
+        for q in rp.running:
+            P = P_of[q.i]
+            pref = q.c < q.pt
+            want = q.pt - q.c if pref else 1
+            tok = max(min(want, budget), 0)
+            budget -= tok
+            c_new = q.c + tok if pref else q.c
+            kv_old = kv_of(q)
+            a_old = _cdiv(kv_old, B) - keyed(q.c, P)
+            a_new = _cdiv(kv_old + tok, B) - keyed(c_new, P)
+            ds = len(new_canonical(rp, keys_of[q.i], c_new, P))
+            delta = ds + a_new - a_old if tok > 0 else 0
+            cum += delta
+            plan.append((q, tok, pref, c_new, a_new - a_old, cum))
+        preempted = False
+        while rp.running and any(used0 + p[5] > C for p in plan[:len(rp.running)]):
+            L = rp.running.pop()
+            plan = plan[:len(rp.running)]
+            release(rp, L)
+            rp.work -= work_of(L)
+            used0 = rp.pinned() + rp.work
+            rp.preempt += 1
+            preempted = True
+            if len(rp.waiting) < queue_slots:
+                rp.waiting.appendleft((L.i, L.d, L.npre + 1))
+            else:
+                rp.dropped += 1
+        for q, tok, pref, c_new, dwork, _ in plan:
+            q.tok, q.pref = tok, pref and tok > 0
+            if tok > 0:
+                for k in keys_of[q.i][:keyed(c_new, P_of[q.i])]:
+                    rp.stored.add(k)
+                rp.work += dwork
+                q.c = c_new
+        evict(rp)
+        # 3. admissions
+        left = int(max_num_batched_tokens) - sum(q.tok for q in rp.running)
+        while (not preempted) and rp.waiting and len(rp.running) < seqs and left > 0:
+            i, dprev, np_ = rp.waiting[0]
+            keys = keys_of[i]
+            P = P_of[i]
+            h = 0
+            for k in keys:
+                if k not in rp.stored:
+                    break
+                h += 1
+            h = min(h, max(P - 1, 0) // B)
+            pt = P + dprev
+            c0 = h * B
+            tk = min(pt - c0, left)
+            c1 = c0 + tk
+            a1 = _cdiv(c1, B) - keyed(c1, P)
+            dpin = sum(1 for k in set(keys) if k in rp.stored and rp.ref.get(k, 0) == 0)
+            dsum = len(new_canonical(rp, keys, c1, P))
+            if rp.pinned() + rp.work + dpin + dsum + a1 > C:
+                if not rp.running:
+                    rp.waiting.popleft()
+                    rp.rejected += 1
+                    continue
+                break
+            rp.waiting.popleft()
+            for k in keys:
+                rp.ref[k] = rp.ref.get(k, 0) + 1
+            for k in keys[:keyed(c1, P)]:
+                rp.stored.add(k)
+            rp.work += a1
+            evict(rp)
+            q = _Req(i, c1, pt, dprev, h, np_)
+            q.tok, q.pref = tk, True
+            rp.running.append(q)
+            left -= tk
+        # 4. the step
+        sched = [q for q in rp.running if q.tok > 0]
+        if not sched:
+            return
+        ptok = sum(q.tok for q in sched if q.pref)
+        dtok = sum(1 for q in sched if not q.pref)
+        ns = int(step_base_ns) + int(step_prefill_ns) * ptok + int(step_decode_ns) * dtok
+        dt = max(_cdiv(ns, TICK_NS), 1)
+        rp.clock += dt
+        rp.steps += 1
+        rp.busy += dt
+        rp.kv_max = max(rp.kv_max, rp.pinned() + rp.work)
+        for q in sched:
+            complete = q.pref and q.c >= q.pt
+            if complete or not q.pref:
+                if complete and q.d == 0:
+                    ttft[q.i] = rp.clock
+                q.d += 1
+                if q.d >= max(O_of[q.i], 1):
+                    q.done = True
+                    fin[q.i] = rp.clock
+                    hit[q.i] = q.hit
+                    npre_out[q.i] = q.npre
+            q.tok = 0
+        # the pool's books: working blocks are the running requests' own; blocks held fit the pool
+        assert rp.work == sum(work_of(q) for q in rp.running), (rp.work, [work_of(q) for q in rp.running])
+        assert len(rp.stored) + rp.work <= C
+
+    def advance(now_t):
+        progress = True
+        while progress:
+            progress = False
+            for rp in reps:
+                if (rp.has_work() or any(q.done for q in rp.running)) and rp.clock <= now_t:
+                    step(rp)
+                    progress = True
+
+    for i in range(N):
+        now = int(workload.arrival_ms[i])
+        now_t = now * TICKS_PER_MS
+        advance(now_t)
+        keys = keys_of[i]
+        n = len(keys)
+        u = i % I
+        precise = []
+        for rp in reps:
+            h = 0
+            for k in keys:
+                if k not in rp.stored:
+                    break
+                h += 1
+            precise.append(h)
+        if view == "approximate":
+            match = []
+            for r in range(R):
+                h = 0
+                for k in keys:
+                    if k not in index[u][r]:
+                        break
+                    h += 1
+                match.append(h)
+        else:
+            match = precise
+        queue = [len(rp.running) + len(rp.waiting) for rp in reps]
+        active = [sum(len(keys_of[q.i]) for q in rp.running) + sum(len(keys_of[w[0]]) for w in rp.waiting)
+                  for rp in reps]
+        tree = [len(rp.stored) for rp in reps]
+        pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
+        r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
+                      active_blocks=active, tree_size=tree, ring=None, kn=knobs)
+        rep_of[i] = r
+        idx = index[u][r]
+        for k in reversed(keys):
+            idx[k] = True
+            idx.move_to_end(k)
+        while len(idx) > int(index_capacity):
+            idx.popitem(last=False)
+        rp = reps[r]
+        if not rp.has_work() and not any(q.done for q in rp.running):
+            rp.clock = max(rp.clock, now_t)
+        if len(rp.waiting) < queue_slots:
+            rp.waiting.append((i, 0, 0))
+        else:
+            rp.dropped += 1
+    advance(float("inf"))
+    arr_t = [int(a) * TICKS_PER_MS for a in workload.arrival_ms]
+    ttft_ms = [(_cdiv(t - a, TICKS_PER_MS) if f >= 0 else -1) for t, f, a in zip(ttft, fin, arr_t)]
+    e2e_ms = [(_cdiv(f - a, TICKS_PER_MS) if f >= 0 else -1) for f, a in zip(fin, arr_t)]
+    return dict(
+        ttft_ms=np.asarray(ttft_ms, np.int64), e2e_ms=np.asarray(e2e_ms, np.int64), hit_blocks=np.asarray(hit),
+        preempted=np.asarray(npre_out), replica=np.asarray(rep_of),
+        preemptions=sum(rp.preempt for rp in reps), steps=sum(rp.steps for rp in reps),
+        dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ticks=[rp.busy for rp in reps],
+        kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
+    )
