@@ -167,13 +167,15 @@ def _count_start(family: str, k: np.ndarray):
     return [math.log(max((m - 1) * p / (1 - p), 1e-3)), float(special.logit(p))]
 
 
-def fit_count(k, candidates=COUNTS, *, censored_window=None, gap_law: Law | None = None) -> Law:
+def fit_count(k, candidates=COUNTS, *, censored_window=None, gap_law: Law | None = None, at_least=None) -> Law:
     """MLE of each candidate count law on integers ``k >= 1``.
 
     With ``censored_window`` (one number per observation) and a ``gap_law``, observation ``i`` is a
     session whose requests after the ``k_i``-th are not seen if they fall beyond the window: the
     likelihood of the count is ``P(K = k) + P(K > k) * S_gap(window)`` (the next request, if any,
-    came after the end of the trace). Without them the counts are taken as complete.
+    came after the end of the trace). Without them the counts are taken as complete. ``at_least``
+    (bool per observation) marks values that are lower bounds (``P(K >= k)``: a branch that dropped
+    all it could of its parent).
     """
     k = np.asarray(k, dtype=np.float64).reshape(-1)
     if k.size < 2 or np.any(k < 1) or np.any(k != np.round(k)):
@@ -183,6 +185,9 @@ def fit_count(k, candidates=COUNTS, *, censored_window=None, gap_law: Law | None
         if gap_law is None:
             raise ValueError("censored counts need the gap law")
         log_s = logsf(gap_law, np.maximum(np.asarray(censored_window, dtype=np.float64), 0.0))
+    cens = None if at_least is None else np.asarray(at_least, dtype=bool).reshape(-1)
+    if cens is not None and cens.shape != k.shape:
+        raise ValueError("at_least must mark every observation")
     best, aic = None, {}
     for fam in candidates:
         def nll(theta, fam=fam):
@@ -191,6 +196,8 @@ def fit_count(k, candidates=COUNTS, *, censored_window=None, gap_law: Law | None
             except (OverflowError, ValueError):
                 return 1e300
             lp = count_logpmf(law, k)
+            if cens is not None:
+                lp = np.where(cens, count_logsf(law, k - 1), lp)
             if log_s is not None:
                 lp = np.logaddexp(lp, count_logsf(law, k) + log_s)
             v = -float(np.sum(lp))
@@ -399,7 +406,7 @@ def fit_lognorm_mix(x, max_components: int = 4, *, iters: int = 500, min_sigma: 
     lx = np.log(x)
     best, aic = None, {}
     for K in range(1, max_components + 1):
-        if x.size < 10 * K:
+        if K > 1 and x.size < 10 * K:
             break
         q = np.quantile(lx, (np.arange(K) + 0.5) / K)
         mu, sg, w = q.copy(), np.full(K, max(lx.std() / K, min_sigma)), np.full(K, 1.0 / K)

@@ -216,7 +216,9 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
             comp["step"] = {
                 "lag_pmf": _pmf(st.lag[stp], 1, _MAX_LAG),
                 "class_p": [float(np.mean(cls == c)) for c in range(4)],
-                "branch_dropped": L.fit_count(d[cls == 2]).to_dict() if np.sum(cls == 2) >= 2 else None,
+                # a branch keeps at least its session's root block: dropping all but one is a lower bound
+                "branch_dropped": L.fit_count(d[cls == 2], at_least=(st.shared[stp] <= 1)[cls == 2]).to_dict()
+                if np.sum(cls == 2) >= 2 else None,
                 "branch_length_change": _fit_delta(a[cls == 2] - d[cls == 2]) if np.sum(cls == 2) >= 2 else None,
                 "extend_appended": L.fit_count(a[cls == 1]).to_dict() if np.sum(cls == 1) >= 2 else None,
                 "truncate_dropped": L.fit_count(d[cls == 3]).to_dict() if np.sum(cls == 3) >= 2 else None,
