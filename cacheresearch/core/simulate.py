@@ -1,0 +1,723 @@
+"""The scan: one step per request (or per ``chunk_runs`` runs of it), composed of components.
+
+``simulate(stream, params, key) -> Metrics`` is a pure, jit-compiled function; ``simulate_grid``
+vmaps it over configurations, and :func:`simulate_cells` runs a list of (stream, configuration) cells
+grouped by stream and by the state shape each needs, so no stream is ever copied per
+configuration. Every swept number is a dynamic field of ``Params``: one compile serves a grid.
+
+A step reads as the pipeline::
+
+    sync (stale view)  ->  loads (queue)  ->  probe (router view)  ->  route  ->
+    cache (lookup, write, evict)  ->  queue (dispatch, TTFT)  ->  metrics
+
+Components and their state (the scan carry is made of them):
+
+* :mod:`cacheresearch.cache.store` ``StoreState``: the run store of every replica (and approximate-index rows);
+* :mod:`.views` ``SyncState``: the stale view's sync point; ``probe`` gives every replica's match;
+* :mod:`.queue` ``QueueState``: the FCFS queue of every replica;
+* ``Totals`` (here): counters of the metrics; ``Cursor``: the current request (replica, instance,
+  hit so far) for requests that take several steps.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
+from . import queue as qm
+from ..cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
+from ..cache.s3fifo import S3State, init_s3, s3_request
+from ..cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
+from ..cache.store import StoreState, evict, init_store, stored_len
+from .stream import Stream
+from .views import SyncState, init_sync, leading, presence, probe, sync
+
+__all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
+           "default_window", "request_bits"]
+
+_LIMB = 20  # token counters: value = hi * 2**20 + lo
+_LIM = qm.LIM
+
+
+class Metrics(NamedTuple):
+    token_hit_rate: jax.Array  # float32
+    request_hit_rate: jax.Array  # float32
+    hit_tokens_hi: jax.Array  # int32 limbs of total hit tokens (see combine_limbs)
+    hit_tokens_lo: jax.Array
+    requests_hit: jax.Array  # int32
+    # Occupancy counts stored blocks. LRU policies evict down to the capacity; TTL policies and
+    # ``unbounded`` never evict, so there an expired block stays stored (invisible to lookups)
+    # until it is rewritten: for them these count every distinct block ever written.
+    max_occupancy: jax.Array  # int32 [R_max]: most blocks stored at once after a request
+    occupancy: jax.Array  # int32 [R_max]: blocks stored at the end
+    requests_per_replica: jax.Array  # int32 [R_max]
+    # load and latency (docs/fleet_semantics.md)
+    ttft_p50_ms: jax.Array  # int32 nearest-rank percentiles of time to first token (-1 with queue=False)
+    ttft_p90_ms: jax.Array
+    ttft_p99_ms: jax.Array
+    ttft_mean_ms: jax.Array  # float32
+    busy_ms: jax.Array  # int32 [R_max]: prefill + decode time served
+    utilisation: jax.Array  # float32 [R_max]: busy_ms / horizon
+    load_imbalance: jax.Array  # float32: max / mean busy_ms over active replicas
+    prefix_copies: jax.Array  # float32: mean replicas holding a request's whole routing prefix at arrival (NaN unless match)
+    overflow_share: jax.Array  # float32: requests sent away from the replica holding most of their prefix (NaN unless match)
+    queue_overflow: jax.Array  # int32: dispatches that found every queue slot in flight (loads undercount)
+    time_overflow: jax.Array  # bool: a finish time saturated at 2**31 - 1 ms
+    # per request (empty arrays unless per_request=True)
+    hit_blocks: jax.Array  # int32 [N]
+    hit_tokens: jax.Array  # int32 [N]
+    replica: jax.Array  # int32 [N]
+    ttft_ms: jax.Array  # int32 [N]
+    match: jax.Array  # int32 [N, R_max]: the router's view of the prefix match (0 unless match)
+    replicas_over_bound: jax.Array  # bool: params asked for more replicas than max_replicas (a bug)
+    # the vllm replica (core/batch.py; NaN / -1 / 0 with the fcfs replica). Latency metrics leave out
+    # requests arriving within warmup_ms of the first arrival and requests never served.
+    tpot_mean_ms: jax.Array  # float32 time per output token after the first, mean over requests with >= 2
+    e2e_p50_ms: jax.Array  # int32 arrival to last token
+    e2e_p90_ms: jax.Array
+    e2e_p99_ms: jax.Array
+    preemptions: jax.Array  # int32 preemptions (recompute)
+    kv_util_mean: jax.Array  # float32 blocks in use / capacity, time average over the run, mean over replicas
+    kv_util_max: jax.Array  # float32 the most blocks in use / capacity on any replica
+    queue_len_mean: jax.Array  # float32 waiting requests per replica, time average
+    throughput_tps: jax.Array  # float32 output tokens per second of the run
+    dropped: jax.Array  # int32 requests not served: waiting ring full (engine.queue_slots) or larger than the pool
+    steps: jax.Array  # int32 engine steps over all replicas
+    e2e_ms: jax.Array  # int32 [N] per request (empty unless per_request)
+    preempted: jax.Array  # int32 [N] per request
+
+
+def combine_limbs(hi, lo) -> np.ndarray:
+    """Exact int64 totals from the engine's two-limb counters."""
+    return (np.asarray(hi).astype(np.int64) << _LIMB) + np.asarray(lo).astype(np.int64)
+
+
+def request_bits(key: jax.Array, n: int) -> jax.Array:
+    """uint32 [n, 4]: each request's random words (column 0: the ``random`` router's draw and the
+    tie-breaking offset; 1-2: ``power_of_two``; 3: ``kv_cost`` sampling). Pass them to the reference."""
+    b0 = jax.random.bits(key, (n,), jnp.uint32)
+    rest = jax.random.bits(jax.random.fold_in(key, 1), (n, 3), jnp.uint32)
+    return jnp.concatenate([b0[:, None], rest], axis=1)
+
+
+class Static(NamedTuple):
+    max_replicas: int
+    max_instances: int
+    queue_slots: int
+    match: bool  # compute per-replica prefix matches (cache-reading routers, overflow_share)
+    index: bool  # keep approximate indexes
+    stale: bool  # keep the as-of-sync fields
+    max_vnodes: int
+    per_request: bool
+    window: int
+    routers: tuple  # router ids compiled into the program (a grid may only use these)
+    queue: bool = True  # model the replicas' queues (loads, TTFT); off: hit rates only, faster
+    priority: bool = False  # keep the priority policies' fields (lfu, length_aware)
+    s3: bool = False  # keep s3fifo's per-block queues
+    max_depth: int = 0  # most blocks of a request (the length_aware search bound)
+    scheduler: str = "fcfs"  # the replica model: fcfs (core/queue.py) or vllm (core/batch.py)
+    max_running: int = 256  # vllm: running-batch slots per replica (bounds max_num_seqs)
+    max_runs: int = 0  # vllm: most runs of a request (its run lists' width)
+
+
+class Totals(NamedTuple):
+    tok_hi: jax.Array
+    tok_lo: jax.Array
+    req_hit: jax.Array
+    max_occ: jax.Array  # [R]
+    nreq: jax.Array  # [R]
+    copies: jax.Array  # sum of prefix copies
+    copies_n: jax.Array  # sampled requests
+    over_n: jax.Array  # requests sent away from their best replica
+    over_q: jax.Array  # requests with a cached prefix somewhere
+
+
+class Cursor(NamedTuple):
+    rep: jax.Array  # replica of the current request
+    inst: jax.Array  # its router instance
+    hit: jax.Array  # hit blocks so far
+    alive: jax.Array  # leading run unbroken so far
+    match: jax.Array  # [R] the router's view of its match (per-request output)
+
+
+class Carry(NamedTuple):
+    store: StoreState
+    s3: S3State
+    sync: SyncState
+    queue: qm.QueueState
+    totals: Totals
+    cur: Cursor
+
+
+def _add_limbs(hi, lo, add):
+    mask = (1 << _LIMB) - 1
+    lo = lo + (add & mask)  # < 2**21: no overflow
+    return hi + (add >> _LIMB) + (lo >> _LIMB), lo & mask
+
+
+def _simulate(stream: Stream, params, key, st: Static):
+    if st.scheduler == "vllm":
+        from .batch import simulate_vllm  # noqa: PLC0415
+
+        return simulate_vllm(stream, params, key, st, request_bits, _finish_vllm)
+    K = stream.n_keys
+    PAD = K
+    R = st.max_replicas
+    init = (-1, 0) + ((-1, 0) if st.stale else ()) + ((0,) * PRIORITY_FIELDS if st.priority else ())
+    F = len(init)
+    V = st.max_instances * R if st.index else 0
+    N1 = stream.arrival_ms.shape[0]
+    E1 = stream.log.shape[-2]
+    zR = jnp.zeros(R, jnp.int32)
+    z = jnp.int32(0)
+    carry = Carry(
+        store=init_store(R + V, K, E1, init),
+        s3=init_s3(R, max(stream.n_distinct, 1), stream.block_id.shape[0]) if st.s3 else init_s3(1, 1, 1),
+        sync=init_sync(R),
+        queue=qm.init_queue(R, st.queue_slots),
+        totals=Totals(z, z, z, zR, zR, z, z, z, z),
+        cur=Cursor(z, z, z, jnp.bool_(True), zR),
+    )
+    replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
+    instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
+    ridx = jnp.arange(R, dtype=jnp.int32)
+    active = ridx < replicas
+    bt = stream.block_tokens
+    bits = request_bits(key, N1)  # per-request random words, drawn once outside the scan
+    ring = ring_positions(R, st.max_vnodes)
+    leaf = params.leaf_first
+    prio = is_priority(params.policy) if st.priority else None
+    is_lfu = params.policy == POLICIES["lfu"].id
+    is_s3 = params.policy == S3FIFO_ID
+
+    def step(c: Carry, x):
+        runs, lens, j0s, qs, req, first, last = x
+        n = stream.n_blocks[req]
+        now = stream.arrival_ms[req]
+        base = stream.offset[req]
+        e0 = stream.entry0[req]
+        u = jnp.where(first, jnp.mod(req, instances), c.cur.inst)
+        store = c.store
+        # ---- sync (stale view, before routing)
+        sy = sync(c.sync, first, now, base, store.thr[:R], params.stale_lag_ms) if st.stale else c.sync
+        # ---- loads at arrival
+        if st.queue:
+            queue, act_blocks, pinned_all = qm.loads(c.queue, now, u, params.local_load)
+        else:
+            queue = act_blocks = pinned_all = zR
+        # ---- probe: every replica's match in the router's view (first step only)
+        if st.match:
+            mt, mv = probe(store, sy, stream, e0, jnp.where(first, stream.n_runs[req], 0), now, u, params,
+                           R=R, stale=st.stale, index=st.index, active=active, prio=prio)
+        else:
+            mt = mv = zR
+        tree = store.occ[:R]
+        if st.index:
+            tree = jnp.where(params.view == 1, store.occ[R + u * R + ridx], tree)
+        # ---- route
+        pb = jnp.minimum(params.prefix_blocks, n)
+        kpos = base + jnp.clip(pb - 1, 0, None)
+        rv = RequestView(
+            index=req, arrival_ms=now, n_blocks=n,
+            prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
+            prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
+            bits=bits[req], instance=u,
+        )
+        fv = FleetView(replicas=replicas, match=mv, queue=queue, active_blocks=act_blocks, tree_size=tree)
+        chosen = route(params.router, rv, fv, params, ring, compiled=st.routers)
+        r = jnp.where(first, chosen, c.cur.rep)
+        # ---- routing metrics (prefix copies: replicas whose leading run covers the routing prefix)
+        t = c.totals
+        realreq = first & (req < stream.n_requests)
+        sample = realreq & (n > 0)
+        copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
+        mbest = jnp.max(jnp.where(active, mt, 0))
+        qual = realreq & (mbest > 0) & jnp.bool_(st.match)
+        t = t._replace(
+            over_q=t.over_q + qual.astype(jnp.int32),
+            over_n=t.over_n + (qual & (mt[jnp.clip(chosen, 0, R - 1)] < mbest)).astype(jnp.int32),
+            copies=t.copies + jnp.where(sample, copies_i, 0),
+            copies_n=t.copies_n + sample.astype(jnp.int32),
+        )
+        match_r = jnp.where(first, mv, c.cur.match)
+        # ---- cache: lookup on row r (and the approximate index row of (u, r)), one gather, one scatter
+        valid = runs != PAD
+        vrow = R + u * R + r
+        rows = jnp.stack([r, vrow]) if st.index else r[None]
+        if st.index:
+            gall = store.kv.at[rows[:, None], runs[None, :]].get(mode="fill", fill_value=-1)  # [2, W, F]
+        else:  # scalar row: a plain dynamic gather (an index-array gather is slower under vmap)
+            gall = store.kv.at[r, runs].get(mode="fill", fill_value=-1)[None]
+        g = gall[0]
+        sl = stored_len(g[:, 0], lens, store.thr[r])
+        if st.priority:
+            sl = jnp.where(prio, g[:, STORED], sl)
+        full, part = presence(g, lens, store.thr[r], now, params.ttl_ms, leaf, sl)
+        alive0 = jnp.where(first, True, c.cur.alive)
+        hit0 = jnp.where(first, 0, c.cur.hit)
+        hit, alive = leading(hit0, alive0, lens, valid, full, part)
+        # ---- write: restamp every run of the step
+        leaf_b = base + n - j0s - lens
+        new_s = jnp.where(leaf, leaf_b, base + j0s)
+        present = (sl > 0) & ((now - g[:, 1]) <= params.ttl_ms)
+        new_t = jnp.where(params.refresh | ~present, now, g[:, 1])
+        fields = [new_s, new_t]
+        if st.stale:
+            keep = g[:, 0] < sy.frontier  # the old value is the as-of-sync value
+            fields += [jnp.where(keep, g[:, 0], g[:, 2]), jnp.where(keep, g[:, 1], g[:, 3])]
+        if st.priority:  # count of requests on this row containing the run; all of it stored; its depth
+            fields += [g[:, COUNT] + 1, lens, j0s]
+        vals = jnp.stack(fields, axis=-1)[None]
+        if st.index:  # the index row: leaf-first stamps, no clock
+            vals = jnp.concatenate([vals, jnp.stack([leaf_b] + [jnp.zeros_like(leaf_b)] * (F - 1), axis=-1)[None]])
+        tgt = jnp.where(runs < K, runs, K)
+        lane_e = jnp.where(valid, e0 + qs, 0)
+        nv = jnp.sum(valid.astype(jnp.int32))
+        wl = jnp.arange(runs.shape[0], dtype=jnp.int32)
+        if st.index:
+            kv = store.kv.at[rows[:, None], tgt[None, :]].set(vals, mode="drop")
+            sli = stored_len(gall[1, :, 0], lens, store.thr[vrow])
+            new_blocks = jnp.stack([jnp.sum(jnp.where(valid, lens - sl, 0)), jnp.sum(jnp.where(valid, lens - sli, 0))])
+            pos = jnp.where(valid[None, :], store.cnt[rows][:, None] + wl[None, :], E1)
+            rq = store.rq.at[rows[:, None], pos].set(jnp.broadcast_to(lane_e, (2, lane_e.shape[0])), mode="drop")
+            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[rows].add(nv), occ=store.occ.at[rows].add(new_blocks))
+        else:
+            kv = store.kv.at[r, tgt].set(vals[0], mode="drop")
+            rq = store.rq.at[r, jnp.where(valid, store.cnt[r] + wl, E1)].set(lane_e, mode="drop")
+            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[r].add(nv),
+                                   occ=store.occ.at[r].add(jnp.sum(jnp.where(valid, lens - sl, 0))))
+        # ---- evict (last step): the replica row down to its capacity (less pinned blocks under
+        # kv_pressure), the index row down to index_capacity (always leaf-first)
+        cap_r = jnp.where(params.kv_pressure, jnp.maximum(params.capacity - pinned_all[r], 0), params.capacity)
+        if st.priority:
+            store = evict(store, r, cap_r, leaf, stream, st.window, last & ~prio)
+            kv, o = evict_priority(store.kv, store.occ[r], r, cap_r, stream.run_len, is_lfu, st.max_depth,
+                                   last & prio)
+            store = store._replace(kv=kv, occ=store.occ.at[r].set(o))
+        else:
+            store = evict(store, r, cap_r, leaf, stream, st.window, last)
+        if st.index:
+            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, last)
+        # ---- s3fifo: per-block queues, the whole request at its last step (its own lookup)
+        s3 = c.s3
+        occ_r = store.occ[r]
+        if st.s3:
+            s3, hit3 = s3_request(s3, r, stream.block_id, base, n, cap_r, last & is_s3 & (req < stream.n_requests))
+            hit = jnp.where(is_s3, hit3, hit)
+            occ_r = jnp.where(is_s3, s3.occ[r], occ_r)
+        # ---- metrics
+        real = last & (req < stream.n_requests)
+        inp = stream.input_tokens[req]
+        # min(hit * bt, input) without overflowing int32: past input // bt full blocks it is input
+        hit_tok = jnp.where(hit > inp // bt, inp, hit * bt)
+        tok_hi, tok_lo = _add_limbs(t.tok_hi, t.tok_lo, jnp.where(real, hit_tok, 0))
+        t = t._replace(
+            tok_hi=tok_hi, tok_lo=tok_lo,
+            max_occ=t.max_occ.at[r].max(jnp.where(last, occ_r, 0)),
+            nreq=t.nreq.at[r].add(real.astype(jnp.int32)),
+            req_hit=t.req_hit + (real & (hit > 0)).astype(jnp.int32),
+        )
+        # ---- queue (last step): FCFS, prefill of the uncached tokens, decode share
+        if st.queue:
+            qs_, ttft = qm.dispatch(c.queue, r, now, real, inp - hit_tok, stream.output_tokens[req], n, u, params)
+        else:
+            qs_, ttft = c.queue, jnp.int32(0)
+        c = Carry(store, s3, sy, qs_, t, Cursor(r, u, hit, alive, match_r))
+        out = (ttft,) + ((hit, hit_tok, r, match_r) if st.per_request else ())
+        return c, out
+
+    xs = (stream.step_run, stream.step_len, stream.step_j0, stream.step_q, stream.step_req, stream.step_first,
+          stream.step_last)
+    c, out = jax.lax.scan(step, carry, xs)
+    return _finish(stream, params, c, out, st, active, replicas, is_s3)
+
+
+def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) -> Metrics:
+    R = st.max_replicas
+    N1 = stream.arrival_ms.shape[0]
+    t, q = c.totals, c.queue
+    nreal = stream.n_requests
+    nr = jnp.maximum(nreal, 1).astype(jnp.float32)
+    tot = t.tok_hi.astype(jnp.float32) * float(1 << _LIMB) + t.tok_lo.astype(jnp.float32)
+    last_idx = jnp.nonzero(stream.step_last, size=N1 - 1, fill_value=0)[0]  # steps are grouped by request
+    ttft_req = out[0][last_idx]
+    is_real = jnp.arange(N1 - 1) < nreal
+    srt = jnp.sort(jnp.where(is_real, ttft_req, _LIM))
+
+    def pct(p):
+        if not st.queue:
+            return jnp.int32(-1)
+        k = jnp.clip((p * nreal + 99) // 100 - 1, 0, max(N1 - 2, 0))
+        return jnp.where(nreal > 0, srt[k] if N1 > 1 else 0, 0).astype(jnp.int32)
+
+    ttft_mean = jnp.sum(jnp.where(is_real, ttft_req, 0).astype(jnp.float32)) / nr
+    first_arr = stream.arrival_ms[0]
+    last_arr = stream.arrival_ms[jnp.maximum(nreal - 1, 0)]
+    horizon = jnp.maximum(jnp.maximum(jnp.max(q.busy), last_arr) - first_arr, 1).astype(jnp.float32)
+    bms = q.busy_ms.astype(jnp.float32)
+    mean_b = jnp.sum(jnp.where(active, bms, 0.0)) / replicas.astype(jnp.float32)
+    imb = jnp.where(mean_b > 0, jnp.max(jnp.where(active, bms, 0.0)) / jnp.maximum(mean_b, 1e-30), 1.0)
+    if st.per_request:
+        hit_blocks, hit_tokens, rep, mreq = (o[last_idx] for o in out[1:])
+        ttft_ms = ttft_req
+    else:
+        hit_blocks = hit_tokens = rep = ttft_ms = jnp.zeros((0,), jnp.int32)
+        mreq = jnp.zeros((0, R), jnp.int32)
+    nan = jnp.float32(jnp.nan)
+    return Metrics(
+        token_hit_rate=jnp.where(stream.input_total > 0, tot / jnp.maximum(stream.input_total, 1.0), 0.0),
+        request_hit_rate=t.req_hit.astype(jnp.float32) / nr,
+        hit_tokens_hi=t.tok_hi,
+        hit_tokens_lo=t.tok_lo,
+        requests_hit=t.req_hit,
+        max_occupancy=t.max_occ,
+        occupancy=jnp.where(is_s3, c.s3.occ, c.store.occ[:R]) if st.s3 else c.store.occ[:R],
+        requests_per_replica=t.nreq,
+        ttft_p50_ms=pct(50),
+        ttft_p90_ms=pct(90),
+        ttft_p99_ms=pct(99),
+        ttft_mean_ms=ttft_mean if st.queue else nan,
+        busy_ms=q.busy_ms,
+        utilisation=bms / horizon,
+        load_imbalance=imb.astype(jnp.float32) if st.queue else nan,
+        prefix_copies=(t.copies.astype(jnp.float32) / jnp.maximum(t.copies_n, 1).astype(jnp.float32)
+                       if st.match else nan),
+        overflow_share=(t.over_n.astype(jnp.float32) / jnp.maximum(t.over_q, 1).astype(jnp.float32)
+                        if st.match else nan),
+        queue_overflow=q.qover,
+        time_overflow=q.tover,
+        hit_blocks=hit_blocks,
+        hit_tokens=hit_tokens,
+        replica=rep,
+        ttft_ms=ttft_ms,
+        match=mreq,
+        replicas_over_bound=(params.replicas > R) | (params.replicas < 1),
+        tpot_mean_ms=nan, e2e_p50_ms=jnp.int32(-1), e2e_p90_ms=jnp.int32(-1), e2e_p99_ms=jnp.int32(-1),
+        preemptions=jnp.int32(0), kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
+        dropped=jnp.int32(0), steps=jnp.int32(0),
+        e2e_ms=jnp.zeros((0,), jnp.int32), preempted=jnp.zeros((0,), jnp.int32),
+    )
+
+
+def _pct(sorted_vals, count, p, size):
+    """Nearest-rank percentile ``p`` of the first ``count`` of ``sorted_vals`` (0 when empty)."""
+    k = jnp.clip((p * count + 99) // 100 - 1, 0, max(size - 1, 0))
+    return jnp.where(count > 0, sorted_vals[k] if size > 0 else 0, 0).astype(jnp.int32)
+
+
+def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
+    """Metrics of a vllm-replica run (core/batch.py) from its final carry."""
+    from .batch import TICKS_PER_MS  # noqa: PLC0415
+
+    R = st.max_replicas
+    N1 = stream.arrival_ms.shape[0]
+    N = N1 - 1
+    bt = stream.block_tokens
+    nreal = stream.n_requests
+    is_real = jnp.arange(N) < nreal
+    arr = stream.arrival_ms[:N]
+    arr_t = arr * TICKS_PER_MS
+    served = is_real & (c.fin_t[:N] >= 0)
+    ttft_ms = jnp.where(served, (c.ttft_t[:N] - arr_t + TICKS_PER_MS - 1) // TICKS_PER_MS, -1)
+    e2e_ms = jnp.where(served, (c.fin_t[:N] - arr_t + TICKS_PER_MS - 1) // TICKS_PER_MS, -1)
+    inp = stream.input_tokens[:N]
+    out = stream.output_tokens[:N]
+    hit_b = jnp.where(served, c.hit_b[:N], 0)
+    hit_tok = jnp.where(hit_b > inp // bt, inp, hit_b * bt)
+    t0 = stream.arrival_ms[0]
+    lat = served & (arr - t0 >= params.warmup_ms)
+    nl = jnp.sum(lat.astype(jnp.int32))
+    srt_t = jnp.sort(jnp.where(lat, ttft_ms, _LIM))
+    srt_e = jnp.sort(jnp.where(lat, e2e_ms, _LIM))
+    multi = lat & (out >= 2)
+    tpot = jnp.where(multi, (c.fin_t[:N] - c.ttft_t[:N]).astype(jnp.float32)
+                     / (TICKS_PER_MS * jnp.maximum(out - 1, 1)).astype(jnp.float32), 0.0)
+    nm = jnp.sum(multi.astype(jnp.int32))
+    tot_hit = jnp.sum(hit_tok.astype(jnp.float32))
+    nr = jnp.maximum(nreal, 1).astype(jnp.float32)
+    reps = c.reps
+    stt = reps.stats
+    last_t = jnp.max(jnp.where(served, c.fin_t[:N], 0))
+    horizon_t = jnp.maximum(jnp.maximum(last_t, arr[jnp.maximum(nreal - 1, 0)] * TICKS_PER_MS) - t0 * TICKS_PER_MS, 1)
+    hz = horizon_t.astype(jnp.float32)
+    capf = jnp.maximum(params.capacity, 1).astype(jnp.float32)
+    nact = replicas.astype(jnp.float32)
+    busy_ms = (stt.busy + TICKS_PER_MS - 1) // TICKS_PER_MS
+    bms = busy_ms.astype(jnp.float32)
+    mean_b = jnp.sum(jnp.where(active, bms, 0.0)) / nact
+    imb = jnp.where(mean_b > 0, jnp.max(jnp.where(active, bms, 0.0)) / jnp.maximum(mean_b, 1e-30), 1.0)
+    limbs = jnp.sum(jnp.where(served, hit_tok, 0))  # < 2**31 for the workloads the vllm replica runs
+    nan = jnp.float32(jnp.nan)
+    hr = jnp.clip(jnp.where(served, c.rep_of[:N], 0), 0, R - 1)
+    if st.per_request:
+        per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(served, c.rep_of[:N], -1), ttft_ms=ttft_ms,
+                   match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N])
+    else:
+        z0 = jnp.zeros((0,), jnp.int32)
+        per = dict(hit_blocks=z0, hit_tokens=z0, replica=z0, ttft_ms=z0, match=jnp.zeros((0, R), jnp.int32),
+                   e2e_ms=z0, preempted=z0)
+    return Metrics(
+        token_hit_rate=jnp.where(stream.input_total > 0, tot_hit / jnp.maximum(stream.input_total, 1.0), 0.0),
+        request_hit_rate=jnp.sum((served & (hit_b > 0)).astype(jnp.float32)) / nr,
+        hit_tokens_hi=limbs >> _LIMB, hit_tokens_lo=limbs & ((1 << _LIMB) - 1),
+        requests_hit=jnp.sum((served & (hit_b > 0)).astype(jnp.int32)),
+        max_occupancy=jnp.where(active, stt.kv_max, 0),
+        occupancy=jnp.where(active, reps.pool.cached, 0),
+        requests_per_replica=jnp.zeros(R, jnp.int32).at[hr].add(served.astype(jnp.int32)),
+        ttft_p50_ms=_pct(srt_t, nl, 50, N), ttft_p90_ms=_pct(srt_t, nl, 90, N), ttft_p99_ms=_pct(srt_t, nl, 99, N),
+        ttft_mean_ms=jnp.sum(jnp.where(lat, ttft_ms, 0).astype(jnp.float32)) / jnp.maximum(nl, 1).astype(jnp.float32),
+        busy_ms=busy_ms,
+        utilisation=stt.busy.astype(jnp.float32) / hz,
+        load_imbalance=imb.astype(jnp.float32),
+        prefix_copies=(c.copies.astype(jnp.float32) / jnp.maximum(c.copies_n, 1).astype(jnp.float32)
+                       if st.match else nan),
+        overflow_share=(c.over_n.astype(jnp.float32) / jnp.maximum(c.over_q, 1).astype(jnp.float32)
+                        if st.match else nan),
+        queue_overflow=jnp.sum(jnp.where(active, stt.dropped, 0)),
+        time_overflow=jnp.any(stt.tover) | jnp.any(stt.stuck),
+        replicas_over_bound=(params.replicas > R) | (params.replicas < 1),
+        tpot_mean_ms=jnp.sum(tpot) / jnp.maximum(nm, 1).astype(jnp.float32),
+        e2e_p50_ms=_pct(srt_e, nl, 50, N), e2e_p90_ms=_pct(srt_e, nl, 90, N), e2e_p99_ms=_pct(srt_e, nl, 99, N),
+        preemptions=jnp.sum(jnp.where(active, stt.preempt, 0)),
+        kv_util_mean=jnp.sum(jnp.where(active, stt.kv_acc, 0.0)) / (capf * hz * nact),
+        kv_util_max=jnp.max(jnp.where(active, stt.kv_max, 0)).astype(jnp.float32) / capf,
+        queue_len_mean=jnp.sum(jnp.where(active, stt.q_acc, 0.0)) / (hz * nact),
+        throughput_tps=jnp.sum(jnp.where(served, out, 0).astype(jnp.float32)) / (hz / (TICKS_PER_MS * 1000.0)),
+        dropped=jnp.sum(jnp.where(active, stt.dropped + stt.rejected, 0)),
+        steps=jnp.sum(jnp.where(active, stt.steps, 0)),
+        **per,
+    )
+
+
+@partial(jax.jit, static_argnames=("st",))
+def _simulate_jit(stream, params, key, *, st):
+    return _simulate(stream, params, key, st)
+
+
+def _grid_fn(st: Static, stream_axis: bool):
+    fn = partial(_simulate, st=st)
+    return jax.vmap(fn, in_axes=(0 if stream_axis else None, 0, 0))
+
+
+@partial(jax.jit, static_argnames=("st", "stream_axis"))
+def _simulate_grid_jit(stream, params, keys, *, st, stream_axis):
+    return _grid_fn(st, stream_axis)(stream, params, keys)
+
+
+def nested_fn(st: Static):
+    """[S streams] x [C configurations per stream]: streams are never copied per configuration."""
+    inner = jax.vmap(partial(_simulate, st=st), in_axes=(None, 0, 0))
+    return jax.vmap(inner, in_axes=(0, 0, 0))
+
+
+
+def static_options(
+    params,
+    *,
+    max_replicas: int = 1,
+    max_instances: int | None = None,
+    queue_slots: int = 64,
+    match: bool | None = None,
+    index: bool | None = None,
+    stale: bool | None = None,
+    max_vnodes: int = 128,
+    per_request: bool = False,
+    window: int | None = None,
+    routers_compiled=None,
+    queue: bool = True,
+    priority: bool | None = None,
+    max_depth: int = 0,
+    s3: bool | None = None,
+    scheduler: str = "fcfs",
+    max_running: int = 256,
+    max_runs: int = 0,
+) -> Static:
+    """The static shape options of a run, with ``None`` resolved from the (concrete) params.
+
+    ``match``: compute every replica's prefix match per request (needed by the cache-reading
+    routers and for ``overflow_share``; default: when a cache-reading router is in the grid);
+    ``index``: keep the approximate indexes (default: when a cache router uses view ``approximate``);
+    ``stale``: keep the as-of-sync fields (default: when view ``stale`` is used); ``max_instances``:
+    router instances bound (default: the largest in the grid); ``queue_slots``: in-flight requests
+    tracked per replica; ``max_vnodes``: the chwbl ring's bound; ``routers_compiled``: the router
+    rules built into the program (default: those in the grid; fewer rules compile faster); ``queue``:
+    model the replicas' queues (loads and TTFT); ``False`` gives hit rates only, faster per step
+    (TTFT percentiles -1, TTFT mean and load imbalance NaN; routers that read load are refused).
+    """
+    concrete = not isinstance(params.router, jax.core.Tracer)
+    if concrete:
+        routers = np.asarray(params.router).reshape(-1)
+        views = np.broadcast_to(np.asarray(params.view), np.shape(np.asarray(params.router))).reshape(-1)
+        cache = np.isin(routers, [ROUTERS[n] for n in CACHE_ROUTERS])
+        if match is None:
+            match = bool(cache.any())
+        if index is None:
+            index = bool(match and (cache & (views == VIEWS["approximate"])).any())
+        if stale is None:
+            stale = bool(match and (cache & (views == VIEWS["stale"])).any())
+        if max_instances is None:
+            max_instances = int(np.max(np.asarray(params.instances)))
+        compiled = tuple(sorted({int(x) for x in routers}))
+        if priority is None:
+            priority = bool(np.isin(np.asarray(params.policy), PRIORITY_IDS).any())
+        if s3 is None:
+            s3 = bool((np.asarray(params.policy) == S3FIFO_ID).any())
+    else:
+        priority = bool(priority)
+        s3 = bool(s3)
+        compiled = tuple(ROUTERS.values())
+        match = bool(match) if match is not None else True
+        index = bool(index) if index is not None else False
+        stale = bool(stale) if stale is not None else False
+        max_instances = 1 if max_instances is None else max_instances
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r}: one of {list(SCHEDULERS)}")
+    if max_running < 1:
+        raise ValueError("max_running must be >= 1")
+    if queue_slots < 1 or max_vnodes < 1 or max_instances < 1:
+        raise ValueError("queue_slots, max_vnodes and max_instances must be >= 1")
+    window = default_window() if window is None else int(window)
+    if window < 1:
+        raise ValueError("window must be >= 1")
+    if routers_compiled is not None:
+        compiled = tuple(sorted({router_id(r) if isinstance(r, str) else int(r) for r in routers_compiled}))
+    return Static(int(max_replicas), int(max_instances), int(queue_slots), bool(match), bool(index), bool(stale),
+                  int(max_vnodes), bool(per_request), window, compiled, bool(queue), priority=bool(priority),
+                  s3=bool(s3), max_depth=int(max_depth) if priority else 0, scheduler=str(scheduler),
+                  max_running=int(max_running) if scheduler == "vllm" else 1,
+                  max_runs=int(max_runs) if scheduler == "vllm" else 0)
+
+
+#: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; core/queue.py) and ``vllm``
+#: (continuous batching over one KV pool per replica; core/batch.py).
+SCHEDULERS = ("fcfs", "vllm")
+#: Cache policies the vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
+VLLM_POLICIES = ("lru", "unbounded")
+
+
+def default_window() -> int:
+    """Log entries one eviction step examines: small on CPUs (work is serial), wide on accelerators
+    (each while-loop iteration costs a device round trip; a wide window needs fewer). Never a result."""
+    return 16 if jax.default_backend() == "cpu" else 256
+
+
+def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
+    """Raise if a configuration does not fit the static bounds (never clip silently): more replicas
+    than ``max_replicas``; with the static options ``st``, more router instances or vnodes than their
+    bounds, or a router/view whose state the options leave out (``match``, ``index``, ``stale``).
+
+    Under an outer trace (params are tracers) the check moves into the metrics: ``replicas_over_bound``.
+    """
+    if max_replicas < 1:
+        raise ValueError("max_replicas must be >= 1")
+    if isinstance(params.replicas, jax.core.Tracer):
+        return
+    r = np.asarray(params.replicas)
+    if np.any(r > max_replicas) or np.any(r < 1):
+        raise ValueError(f"replicas {np.unique(r).tolist()} outside [1, max_replicas={max_replicas}]")
+    if st is None:
+        return
+    if np.any(np.asarray(params.instances) > st.max_instances):
+        raise ValueError(f"instances {np.unique(np.asarray(params.instances)).tolist()} above max_instances={st.max_instances}")
+    if np.any(np.asarray(params.vnodes) > st.max_vnodes):
+        raise ValueError(f"vnodes above max_vnodes={st.max_vnodes}")
+    routers = np.asarray(params.router).reshape(-1)
+    missing = sorted(set(int(x) for x in routers) - set(st.routers))
+    if missing:
+        names = [n for n, i in ROUTERS.items() if i in missing]
+        raise ValueError(f"routers {names} are not compiled into this program (routers_compiled)")
+    load_free = {ROUTERS[n] for n in LOAD_FREE_ROUTERS}
+    if not st.queue and (set(int(x) for x in routers) - load_free or np.any(np.asarray(params.kv_pressure))):
+        raise ValueError("routers that read load and kv_pressure need queue=True")
+    views = np.broadcast_to(np.asarray(params.view), np.shape(np.asarray(params.router))).reshape(-1)
+    cache = np.isin(routers, [ROUTERS[n] for n in CACHE_ROUTERS])
+    if cache.any() and not st.match:
+        raise ValueError("a cache-reading router needs match=True")
+    if (cache & (views == VIEWS["approximate"])).any() and not st.index:
+        raise ValueError("view 'approximate' needs index=True")
+    if (cache & (views == VIEWS["stale"])).any() and not st.stale:
+        raise ValueError("view 'stale' needs stale=True")
+    prio = np.isin(np.asarray(params.policy).reshape(-1), PRIORITY_IDS)
+    if prio.any() and not st.priority:
+        raise ValueError("policies lfu and length_aware need priority=True")
+    if st.priority and st.stale:
+        raise ValueError("the stale router view is not available with the priority policies (lfu, length_aware)")
+    s3 = np.asarray(params.policy).reshape(-1) == S3FIFO_ID
+    if s3.any() and not st.s3:
+        raise ValueError("policy s3fifo needs s3=True")
+    if st.scheduler == "vllm":
+        pol = {int(x) for x in np.asarray(params.policy).reshape(-1)}
+        okp = {POLICIES[n].id for n in VLLM_POLICIES}
+        if pol - okp:
+            raise ValueError(f"the vllm replica's pool is vLLM's leaf-first LRU: policies {list(VLLM_POLICIES)} only")
+        if (cache & (views == VIEWS["stale"])).any():
+            raise ValueError("the stale router view is not available with the vllm replica (views precise, approximate)")
+        if np.any(np.asarray(params.local_load)) or np.any(np.asarray(params.kv_pressure)):
+            raise ValueError("local_load and kv_pressure belong to the fcfs replica; the vllm replica pins KV itself")
+        if not st.queue:
+            raise ValueError("the vllm replica needs queue=True")
+        if np.any(np.asarray(params.max_num_seqs) > st.max_running):
+            raise ValueError(f"max_num_seqs above the static bound max_running={st.max_running}")
+    if (s3 & cache).any():
+        raise ValueError("policy s3fifo keeps per-block queues that the cache-reading routers' views do not read: "
+                         "use a router that reads no cache state with it")
+
+
+def check_stream(stream: Stream, st: Static) -> None:
+    """A stream fits the program: priority policies and the vllm replica need every run stateful."""
+    if st.scheduler == "vllm":
+        if stream.has_singletons:
+            raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True)")
+        runs = int(np.max(np.asarray(stream.n_runs), initial=0))
+        if runs > st.max_runs:
+            raise ValueError(f"a request has {runs} runs, above the static bound max_runs={st.max_runs}")
+    if st.priority and stream.has_singletons:
+        raise ValueError("policies lfu and length_aware need compile_stream(..., stateful_singletons=True)")
+    if st.s3 and stream.n_distinct == 0:
+        raise ValueError("policy s3fifo needs compile_stream(..., block_ids=True)")
+
+
+def _with_runs(stream: Stream, options: dict) -> dict:
+    if options.get("scheduler") == "vllm" and "max_runs" not in options:
+        options = dict(options, max_runs=int(np.max(np.asarray(stream.n_runs), initial=0)))
+    return options
+
+
+def _max_depth(stream: Stream) -> int:
+    return int(np.max(np.asarray(stream.n_blocks), initial=0))
+
+
+def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,
+             window: int | None = None, **options) -> Metrics:
+    """Run one configuration over the stream (jit-compiled). ``key``: a PRNG key (random words per
+    request, :func:`request_bits`).
+
+    ``max_replicas`` is the static bound on replicas; ``per_request`` adds per-request arrays;
+    ``window`` is how many log entries one eviction step examines (a speed knob, never a result);
+    ``options``: the other static options of :func:`static_options`.
+    """
+    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
+                        max_depth=_max_depth(stream), **_with_runs(stream, options))
+    check_bounds(params, max_replicas, st)
+    check_stream(stream, st)
+    return _simulate_jit(stream, params, key, st=st)
+
+
+def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int = 1, per_request: bool = False,
+                  window: int | None = None, stream_axis: bool = False, **options) -> Metrics:
+    """Vmapped :func:`simulate` over a grid: ``params`` fields [G], ``keys`` [G] PRNG keys.
+
+    With ``stream_axis=True`` the stream is stacked too (:func:`~cacheresearch.core.stream.stack_streams`,
+    leading axis [G]). Prefer :func:`~cacheresearch.core.run.simulate_cells` for several workloads: it
+    never copies a stream per configuration.
+    """
+    st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
+                        max_depth=_max_depth(stream), **_with_runs(stream, options))
+    check_bounds(params, max_replicas, st)
+    check_stream(stream, st)
+    return _simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis)
