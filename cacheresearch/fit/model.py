@@ -94,7 +94,7 @@ def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, win
 
             th0 = np.asarray(th_c + th_g, dtype=np.float64)
             res = optimize.minimize(nll, th0, method="Nelder-Mead",
-                                    options={"xatol": 1e-6, "fatol": 1e-8, "maxiter": 3000})
+                                    options={"xatol": 1e-6, "fatol": 1e-8, "maxiter": 1500})
             ll = -float(res.fun)
             aic = 2 * th0.size - 2 * ll
             out["candidates"][f"{cfam}/{gfam}"] = aic if math.isfinite(aic) else None
@@ -132,9 +132,11 @@ def _pmf(x: np.ndarray, lo: int, hi: int) -> list:
 
 
 def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_names=None,
-                 duration_s: float | None = None, max_kinds: int = 6) -> dict:
+                 duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE) -> dict:
     """Fit the model (module docstring) to a trace; ``session`` / ``parent`` / ``types`` come from a
-    Bailian trace (:class:`~cacheresearch.workload.trace.BailianTrace`) when it has them."""
+    Bailian trace (:class:`~cacheresearch.workload.trace.BailianTrace`) when it has them.
+    ``max_kinds``: most session kinds (length-mixture components); ``gap_families``: the candidate
+    laws of the reuse gaps (each is fitted jointly with every count law)."""
     if w.n_requests < 10:
         raise ValueError("fitting needs at least 10 requests")
     st = request_structure(w, session, parent)
@@ -170,7 +172,8 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
         gaps = (tt[1:] - tt[:-1])[same]
         win = np.maximum(D - last_t, 0.0)
         gs = ss[1:][same]
-        comp["session"] = _fit_session(cnt.astype(np.float64), gaps, np.searchsorted(uniq, gs), win)
+        comp["session"] = _fit_session(cnt.astype(np.float64), gaps, np.searchsorted(uniq, gs), win,
+                                       gap_families=tuple(gap_families))
         # session kinds: the components of the first requests' length mixture, each with its own session law
         first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
         mix = L.fit_lognorm_mix(first_tok, max_kinds)
