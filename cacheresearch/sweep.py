@@ -73,6 +73,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
 from .core.params import KNOB_DECLS
+from .chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
@@ -263,6 +264,19 @@ class EngineConf:
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
 
 
+@dataclass
+class LaunchConf:
+    """Chunks, resume, parts and progress (:mod:`cacheresearch.chunks`; README, "Scaling out")."""
+
+    chunks: bool = True  # write each chunk to DIR/chunks as it finishes and resume from them (command line)
+    resume: str = "auto"  # auto: skip finished chunks, refuse a changed config; fresh: discard old chunks
+    part: int = 0  # with parts > 1: run only this slice of the grid (a multirun over launch.part=0,1,...)
+    parts: int = 1
+    dir: Optional[str] = None  # directory of chunks/ and results.nc (default: the run dir; parts > 1: the sweep dir)
+    devices: Optional[int] = None  # local devices the configurations are sharded over (null: all)
+    progress: Optional[bool] = None  # progress bar on stderr (null: when stderr is a terminal)
+
+
 #: Every known grid key is a field (null = not swept), so ``grid.policy=[...]`` needs no ``+``. The knob
 #: fields come from the declarations (:data:`KNOB_KEYS`), never from a list kept here.
 GridConf = make_dataclass(
@@ -291,6 +305,7 @@ class SweepConfig:
     cache: CacheConf = field(default_factory=CacheConf)
     replica: ReplicaConf = field(default_factory=ReplicaConf)
     engine: EngineConf = field(default_factory=EngineConf)
+    launch: LaunchConf = field(default_factory=LaunchConf)
     seed: int = 0
     seeds: int = 1
     grid: GridConf = field(default_factory=GridConf)
@@ -732,9 +747,11 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def simulate_plan(cfg, plan: Plan):
-    """Build the streams and run the grid. Returns (metrics as NumPy [G], stream index [G], workload
-    summaries (``describe``, ``input_tokens``, ``n_requests``), timings)."""
+def simulate_plan(cfg, plan: Plan, store=None):
+    """Build the streams and run the grid as chunks (:func:`cacheresearch.chunks.run_grid`; ``store``: the
+    chunk files to resume from and write to). Returns (metrics as NumPy [G], or None while other parts of
+    a multi-part run have cells left; stream index [G]; workload summaries (``describe``, ``input_tokens``,
+    ``n_requests``); timings)."""
     cells = list(plan.cells())
     t0 = time.perf_counter()
     wkeys: dict[tuple, int] = {}
@@ -770,14 +787,31 @@ def simulate_plan(cfg, plan: Plan):
     t1 = time.perf_counter()
     with _CompileTimer() as ct:
         try:
-            metrics, run_plan = simulate_cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
-                                               max_batch=mb, log=_log, per_request=True, **opts)
+            metrics, run_plan = run_grid(streams, idx, params, seeds, max_replicas=plan.max_replicas,
+                                         max_batch=mb, log=_log, per_request=True, **opts, **_launch_args(cfg, store))
         except MemoryError_ as e:
             raise SweepError(f"{e} (or set engine.max_batch)") from None
+        except ChunkError as e:
+            raise SweepError(str(e)) from None
     t_sim = time.perf_counter() - t1
     timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": run_plan.calls,
-              "memory_estimate_bytes": run_plan.memory_bytes, "programs": len(run_plan.groups)}
+              "memory_estimate_bytes": run_plan.memory_bytes, "programs": len(run_plan.groups),
+              "devices": run_plan.devices, "chunks": run_plan.chunks, "chunks_resumed": run_plan.chunks_resumed}
     return metrics, idx, workloads, timing
+
+
+def _launch_args(cfg, store) -> dict:
+    """``launch.*`` as :func:`cacheresearch.chunks.run_grid` arguments (validated)."""
+    la = cfg.get("launch") or LaunchConf()
+    parts = _integer("launch.parts", la.parts, 1)
+    part = _integer("launch.part", la.part, 0)
+    if part >= parts:
+        raise SweepError(f"launch.part={part} must be below launch.parts={parts}")
+    devices = None if la.devices is None else _integer("launch.devices", la.devices, 1)
+    if devices is not None and devices > jax.local_device_count():
+        raise SweepError(f"launch.devices={devices}: this process has {jax.local_device_count()} local devices")
+    return dict(store=store, part=part, parts=parts, devices=devices,
+                progress=None if la.progress is None else bool(la.progress))
 
 
 def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
@@ -906,8 +940,12 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     return ds
 
 
-def run(cfg, output_dir: str | Path | None = None, *, write: bool = True) -> xr.Dataset:
-    """Validate ``cfg``, simulate the grid and (when ``write``) write the outputs into ``output_dir``."""
+def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks: bool = False) -> xr.Dataset | None:
+    """Validate ``cfg``, simulate the grid and (when ``write``) write the outputs into ``output_dir``.
+
+    ``chunks``: run as chunk files in ``output_dir/chunks`` (skip those already there, refuse a changed
+    configuration; ``launch.part``/``launch.parts``: one slice of the grid; :mod:`cacheresearch.chunks`).
+    Returns None when other parts of a multi-part run still have configurations to run."""
     t0 = time.perf_counter()
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg)
@@ -924,9 +962,14 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True) -> xr.
             write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
         return ds
     plan = make_plan(cfg)
-    metrics, idx, workloads, timing = simulate_plan(cfg, plan)
+    store = _chunk_store(cfg, output_dir) if chunks else None
+    metrics, idx, workloads, timing = simulate_plan(cfg, plan, store=store)
+    if metrics is None:  # a part of a multi-part run; the last part to finish combines
+        return None
     timing["wall_s"] = time.perf_counter() - t0
     ds = to_dataset(cfg, plan, metrics, idx, workloads, timing)
+    ds.attrs.update(devices=int(timing["devices"]), chunks=int(timing["chunks"]),
+                    chunks_resumed=int(timing["chunks_resumed"]))
     if write:
         if output_dir is None:
             raise ValueError("output_dir is required when write=True")
@@ -944,12 +987,26 @@ def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: 
         return studies.write_outputs(ds, output_dir, figure=figure)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ds.to_netcdf(out / RESULT_FILE, engine="h5netcdf")
+    write_atomic(out / RESULT_FILE, lambda p: ds.to_netcdf(p, engine="h5netcdf"))  # never a partial file
     text = report.summarize(ds, variable)
-    (out / SUMMARY_FILE).write_text(text + "\n", encoding="utf-8")
+    write_atomic(out / SUMMARY_FILE, lambda p: p.write_text(text + "\n", encoding="utf-8"))
     if figure:
-        report.save_figure(report.plot(ds, variable), out / FIGURE_FILE)
+        fig = report.plot(ds, variable)
+        write_atomic(out / FIGURE_FILE, lambda p: report.save_figure(fig, p))
     return text
+
+
+def _chunk_store(cfg, root):
+    """The chunk files of run directory ``root``, checked against ``cfg`` (:mod:`cacheresearch.chunks`)."""
+    if root is None:
+        raise ValueError("chunks=True needs an output directory")
+    try:
+        store = ChunkStore(root, OmegaConf.to_container(cfg, resolve=True), __version__,
+                           resume=str(cfg.launch.resume), log=_log)
+        store.open()
+    except ChunkError as e:
+        raise SweepError(str(e)) from None
+    return store
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -999,10 +1056,25 @@ def notebook_dataset(reduced: list[str], env: str = "CACHERESEARCH_RESULTS") -> 
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    out = HydraConfig.get().runtime.output_dir
+    hc = HydraConfig.get()
+    launch = cfg.launch
     try:
-        ds = run(cfg, out, write=False)
+        parts = _integer("launch.parts", launch.parts, 1)
+        if launch.dir is not None:
+            out = str(launch.dir)
+        elif parts > 1 and hc.mode == RunMode.MULTIRUN:
+            out = hc.sweep.dir  # every job of the multirun meets in the sweep directory
+        elif parts > 1:
+            raise SweepError("launch.parts > 1 outside a multirun needs launch.dir=DIR (one directory for all parts)")
+        else:
+            out = hc.runtime.output_dir
+        ds = run(cfg, out, write=False, chunks=bool(launch.chunks))
+        if ds is None:
+            print(f"part {int(launch.part) + 1} of {parts} done; the part that finishes last writes "
+                  f"{Path(out) / RESULT_FILE} (or rerun without launch.part to finish)")
+            return
         text = write_outputs(ds, out, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
     except SweepError as e:
         print(f"cacheresearch.sweep: error: {e}", file=sys.stderr)

@@ -114,6 +114,13 @@ class Plan:
                 f"{self.calls} calls, memory estimate {self.memory_bytes / 2**20:.0f} MiB per call "
                 f"(available {self.available_bytes / 2**20:.0f} MiB), devices {self.devices}")
 
+    def program_lines(self) -> list[str]:
+        yn = {True: "yes", False: "no"}
+        return [f"  program {i + 1}: {gp.n_cells} configurations, {gp.streams_per_call} of {len(gp.streams)} streams "
+                f"x {gp.per_stream} per call, {gp.calls} calls, index rows {yn[gp.index]}, stale fields "
+                f"{yn[gp.stale]}, priority fields {yn[gp.priority]}, s3fifo queues {yn[gp.s3]}, memory "
+                f"{gp.memory_bytes / 2**20:.0f} MiB" for i, gp in enumerate(self.groups)]
+
 
 _COMPILED: dict = {}  # (static options, devices, argument shapes) -> compiled program (studies call repeatedly)
 _AXIS = "cells"  # the mesh axis: configurations per stream
@@ -344,11 +351,8 @@ def plan_cells(
         ready.append((compiled, stacked))
     if log is not None:  # the whole plan, before anything runs
         log(plan.line())
-        for i, gp in enumerate(plan.groups):
-            log(f"  program {i + 1}: {gp.n_cells} configurations, {gp.streams_per_call} of {len(gp.streams)} streams "
-                f"x {gp.per_stream} per call, {gp.calls} calls, index rows {'yes' if gp.index else 'no'}, stale "
-                f"fields {'yes' if gp.stale else 'no'}, priority fields {'yes' if gp.priority else 'no'}, s3fifo "
-                f"queues {'yes' if gp.s3 else 'no'}, memory {gp.memory_bytes / 2**20:.0f} MiB")
+        for line in plan.program_lines():
+            log(line)
     return CellRunner(plan, calls, ready, devices, seeds, params)
 
 
