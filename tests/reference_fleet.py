@@ -212,7 +212,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     index_capacity=2**31 - 1, vnodes=100, chwbl_c_pct=125, cache_threshold_pm=300, balance_abs=64,
                     balance_rel_pct=150, miss_smallest_tree=False, overlap_weight_pct=100, temperature=0.0,
                     prefix_weight_pct=200, load_weight_pct=100, queue_threshold=128, preble_rel_pct=150,
-                    preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False) -> dict:
+                    preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False,
+                    restart_replica=-1, restart_ms=0) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -305,6 +306,11 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         outp = int(workload.output_tokens[i])
         prefix_key = keys[min(K, n) - 1] if n > 0 else 0
 
+        # 0. cache event: replica restart_replica restarts at restart_ms (its cache is flushed before the
+        # first request arriving at or after it)
+        if restart_replica >= 0 and now >= restart_ms and (i == 0 or int(workload.arrival_ms[i - 1]) < restart_ms):
+            caches[restart_replica].clear()
+            written[restart_replica].clear()
         # 1. instance
         u = i % I
         out["instance"][i] = u

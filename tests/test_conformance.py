@@ -137,7 +137,7 @@ def test_params_fields_and_dtypes_are_pinned():
         "decode_us_per_token", "kv_pressure",
     )
     assert tuple(f for f in Params._fields if f in pinned) == pinned
-    assert set(Params._fields) - set(pinned) <= {k.name for k in REGISTRY.router_knobs()}
+    assert set(Params._fields) - set(pinned) <= {k.name for k in REGISTRY.router_knobs() + REGISTRY.shared_knobs("replica")}
     bools = {"leaf_first", "refresh", "local_load", "miss_smallest_tree", "kv_pressure"}
     p = make_params("lru", 10, router="kv_cost")
     for f in pinned:

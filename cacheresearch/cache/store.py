@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["StoreState", "init_store", "stored_len", "evict", "threshold"]
+__all__ = ["StoreState", "init_store", "stored_len", "evict", "threshold", "flush"]
 
 
 class StoreState(NamedTuple):
@@ -102,3 +102,18 @@ def evict(s: StoreState, row, cap, leaf, stream, window: int, do) -> StoreState:
     occ, pq, poff = jax.lax.while_loop(cond, lambda c: one_window(*c), (occ, pq, poff))
     s = s._replace(occ=s.occ.at[row].set(occ), pq=s.pq.at[row].set(pq), poff=s.poff.at[row].set(poff))
     return s._replace(thr=s.thr.at[row].set(threshold(s, row, leaf, stream)))
+
+
+def flush(s: StoreState, row, frontier, do) -> StoreState:
+    """Empty row ``row`` when ``do`` (a replica restart: its cache is flushed).
+
+    ``frontier`` is the base stamp of the request about to be handled: every stamp written so far lies
+    below it, so raising the threshold to it leaves no block stored, and the eviction pointer moves past
+    every entry of the row (later writes append after it, with stamps at or above the frontier)."""
+    do = jnp.asarray(do)
+    return s._replace(
+        occ=s.occ.at[row].set(jnp.where(do, 0, s.occ[row])),
+        thr=s.thr.at[row].set(jnp.where(do, frontier, s.thr[row])),
+        pq=s.pq.at[row].set(jnp.where(do, s.cnt[row], s.pq[row])),
+        poff=s.poff.at[row].set(jnp.where(do, 0, s.poff[row])),
+    )

@@ -33,7 +33,7 @@ from . import queue as qm
 from ..cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
 from ..cache.s3fifo import S3State, init_s3, s3_request
 from ..cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
-from ..cache.store import StoreState, evict, init_store, stored_len
+from ..cache.store import StoreState, evict, flush, init_store, stored_len
 from .stream import Stream
 from .views import SyncState, init_sync, leading, presence, probe, sync
 
@@ -203,6 +203,10 @@ def _simulate(stream: Stream, params, key, st: Static):
         e0 = stream.entry0[req]
         u = jnp.where(first, jnp.mod(req, instances), c.cur.inst)
         store = c.store
+        # ---- cache event: replica restart_replica restarts at restart_ms; its cache is flushed first
+        prev = stream.arrival_ms[jnp.maximum(req - 1, 0)]
+        boot = first & (params.restart_replica >= 0) & (now >= params.restart_ms) & ((req == 0) | (prev < params.restart_ms))
+        store = flush(store, jnp.clip(params.restart_replica, 0, R - 1), base, boot)
         # ---- sync (stale view, before routing)
         sy = sync(c.sync, first, now, base, store.thr[:R], params.stale_lag_ms) if st.stale else c.sync
         # ---- loads at arrival
@@ -455,7 +459,7 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     nan = jnp.float32(jnp.nan)
     hr = jnp.clip(jnp.where(served, c.rep_of[:N], 0), 0, R - 1)
     if st.per_request:
-        per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(served, c.rep_of[:N], -1), ttft_ms=ttft_ms,
+        per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(is_real, c.rep_of[:N], -1), ttft_ms=ttft_ms,
                    match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N])
     else:
         z0 = jnp.zeros((0,), jnp.int32)
@@ -648,6 +652,11 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
     if st.priority and st.stale:
         raise ValueError("the stale router view is not available with the priority policies (lfu, length_aware)")
     s3 = np.asarray(params.policy).reshape(-1) == S3FIFO_ID
+    restart = np.asarray(params.restart_replica).reshape(-1) >= 0
+    if restart.any() and (prio.any() or s3.any()):
+        raise ValueError("a replica restart (restart_replica) is available with the LRU and TTL policies only")
+    if np.any(np.asarray(params.restart_replica) >= max_replicas):
+        raise ValueError(f"restart_replica must be below max_replicas={max_replicas}")
     if s3.any() and not st.s3:
         raise ValueError("policy s3fifo needs s3=True")
     if st.scheduler == "vllm":

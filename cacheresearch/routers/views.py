@@ -57,4 +57,8 @@ REPLICA_KNOBS = register_knobs(
     # replica's cache keeps at most capacity - (blocks of its in-flight requests); see the engine
     Knob("kv_pressure", False, kind="bool",
          doc="in-flight requests pin their blocks: a replica's cache keeps at most capacity minus their blocks"),
+    # a cache event, not a router knob: the replica restarts and its cache is flushed (docs/fleet_semantics.md)
+    Knob("restart_replica", -1, -1, 2**16, doc="cache event: this replica restarts at restart_ms and its cache is "
+         "flushed before the first request arriving at or after it (-1: none)"),
+    Knob("restart_ms", 0, 0, 2**31 - 2, doc="cache event: time of the replica restart", unit="ms"),
 )
