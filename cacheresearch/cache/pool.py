@@ -116,10 +116,10 @@ def release(pool: PoolState, runs, n_req, base_leaf, ok, rel) -> PoolState:
                          pinned=pool.pinned - unpinned)
 
 
-def evict_lru(pool: PoolState, run_len, cap):
+def evict_lru(pool: PoolState, run_len, cap, do=True):
     """Evict unpinned cached blocks, lowest free-queue stamp first, until ``cached + work <= cap``.
     Returns (pool, stuck): ``stuck`` when nothing evictable was left (the caller's admission check
-    makes that impossible; it is reported, never hidden)."""
+    makes that impossible; it is reported, never hidden). Nothing changes unless ``do``."""
 
     def key(p):
         low = p.stamp + run_len - p.s  # stamp of the run's lowest stored block (its stored tail)
@@ -127,7 +127,7 @@ def evict_lru(pool: PoolState, run_len, cap):
 
     def cond(c):
         p, stuck = c
-        return (p.cached + p.work > cap) & ~stuck
+        return do & (p.cached + p.work > cap) & ~stuck
 
     def body(c):
         p, _ = c

@@ -234,10 +234,10 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
     preempted = stats.preempt > npre_before
     kept = slot < nrun_k
     tok = jnp.where(kept, tok, 0)
-    sched = kept & (tok > 0)
+    sched = kept & (tok > 0) & go
     pool = extend(pool, runs.reshape(-1), tgt.reshape(-1), (ok & sched[:, None]).reshape(-1))
     pool = pool._replace(work=pool.work + jnp.sum(jnp.where(sched, a_new - a_old, 0)))
-    pool, stuck1 = evict_lru(pool, stream.run_len, cap)
+    pool, stuck1 = evict_lru(pool, stream.run_len, cap, go)
     nrun = nrun_k
     run = run._replace(c=jnp.where(kept, c_new, run.c), tok=tok, pref=pref & sched)
 
@@ -270,10 +270,10 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
         dsum = jnp.sum(jnp.where(hok, jnp.maximum(tq - sg, 0), 0))
         fits = pool_.pinned + pool_.work + dpin + dsum + a1 <= cap
         reject = ~fits & (nrun_ == 0)  # larger than the whole pool: never schedulable
-        p2 = extend(pin(pool_, hr, hok), hr, tq, hok)
-        p2 = p2._replace(work=p2.work + a1)
-        p2, stk = evict_lru(p2, stream.run_len, cap)
-        pool_ = jax.tree.map(lambda a, b: jnp.where(fits, a, b), p2, pool_)
+        okf = hok & fits  # every pool update is masked: no copy of the pool per admission
+        pool_ = extend(pin(pool_, hr, okf), hr, tq, okf)
+        pool_ = pool_._replace(work=pool_.work + jnp.where(fits, a1, 0))
+        pool_, stk = evict_lru(pool_, stream.run_len, cap, fits)
         at = jnp.where(fits, nrun_, S)
         run_ = Slots(
             req=run_.req.at[at].set(h, mode="drop"), c=run_.c.at[at].set(c1, mode="drop"),
@@ -322,8 +322,16 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
         tover=stats.tover | over,
     )
     run = run._replace(d=jnp.where(sched, d_new, run.d), done=fin)
-    new = Replica(pool, run, nrun, wait, clock, load_req, load_blk, rep.seen, stats)
-    new = jax.tree.map(lambda a, b: jnp.where(go, a, b), new, rep)
+    # the pool's arrays and the waiting ring change only under ``go`` (masked updates); the small state
+    # is selected, so a replica that does not step costs no copy of its pool
+    sel = lambda a, b: jnp.where(go, a, b)  # noqa: E731
+    new = Replica(
+        pool=pool._replace(ctr=sel(pool.ctr, rep.pool.ctr), cached=sel(pool.cached, rep.pool.cached),
+                           pinned=sel(pool.pinned, rep.pool.pinned), work=sel(pool.work, rep.pool.work)),
+        run=jax.tree.map(sel, run, rep.run), nrun=sel(nrun, rep.nrun),
+        wait=wait._replace(head=sel(wait.head, rep.wait.head), count=sel(wait.count, rep.wait.count)),
+        clock=sel(clock, rep.clock), load_req=sel(load_req, rep.load_req), load_blk=sel(load_blk, rep.load_blk),
+        seen=rep.seen, stats=jax.tree.map(sel, stats, rep.stats))
     events = (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
     return new, events
 
@@ -407,6 +415,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     sy = init_sync(R)
 
     def step(c: _Carry, req):
+        real = req < stream.n_requests  # padding requests (stacked streams) are never routed
         now = stream.arrival_ms[req]
         now_t = jnp.where(now > LIM // TICKS_PER_MS, LIM, now * TICKS_PER_MS)
         c = _advance(c, now_t, stream, params, W, S, R)
@@ -415,6 +424,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         base = stream.offset[req]
         u = jnp.mod(req, instances)
         runs, m, j0, ok = _req_runs(stream, req, W)
+        ok = ok & real
         tg = jnp.where(ok, runs, K)
         s_all = reps.pool.s.at[:, tg].get(mode="fill", fill_value=0)  # [R, W]
         mt = jnp.where(active, leading_hit(s_all, m[None], ok[None]), 0)
@@ -435,8 +445,9 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
         copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
         mbest = jnp.max(jnp.where(active, mt, 0))
-        qual = (mbest > 0) & jnp.bool_(st.match)
-        c = c._replace(copies=c.copies + jnp.where(n > 0, copies_i, 0), copies_n=c.copies_n + (n > 0).astype(jnp.int32),
+        qual = real & (mbest > 0) & jnp.bool_(st.match)
+        sample = real & (n > 0)
+        c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),
                        over_q=c.over_q + qual.astype(jnp.int32),
                        over_n=c.over_n + (qual & (mt[r] < mbest)).astype(jnp.int32),
                        rep_of=c.rep_of.at[req].set(r))
@@ -452,25 +463,25 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             p = stream.n_runs[req]
             lane = jnp.arange(W, dtype=jnp.int32)
             rq = store.rq.at[vrow, jnp.where(ok, store.cnt[vrow] + lane, E1)].set(stream.entry0[req] + lane, mode="drop")
-            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(p),
+            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(jnp.where(real, p, 0)),
                                    occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
-            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, jnp.bool_(True))
-        # enqueue on replica r
-        rep = jax.tree.map(lambda a: a[r], reps)
-        idle = ~has_work(rep) & ~jnp.any(rep.run.done)
-        room = rep.wait.count < st.queue_slots
-        pos = jnp.where(room, jnp.mod(rep.wait.head + rep.wait.count, st.queue_slots), st.queue_slots)
-        w = rep.wait
-        w = w._replace(req=w.req.at[pos].set(req, mode="drop"), d=w.d.at[pos].set(0, mode="drop"),
-                       npre=w.npre.at[pos].set(0, mode="drop"), count=w.count + room.astype(jnp.int32))
-        rep = rep._replace(
+            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, real)
+        # enqueue on replica r (touching only its ring slot and counters)
+        Q = st.queue_slots
+        w = reps.wait
+        idle = (reps.nrun[r] == 0) & (w.count[r] == 0)
+        room = real & (w.count[r] < Q)
+        pos = jnp.where(room, jnp.mod(w.head[r] + w.count[r], Q), Q)
+        one = (ridx == r).astype(jnp.int32)
+        w = w._replace(req=w.req.at[r, pos].set(req, mode="drop"), d=w.d.at[r, pos].set(0, mode="drop"),
+                       npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
+        reps = reps._replace(
             wait=w,
-            clock=jnp.where(idle, jnp.maximum(rep.clock, now_t), rep.clock),
-            load_req=rep.load_req + room.astype(jnp.int32),
-            load_blk=rep.load_blk + jnp.where(room, n, 0),
-            stats=rep.stats._replace(dropped=rep.stats.dropped + (~room).astype(jnp.int32)),
+            clock=reps.clock.at[r].set(jnp.where(idle & real, jnp.maximum(reps.clock[r], now_t), reps.clock[r])),
+            load_req=reps.load_req + one * room.astype(jnp.int32),
+            load_blk=reps.load_blk + one * jnp.where(room, n, 0),
+            stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
         )
-        reps = jax.tree.map(lambda a, b: a.at[r].set(b), reps, rep)
         return c._replace(reps=reps, store=store), None
 
     c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
