@@ -1299,6 +1299,9 @@ PLOTS = {"economics": plot_economics, "ttl": plot_ttl, "che": plot_che, "ttl_adv
 from . import audit as _audit  # noqa: E402  (studies in their own modules add themselves)
 
 _audit.register(STUDIES, SUMMARIES, PLOTS)
+from . import diagnostics as _diagnostics  # noqa: E402
+
+_diagnostics.register(STUDIES, SUMMARIES, PLOTS)
 
 
 def plot(ds: xr.Dataset):

@@ -55,7 +55,8 @@ __all__ = [
 ]
 
 _TENANT_LAWS = ("uniform", "zipf")
-_LAYOUTS = ("stable", "timestamp_top")
+#: Where a volatile token (a timestamp, unique per request) sits in the fleet scenario's prompt.
+_LAYOUTS = ("stable", "timestamp_top", "timestamp_after_system", "timestamp_after_docs", "timestamp_end")
 _ARRIVALS = ("poisson", "diurnal", "bursty")
 _CHUNK = 8192  # requests hashed per JAX call (bounds host and device memory)
 
@@ -226,7 +227,7 @@ def _fleet_parts(
     else:
         arrival = poisson_arrivals_ms(n_requests, rate_per_s, r_arr)
     stamp = None
-    if layout == "timestamp_top":
+    if layout != "stable":
         stamp = (vocab_size + np.arange(n_requests, dtype=np.int64)).astype(np.int32)
     return dict(system=system, docs=docs, user=user, tenant=tenant.astype(np.int32), arrival=arrival, stamp=stamp)
 
@@ -257,7 +258,9 @@ def fleet_workload(
       n_requests: number of requests.
       block_tokens: tokens per cache block.
       tenant_law: ``"uniform"`` or ``"zipf"`` (tenant 0 hottest, exponent ``zipf_s``).
-      layout: ``"stable"`` or ``"timestamp_top"`` (a per-request token before everything).
+      layout: ``"stable"``, or a volatile token unique to each request: ``"timestamp_top"`` (before
+        everything), ``"timestamp_after_system"`` (between the system prompt and the document),
+        ``"timestamp_after_docs"`` (before the user suffix) or ``"timestamp_end"`` (after it).
       rate_per_s: Poisson arrival rate; ``None`` = one request per ms (``arrival_ms = arange``).
       output_tokens: non-negative int, or int array ``[n_requests]``.
       seed: seeds every draw (tokens, tenants, arrivals).
@@ -292,14 +295,17 @@ def fleet_workload(
     tsalt = salt_values("tenant", np.arange(n_tenants)) if salt == "per_tenant" else None
     if layout == "stable":
         keys = _prefix_suffix_keys(prefix, tenant, parts["user"], block_tokens, salt=tsalt)
-    else:  # every prompt starts with its own token: nothing to share, hash whole prompts
+    else:  # a token unique to each request: hash whole prompts
         prompt_len = 1 + system_tokens + doc_tokens + user_tokens
         keys = np.empty((n_requests, prompt_len // block_tokens), dtype=np.uint64)
+        at = {"timestamp_top": 0, "timestamp_after_system": system_tokens,
+              "timestamp_after_docs": system_tokens + doc_tokens}.get(layout, system_tokens + doc_tokens + user_tokens)
         for a in range(0, n_requests, _CHUNK):
             b = min(n_requests, a + _CHUNK)
-            full = np.concatenate([parts["stamp"][a:b, None], prefix[tenant[a:b]], parts["user"][a:b]], axis=1)
+            body = np.concatenate([prefix[tenant[a:b]], parts["user"][a:b]], axis=1)
+            full = np.concatenate([body[:, :at], parts["stamp"][a:b, None], body[:, at:]], axis=1)
             keys[a:b] = _hash_rows(full, block_tokens, salt=None if tsalt is None else tsalt[tenant[a:b]])
-    input_tokens = system_tokens + doc_tokens + user_tokens + (layout == "timestamp_top")
+    input_tokens = system_tokens + doc_tokens + user_tokens + (layout != "stable")
     meta = dict(
         generator="fleet_workload",
         n_tenants=n_tenants,
