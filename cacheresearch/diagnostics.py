@@ -542,8 +542,92 @@ def plot_granularity(ds):
     return fig
 
 
+# ------------------------------------------------------------------------------ capacity
+CAPACITY_DEFAULTS = dict(models=None, gpus=None, tps=[1, 2, 4, 8], kv_dtypes=["bf16", "fp8"],
+                         gpu_memory_utilization=0.9, block_tokens=16)
+
+
+def capacity_study(cfg) -> xr.Dataset:
+    """KV blocks per replica for every (model, GPU, TP, KV dtype) preset (:mod:`cacheresearch.hardware`)."""
+    from . import hardware as hw  # noqa: PLC0415
+
+    s = _studies()
+    t0 = time.perf_counter()
+    c = s._study_cfg(cfg, CAPACITY_DEFAULTS)
+    models = list(c["models"] or hw.MODELS)
+    gpus = list(c["gpus"] or hw.GPUS)
+    tps = s._positive_list("study.tps", c["tps"], integer=True)
+    dts = list(c["kv_dtypes"])
+    bt = int(c["block_tokens"])
+    shape = (len(models), len(gpus), len(tps), len(dts))
+    blocks = np.full(shape, np.nan)
+    per_tok = np.full((len(models), len(tps), len(dts)), np.nan)
+    for i, mn in enumerate(models):
+        for k, tp in enumerate(tps):
+            for m_, dt in enumerate(dts):
+                try:
+                    per_tok[i, k, m_] = hw.kv_bytes_per_token(mn, kv_dtype=dt, tp=tp)
+                except ValueError as e:
+                    raise _err(f"study: {e}") from None
+                for j, gn in enumerate(gpus):
+                    try:
+                        blocks[i, j, k, m_] = hw.kv_blocks(mn, gn, tp=tp, kv_dtype=dt, block_tokens=bt,
+                                                           gpu_memory_utilization=float(c["gpu_memory_utilization"]))
+                    except ValueError as e:
+                        if "does not fit" not in str(e):
+                            raise _err(f"study: {e}") from None
+    ds = xr.Dataset({"kv_blocks": (("model", "gpu", "tp", "kv_dtype"), blocks),
+                     "kv_tokens": (("model", "gpu", "tp", "kv_dtype"), blocks * bt),
+                     "kv_bytes_per_token": (("model", "tp", "kv_dtype"), per_tok)},
+                    coords={"model": models, "gpu": gpus, "tp": tps, "kv_dtype": dts})
+    s._doc(ds, {"kv_blocks": (f"KV blocks of {bt} tokens per replica (NaN: the weights do not fit)", "blocks"),
+                "kv_tokens": ("KV tokens per replica", "tokens"),
+                "kv_bytes_per_token": ("KV bytes per token on each GPU of the replica", "bytes")})
+    ds.attrs.update(s._common_attrs(cfg, "capacity", t0, dict(
+        block_tokens=bt, gpu_memory_utilization=float(c["gpu_memory_utilization"]),
+        model_sources=json.dumps({m: hw.MODELS[m].source for m in models if m in hw.MODELS}),
+        gpu_sources=json.dumps({g: hw.GPUS[g].source for g in gpus if g in hw.GPUS}))))
+    return ds
+
+
+def summarize_capacity(ds) -> str:
+    s = _studies()
+    out = s._header(ds)
+    out.append(f"KV blocks of {ds.attrs['block_tokens']} tokens per replica at gpu_memory_utilization "
+               f"{ds.attrs['gpu_memory_utilization']:g} (budget = utilisation x memory - weights / tp); '-' = the "
+               "weights do not fit")
+    rows = [["model", "gpu", "kv_dtype"] + [f"tp={int(t)}" for t in ds.tp.values]]
+    for m in ds.model.values:
+        for g in ds.gpu.values:
+            for d in ds.kv_dtype.values:
+                v = ds.kv_blocks.sel(model=m, gpu=g, kv_dtype=d).values
+                rows.append([str(m), str(g), str(d)] + ["-" if not np.isfinite(x) else f"{int(x):,}" for x in v])
+    out += ["", s._table(rows)]
+    return "\n".join(out)
+
+
+def plot_capacity(ds):
+    fig = _studies()._fig(8, 4.5)
+    ax = fig.subplots()
+    x = ds.kv_tokens.sel(tp=ds.tp.values[0])
+    labels, vals = [], []
+    for m in ds.model.values:
+        for g in ds.gpu.values:
+            for d in ds.kv_dtype.values:
+                v = float(x.sel(model=m, gpu=g, kv_dtype=d))
+                if np.isfinite(v):
+                    labels.append(f"{m} {g} {d}")
+                    vals.append(v / 1e3)
+    ax.barh(np.arange(len(vals)), vals)
+    ax.set_yticks(np.arange(len(vals)), labels, fontsize=5)
+    ax.set_xlabel(f"KV tokens per replica (thousands), tp={int(ds.tp.values[0])}")
+    return fig
+
+
 def register(studies: dict, summaries: dict, plots: dict) -> None:
     """Add this module's studies to :mod:`cacheresearch.studies`' tables."""
-    studies.update(volatile=volatile_study, events=events_study, granularity=granularity_study)
-    summaries.update(volatile=summarize_volatile, events=summarize_events, granularity=summarize_granularity)
-    plots.update(volatile=plot_volatile, events=plot_events, granularity=plot_granularity)
+    studies.update(volatile=volatile_study, events=events_study, granularity=granularity_study,
+                   capacity=capacity_study)
+    summaries.update(volatile=summarize_volatile, events=summarize_events, granularity=summarize_granularity,
+                     capacity=summarize_capacity)
+    plots.update(volatile=plot_volatile, events=plot_events, granularity=plot_granularity, capacity=plot_capacity)

@@ -73,3 +73,18 @@ def test_sweep_takes_capacity_from_hardware():
     with pytest.raises(SweepError, match="replica: unknown model"):
         make_plan(compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", "replica.model=nope",
                                   "grid.capacity_blocks=null"]))
+
+
+def test_capacity_study_table(tmp_path):
+    import math
+
+    from cacheresearch.sweep import run_experiment
+
+    ds = run_experiment(["experiment=capacity", "output.figure=false"], tmp_path)
+    assert int(ds.kv_blocks.sel(model="llama3_8b", gpu="h100_80gb", tp=1, kv_dtype="bf16")) == 29_043
+    assert int(ds.kv_blocks.sel(model="llama3_70b", gpu="h100_80gb", tp=4, kv_dtype="bf16")) == 31_790
+    assert math.isnan(float(ds.kv_blocks.sel(model="llama3_70b", gpu="h100_80gb", tp=1, kv_dtype="fp8")))
+    # cross-check: BLIS (inference-sim defaults.yaml) lists 29,205 KV blocks for Llama-3.1-8B on an 80 GB GPU;
+    # the A100-80GB's 81,920 MiB give exactly that here
+    assert int(ds.kv_blocks.sel(model="llama3_8b", gpu="a100_80gb", tp=1, kv_dtype="bf16")) == 29_205
+    assert "29,043" in (tmp_path / "summary.txt").read_text()
