@@ -30,6 +30,7 @@ def env(cache=None):
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("MPLBACKEND", "Agg")
+    e["RAY_USAGE_STATS_ENABLED"] = "0"  # a local Ray instance (the launcher tests) reports nothing outside
     if cache is not None:
         e.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
