@@ -20,12 +20,18 @@ engine's per-request hit tokens:
 * ``prefix_rate_per_s``: the group's requests per second; ``prefix_tokens``: its shared prefix length
   (from the generator's parameters; NaN for traces).
 * ``prefix_hit_rate_ttl_formula``: where the simulated model allows it (TTL policies with the
-  ``random`` / ``round_robin`` / ``prefix_hash`` routers, a tenant group with a known prefix), the
-  closed form with the group's own rate (:func:`cacheresearch.analysis.analytic.ttl_fleet_hit`:
-  ``1 - exp(-lambda TTL)`` refreshed, ``lambda TTL / (1 + lambda TTL)`` fixed; ``random`` splits the
-  rate over the replicas) turned into a token hit rate: ``P(hit) x full prefix blocks x block tokens /
-  mean input tokens``. The formula assumes Poisson arrivals per prefix and no capacity limit; NaN
-  elsewhere (LRU: capacity couples the prefixes).
+  ``random`` / ``round_robin`` / ``prefix_hash`` routers), the TTL formula at every block with that
+  block's own rate: a block key stands for its whole prefix, so its rate ``lambda_k`` is the rate of the
+  requests containing it (a tenant's document: the tenant's rate; a system prompt shared by every
+  tenant: the sum of theirs), on the replica the router sends them to (``random`` / ``round_robin``:
+  ``lambda_k / R`` on every replica; ``prefix_hash``: counted per replica from the engine's hash).
+  Under refresh-on-hit a block is present exactly when a request containing it came within the TTL,
+  and then so are its ancestors, so the expected hit blocks of a request are
+  ``sum_k (1 - exp(-lambda_k TTL))`` (Poisson arrivals: exact in expectation, by PASTA); fixed TTL uses
+  ``lambda TTL / (1 + lambda TTL)`` per block (an approximation: a block may outlive its parent).
+  Keys seen once get rate 0. The expected hit tokens, ``min(hit blocks x block tokens, input)``, summed
+  over the group's requests, over its input tokens. No capacity limit; NaN elsewhere (LRU: capacity
+  couples the prefixes).
 
 Cheap by construction: per-request hit tokens come out of the same engine call (``per_request``), and
 the grouping is one ``bincount`` per cell.
@@ -35,11 +41,40 @@ from __future__ import annotations
 
 import numpy as np
 
-from .analysis.analytic import ttl_fleet_hit
+from .analysis.analytic import prefix_hash_replicas, workload_duration_s
 from .analysis.pricing import preset
 from .cache.policies import policy_spec
 
-__all__ = ["prefix_groups", "prefix_variables", "PREFIX_DOCS"]
+__all__ = ["prefix_groups", "prefix_variables", "ttl_combos", "block_rates", "PREFIX_DOCS"]
+
+_TTL_RULES = ("random", "round_robin", "prefix_hash")
+
+
+def ttl_combos(cells: list[dict], rules: list[str]) -> list[tuple]:
+    """The (router rule, replicas, prefix_blocks) of the grid's TTL cells the formula covers."""
+    out = set()
+    for c, r in zip(cells, rules):
+        if policy_spec(c["policy"]).uses_ttl and r in _TTL_RULES:
+            out.add((r, int(c["replicas"]), int(c["prefix_blocks"]) if r == "prefix_hash" else 0))
+    return sorted(out)
+
+
+def block_rates(w, rule: str, replicas: int, prefix_blocks: int = 80) -> np.ndarray:
+    """float64 [total blocks]: the rate (1/s) of block ``b``'s key on the replica its request goes to
+    (module docstring); 0 for keys that occur once."""
+    if w.total_blocks == 0:
+        return np.zeros(0)
+    D = workload_duration_s(w) if w.n_requests > 1 else 1.0
+    dense = w.dense_ids().astype(np.int64)
+    if rule == "prefix_hash" and replicas > 1:
+        rep = prefix_hash_replicas(w, replicas, prefix_blocks)
+        ident = np.repeat(rep, w.n_blocks) * (int(dense.max()) + 1) + dense
+        _, inv, cnt = np.unique(ident, return_inverse=True, return_counts=True)
+        c = cnt[inv]
+        return np.where(c > 1, c / D, 0.0)
+    cnt = np.bincount(dense)
+    c = cnt[dense]
+    return np.where(c > 1, c / D / (1 if rule == "prefix_hash" else replicas), 0.0)
 
 DAY = 86_400.0
 
@@ -58,9 +93,10 @@ def _prefix_tokens(w) -> float:
     return float("nan")
 
 
-def prefix_groups(w, source: str, top_n: int = 8) -> dict:
+def prefix_groups(w, source: str, top_n: int = 8, ttl_combos=()) -> dict:
     """The grouping of one workload: ``group`` (int32 [N]), ``labels``, ``prefix_tokens`` [P]
-    (NaN where unknown) and ``span_s`` (first to last arrival, at least 1 s)."""
+    (NaN where unknown) and ``span_s`` (first to last arrival, at least 1 s); with ``ttl_combos``
+    (:func:`ttl_combos`) also what the TTL formula needs (per-block rates, block -> request)."""
     if top_n < 1:
         raise ValueError(f"output.prefix_top must be >= 1, got {top_n}")
     n = w.n_requests
@@ -94,10 +130,15 @@ def prefix_groups(w, source: str, top_n: int = 8) -> dict:
         labels.append("other")
         ptok.append(float("nan"))
     span = max((float(w.arrival_ms[-1]) - float(w.arrival_ms[0])) / 1000.0, 1.0) if n else 1.0
-    return dict(group=group.astype(np.int32), labels=labels, prefix_tokens=np.asarray(ptok, np.float64), span_s=span,
-                input_tokens=np.bincount(group, weights=w.input_tokens.astype(np.float64), minlength=len(labels)),
-                requests=np.bincount(group, minlength=len(labels)).astype(np.int64),
-                block_tokens=int(w.block_tokens))
+    out = dict(group=group.astype(np.int32), labels=labels, prefix_tokens=np.asarray(ptok, np.float64), span_s=span,
+               input_tokens=np.bincount(group, weights=w.input_tokens.astype(np.float64), minlength=len(labels)),
+               requests=np.bincount(group, minlength=len(labels)).astype(np.int64),
+               block_tokens=int(w.block_tokens))
+    if ttl_combos:
+        out["rates"] = {k: block_rates(w, k[0], k[1], k[2] or 80).astype(np.float32) for k in ttl_combos}
+        out["block_req"] = np.repeat(np.arange(n, dtype=np.int32), w.n_blocks)
+        out["request_input"] = w.input_tokens.astype(np.int64)
+    return out
 
 
 PREFIX_DOCS = {
@@ -110,6 +151,23 @@ PREFIX_DOCS = {
     "prefix_hit_rate_ttl_formula": ("per prefix group: token hit rate from the TTL formula with the group's own rate "
                                     "(TTL policies, load-free routers; NaN elsewhere)", "1"),
 }
+
+
+def _ttl_formula(cell: dict, rule: str, gr: dict):
+    """Expected hit tokens per group of one TTL cell (module docstring), or None where not covered."""
+    spec = policy_spec(cell["policy"])
+    if not spec.uses_ttl or rule not in _TTL_RULES or "rates" not in gr:
+        return None
+    key = (rule, int(cell["replicas"]), int(cell["prefix_blocks"]) if rule == "prefix_hash" else 0)
+    lam = gr["rates"].get(key)
+    if lam is None:
+        return None
+    x = lam.astype(np.float64) * float(cell["ttl_s"])
+    p = -np.expm1(-x) if spec.refresh_on_hit else x / (1.0 + x)
+    n = gr["request_input"].shape[0]
+    blocks = np.bincount(gr["block_req"], weights=p, minlength=n)
+    tok = np.minimum(blocks * gr["block_tokens"], gr["request_input"])
+    return np.bincount(gr["group"], weights=tok, minlength=len(gr["labels"]))
 
 
 def prefix_variables(cells: list[dict], rules: list[str], hit_tokens, idx, groups: list[dict], dims: list[str],
@@ -145,14 +203,12 @@ def prefix_variables(cells: list[dict], rules: list[str], hit_tokens, idx, group
                                                + (inp[k] - h[k]) * pr.write_multiplier) * DAY / gr["span_s"])
             out["prefix_rate_per_s"][g, j] = rate
             out["prefix_tokens"][g, j] = gr["prefix_tokens"][k]
-            spec = policy_spec(cells[g]["policy"])
-            ptok = gr["prefix_tokens"][k]
-            if spec.uses_ttl and np.isfinite(ptok) and rules[g] in ("random", "round_robin", "prefix_hash"):
-                p_hit = float(ttl_fleet_hit(rate, float(cells[g]["ttl_s"]), int(cells[g]["replicas"]), rules[g],
-                                            bool(spec.refresh_on_hit)))
-                bt = gr["block_tokens"]
-                mean_in = inp[k] / gr["requests"][k]
-                out["prefix_hit_rate_ttl_formula"][g, j] = p_hit * (ptok // bt) * bt / mean_in
+        formula = _ttl_formula(cells[g], rules[g], gr)
+        if formula is not None:
+            for j, lab in enumerate(labels):
+                k = pos.get(lab)
+                if k is not None and inp[k] > 0:
+                    out["prefix_hit_rate_ttl_formula"][g, j] = formula[k] / inp[k]
     d = list(dims) + ["prefix"]
     data = {k: (d, v.reshape(tuple(shape) + (P,))) for k, v in out.items()}
     return data, labels, dict(prefix_pricing=pr.name, prefix_pricing_source=pr.source)

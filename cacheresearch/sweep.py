@@ -26,11 +26,7 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       come from the knob declarations (the routers' registry, ``docs/routers.md``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
 ``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
-                      (configurations per compiled call, i.e. per chunk; default as many as fit in memory)
-``launch``            chunks and launchers (:mod:`cacheresearch.chunks`, README "Scaling out"): ``chunks``
-                      (chunk files and resume, on), ``resume`` (``auto`` | ``fresh``), ``part`` / ``parts``
-                      (one slice of the grid, for a multirun over ``launch.part``), ``dir``, ``devices``,
-                      ``progress`` (the bar on stderr; null: when stderr is a terminal)
+                      (configurations per compiled call; default as many as fit in memory)
 ``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
 ``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
                       ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
@@ -43,9 +39,8 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       runs with the free-form settings under ``study`` (plus ``seed``/``seeds``) and
                       writes the same three outputs with its own dimensions
 
-The product grid runs as the chunks of :func:`cacheresearch.chunks.run_grid`: compiled, vmapped calls
-of :mod:`cacheresearch.core.run`, as many configurations each as fit in memory (or ``engine.max_batch``),
-each written to ``RUN_DIR/chunks`` as it finishes, so a rerun resumes. Configuration axes (policy, capacity,
+The whole product grid runs in ONE jit-compiled, vmapped :func:`~cacheresearch.engine.simulate_grid`
+call (or ``engine.max_batch``-sized calls of one compiled shape). Configuration axes (policy, capacity,
 TTL, replicas, router, prefix_blocks, and the seed as the router's PRNG key) are rows of the params
 batch; workload axes (``layout``, and ``seed`` for synthetic workloads) are separate streams, stacked
 with :func:`~cacheresearch.engine.stack_streams` and indexed per configuration (``stream_axis=True``).
@@ -82,7 +77,7 @@ from .chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
-from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables
+from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
 from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .workload.keys import SALT_MODES
@@ -766,6 +761,8 @@ def simulate_plan(cfg, plan: Plan, store=None):
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
     prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
     blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
+    # what the per-prefix TTL formula needs from each workload (cacheresearch.prefix_metrics)
+    combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
@@ -774,7 +771,7 @@ def simulate_plan(cfg, plan: Plan, store=None):
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
-                                                                             cfg.output.prefix_top, 1))))
+                                                                             cfg.output.prefix_top, 1), combos)))
         del w
     t_build = time.perf_counter() - t0
 

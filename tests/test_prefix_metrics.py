@@ -48,9 +48,9 @@ def test_prefix_columns_in_the_dataset(tmp_path, policy):
     f = ds.prefix_hit_rate_ttl_formula
     if policy == "lru":
         assert np.all(np.isnan(f))
-    else:  # Poisson formula with each tenant's own rate: close to the simulated (unbounded TTL cache) value
+    else:  # the TTL formula per block with its own rate: close to the simulated (unbounded TTL cache) value
         assert np.all(np.isfinite(f))
-        np.testing.assert_allclose(f.values, h.values, atol=0.08)
+        np.testing.assert_allclose(f.values, h.values, atol=0.03)
     assert "prefix=" not in (tmp_path / "summary.txt").read_text()
 
 
