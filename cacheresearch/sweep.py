@@ -26,7 +26,11 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       come from the knob declarations (the routers' registry, ``docs/routers.md``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
 ``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
-                      (configurations per compiled call; default as many as fit in memory)
+                      (configurations per compiled call, i.e. per chunk; default as many as fit in memory)
+``launch``            chunks and launchers (:mod:`cacheresearch.chunks`, README "Scaling out"): ``chunks``
+                      (chunk files and resume, on), ``resume`` (``auto`` | ``fresh``), ``part`` / ``parts``
+                      (one slice of the grid, for a multirun over ``launch.part``), ``dir``, ``devices``,
+                      ``progress`` (the bar on stderr; null: when stderr is a terminal)
 ``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
 ``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
                       ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
@@ -39,8 +43,9 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       runs with the free-form settings under ``study`` (plus ``seed``/``seeds``) and
                       writes the same three outputs with its own dimensions
 
-The whole product grid runs in ONE jit-compiled, vmapped :func:`~cacheresearch.engine.simulate_grid`
-call (or ``engine.max_batch``-sized calls of one compiled shape). Configuration axes (policy, capacity,
+The product grid runs as the chunks of :func:`cacheresearch.chunks.run_grid`: compiled, vmapped calls
+of :mod:`cacheresearch.core.run`, as many configurations each as fit in memory (or ``engine.max_batch``),
+each written to ``RUN_DIR/chunks`` as it finishes, so a rerun resumes. Configuration axes (policy, capacity,
 TTL, replicas, router, prefix_blocks, and the seed as the router's PRNG key) are rows of the params
 batch; workload axes (``layout``, and ``seed`` for synthetic workloads) are separate streams, stacked
 with :func:`~cacheresearch.engine.stack_streams` and indexed per configuration (``stream_axis=True``).
