@@ -82,7 +82,7 @@ from .chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
-from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
+from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables
 from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .workload.keys import SALT_MODES
@@ -766,8 +766,6 @@ def simulate_plan(cfg, plan: Plan, store=None):
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
     prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
     blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
-    # what the per-prefix TTL formula needs from each workload (cacheresearch.prefix_metrics)
-    combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
@@ -776,7 +774,7 @@ def simulate_plan(cfg, plan: Plan, store=None):
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
-                                                                             cfg.output.prefix_top, 1), combos)))
+                                                                             cfg.output.prefix_top, 1))))
         del w
     t_build = time.perf_counter() - t0
 
@@ -1003,13 +1001,36 @@ def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: 
     return text
 
 
+def _input_files(cfg) -> dict:
+    """{path: [bytes, sha256]} of the input files the configuration names (trace, fitted model)."""
+    import hashlib  # noqa: PLC0415
+
+    out = {}
+    for key in ("trace.path", "workload.fitted.path"):
+        v = OmegaConf.select(cfg, key)
+        if v is None:
+            continue
+        path = _resolve_path(str(v))
+        if path.is_file():
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[str(v)] = [path.stat().st_size, h.hexdigest()]
+    return out
+
+
 def _chunk_store(cfg, root):
     """The chunk files of run directory ``root``, checked against ``cfg`` (:mod:`cacheresearch.chunks`)."""
     if root is None:
         raise ValueError("chunks=True needs an output directory")
+    if str(cfg.launch.resume) == "fresh" and int(cfg.launch.parts) > 1:
+        raise SweepError("launch.resume=fresh with launch.parts > 1 would let each part discard the others' "
+                         f"chunks: remove {Path(root) / 'chunks'} first, then run the parts")
+    conf = OmegaConf.to_container(cfg, resolve=True)
+    conf["input_files"] = _input_files(cfg)  # a trace edited in place is another configuration
     try:
-        store = ChunkStore(root, OmegaConf.to_container(cfg, resolve=True), __version__,
-                           resume=str(cfg.launch.resume), log=_log)
+        store = ChunkStore(root, conf, __version__, resume=str(cfg.launch.resume), log=_log)
         store.open()
     except ChunkError as e:
         raise SweepError(str(e)) from None

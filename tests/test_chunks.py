@@ -100,6 +100,23 @@ def test_changed_config_is_refused_or_started_afresh(tmp_path, capsys):
         run_small(tmp_path, "launch.resume=sometimes")
 
 
+def test_edited_input_file_is_another_configuration(tmp_path):
+    """The chunk store checks the input files a configuration names (size and sha256), not only their path."""
+    from cacheresearch.sweep import _chunk_store
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n')
+    over = ["experiment=replay", f"trace.path={trace}", "cache.capacity_blocks=10"]
+    _chunk_store(compose_config(over), tmp_path / "run")
+    _chunk_store(compose_config(over), tmp_path / "run")  # unchanged: accepted
+    with trace.open("a") as f:
+        f.write('{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(SweepError, match="input_files"):
+        _chunk_store(compose_config(over), tmp_path / "run")
+    with pytest.raises(SweepError, match="fresh with launch.parts > 1"):
+        _chunk_store(compose_config(over + ["launch.resume=fresh", "launch.parts=2"]), tmp_path / "run")
+
+
 def test_parts_combine_into_the_single_process_result(tmp_path, reference):
     assert run_small(tmp_path, "launch.part=0", "launch.parts=2") is None  # the other half is still missing
     assert not (tmp_path / "results.nc").exists()
