@@ -82,7 +82,7 @@ from .chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
 from .engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
-from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables
+from .prefix_metrics import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
 from .cache.policies import INF, POLICIES, policy_spec
 from .routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from .workload.keys import SALT_MODES
@@ -766,6 +766,8 @@ def simulate_plan(cfg, plan: Plan, store=None):
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
     prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
     blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
+    # what the per-prefix TTL formula needs from each workload (cacheresearch.prefix_metrics)
+    combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
@@ -774,7 +776,7 @@ def simulate_plan(cfg, plan: Plan, store=None):
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
-                                                                             cfg.output.prefix_top, 1))))
+                                                                             cfg.output.prefix_top, 1), combos)))
         del w
     t_build = time.perf_counter() - t0
 
