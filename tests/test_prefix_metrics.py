@@ -12,7 +12,7 @@ from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.trace import load_trace
 
 FIX = Path(__file__).parent / "fixtures"
-SMALL = ["workload.fleet.n_requests=300", "workload.fleet.rate_per_s=0.5", "fleet.replicas=2", "output.figure=false"]
+SMALL = ["workload.fleet.n_requests=1200", "workload.fleet.rate_per_s=0.5", "fleet.replicas=2", "output.figure=false"]
 
 
 def test_groups_top_n_and_other():
@@ -32,7 +32,7 @@ def test_groups_top_n_and_other():
 
 @pytest.mark.parametrize("policy", ["lru", "ttl_refresh"])
 def test_prefix_columns_in_the_dataset(tmp_path, policy):
-    over = ["experiment=seed_fleet", *SMALL, f"cache.policy={policy}", "cache.ttl_s=600", "grid.layout=null",
+    over = ["experiment=seed_fleet", *SMALL, f"cache.policy={policy}", "cache.ttl_s=60", "grid.layout=null",
             "grid.policy=null", "grid.router=[random,prefix_hash]", "seeds=1"]
     ds = run_experiment(over, tmp_path)
     assert list(ds.prefix.values) == [f"tenant {k}" for k in range(8)]
