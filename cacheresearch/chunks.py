@@ -268,6 +268,8 @@ def run_grid(streams, stream_of, params, seeds, *, max_replicas: int, max_batch=
         label = f" (part {part + 1} of {parts}: {len(mine)} of them)"
     runner = None
     if len(todo):
+        if log is not None:  # compiling comes first: the memory estimate is the compiled programs'
+            log(f"compiling the programs of {len(todo)} configurations{label} ...")
         runner = plan_cells(streams, stream_of[todo], [params[g] for g in todo], seeds[todo],
                             max_replicas=max_replicas, max_batch=max_batch, devices=devices, **options)
     info = RunInfo(chunks_resumed=resumed)
