@@ -57,3 +57,10 @@ def test_version_upgrade_rekeys_later_requests():
     assert np.array_equal(a[:, None] == a[None, :], b[:, None] == b[None, :])
     with pytest.raises(ValueError, match="version"):
         rekey_after(w, T, version=0)
+
+
+def test_restart_is_refused_with_the_vllm_replica():
+    w = tenant_prefix_workload()
+    with pytest.raises(ValueError, match="fcfs replica only"):
+        simulate(padded_stream(w, 4), make_params("lru", 10, restart_replica=0, restart_ms=5), jax.random.key(0),
+                 max_replicas=2, scheduler="vllm")

@@ -657,6 +657,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("a replica restart (restart_replica) is available with the LRU and TTL policies only")
     if np.any(np.asarray(params.restart_replica) >= max_replicas):
         raise ValueError(f"restart_replica must be below max_replicas={max_replicas}")
+    if restart.any() and st is not None and st.scheduler == "vllm":
+        raise ValueError("a replica restart (restart_replica) is modelled with the fcfs replica only")
     if s3.any() and not st.s3:
         raise ValueError("policy s3fifo needs s3=True")
     if st.scheduler == "vllm":
