@@ -278,7 +278,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 match.append(h)
         else:
             match = precise
-        queue = [len(rp.running) + len(rp.waiting) for rp in reps]
+        queue = [len(rp.waiting) for rp in reps]  # vLLM's num_requests_waiting (llm-d's queue scorer)
         active = [sum(len(keys_of[q.i]) for q in rp.running) + sum(len(keys_of[w[0]]) for w in rp.waiting)
                   for rp in reps]
         tree = [len(rp.stored) for rp in reps]

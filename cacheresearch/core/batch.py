@@ -439,7 +439,8 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
                          prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
                          prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
                          bits=bits[req], instance=u)
-        fv = FleetView(replicas=replicas, match=mv, queue=reps.load_req, active_blocks=reps.load_blk,
+        # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
+        fv = FleetView(replicas=replicas, match=mv, queue=reps.wait.count, active_blocks=reps.load_blk,
                        tree_size=reps.pool.cached)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)

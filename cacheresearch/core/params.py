@@ -88,6 +88,12 @@ STEP_PRESETS: dict[str, dict] = {
         source="BLIS defaults.yaml, codellama/codellama-34b-instruct-hf, H100, TP=1, vLLM v0.8.4: "
         "beta = [26595.28, 96.2844, 56.5863] us; total_kv_blocks 2,537",
     ),
+    "qwen3_32b_h100_tp2": dict(
+        step_base_ns=13_297_639, step_prefill_ns=48_142, step_decode_ns=28_293, kv_blocks=19_208,
+        source="assumption (BLIS publishes no Qwen3-32B): the codellama-34b H100 TP=1 coefficients above, "
+        "all three halved for TP=2 (weights and compute split over two GPUs; communication ignored); "
+        "kv_blocks: the llm-d blog's 307,328 KV tokens per pod / 16",
+    ),
     "llama33_70b_h100_tp4": dict(
         step_base_ns=12_601_271, step_prefill_ns=76_423, step_decode_ns=66_844, kv_blocks=128_273,
         source="BLIS defaults.yaml, meta-llama/llama-3.3-70b-instruct, H100, TP=4, vLLM v0.8.4: "
