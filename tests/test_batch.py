@@ -15,9 +15,9 @@ from cacheresearch.workload.synthetic import tenant_workload
 from reference_batch import reference_batch
 
 
-def _run(w, *, R, router="round_robin", view="precise", seed=0, S=8, Q=64, **kn):
+def _run(w, *, R, router="round_robin", seed=0, S=8, Q=64, **kn):
     s = compile_stream(w, stateful_singletons=True)
-    p = make_params("lru", capacity_blocks=kn.pop("capacity_blocks"), replicas=R, router=router, view=view, **kn)
+    p = make_params("lru", capacity_blocks=kn.pop("capacity_blocks"), replicas=R, router=router, **kn)
     key = jax.random.key(seed)
     m = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=S, queue_slots=Q)
     bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
