@@ -528,6 +528,9 @@ def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
     panels = [(tvar, "TTFT " + tvar.split("_")[1] + " (s)", True), ("token_hit_rate", "token hit rate", False),
               ("load_imbalance", "load imbalance (max / mean busy time)", False),
               ("prefix_copies", "replicas holding a request's prefix", False)]
+    if "kv_util_mean" in sub:  # the vllm replica: the KV pool's pressure explains the schedulers' TTFT
+        panels[2:] = [("kv_util_mean", "KV utilisation (blocks in use / pool, time mean)", False),
+                      ("preemptions", "preemptions", False)]
     colors = matplotlib.colormaps["tab10"]
     for ax, (v, lab, logy) in zip(axes.ravel(), panels):
         for i, r in enumerate(sub["router"].values):
