@@ -69,3 +69,55 @@ def test_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, router):
     m, bits = _run(w, R=R, router=router, S=6, **kn)
     ref = _ref(w, R=R, router=router, bits=bits, S=6, Q=64, **kn)
     _check(w, m, ref)
+
+
+def test_metrics_from_per_request_arrays_and_warmup():
+    """Percentiles, TPOT and the warm-up cut follow from the per-request arrays (nearest rank)."""
+    w = _workload(2, 4, 200, 40, 20, 3, 12)
+    kn = dict(capacity_blocks=80, max_num_batched_tokens=64, max_num_seqs=4)
+    warm = 1000
+    m, _ = _run(w, R=2, warmup_ms=warm, **kn)
+    ttft, e2e = np.asarray(m.ttft_ms), np.asarray(m.e2e_ms)
+    arr = np.asarray(w.arrival_ms)
+    keep = (arr - arr[0] >= warm) & (e2e >= 0)
+    assert 0 < keep.sum() < len(arr)
+
+    def rank(v, p):
+        v = np.sort(v)
+        return int(v[max(-(-p * len(v) // 100) - 1, 0)])
+
+    assert int(m.ttft_p90_ms) == rank(ttft[keep], 90)
+    assert int(m.e2e_p50_ms) == rank(e2e[keep], 50)
+    assert np.all(e2e[e2e >= 0] >= ttft[e2e >= 0])
+    assert float(m.tpot_mean_ms) > 0
+    assert 0 <= float(m.kv_util_mean) <= float(m.kv_util_max) <= 1.0
+    assert int(m.dropped) == 0 and not bool(m.time_overflow)
+
+
+def test_refused_with_a_message():
+    w = _workload(0, 2, 64, 16, 10, 1, 2)
+    s = compile_stream(w, stateful_singletons=True)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="leaf-first LRU"):
+        simulate(s, make_params("ttl_refresh", ttl_s=60), key, scheduler="vllm")
+    with pytest.raises(ValueError, match="stale router view"):
+        simulate(s, make_params("lru", capacity_blocks=50, router="cache_aware", view="stale"), key,
+                 scheduler="vllm")
+    with pytest.raises(ValueError, match="max_running"):
+        simulate(s, make_params("lru", capacity_blocks=50, max_num_seqs=300), key, scheduler="vllm",
+                 max_running=256)
+    with pytest.raises(ValueError, match="stateful_singletons"):
+        simulate(compile_stream(w), make_params("lru", capacity_blocks=50), key, scheduler="vllm")
+    with pytest.raises(ValueError, match="scheduler"):
+        simulate(s, make_params("lru", capacity_blocks=50), key, scheduler="sglang")
+    with pytest.raises(ValueError, match="step-time preset"):
+        make_params("lru", capacity_blocks=50, step_model="tpu_v9")
+
+
+def test_step_time_is_exact_integer_arithmetic():
+    from cacheresearch.core.batch import step_ticks
+
+    p = make_params("lru", capacity_blocks=10, step_base_ns=5_752_705, step_prefill_ns=17_251, step_decode_ns=5_999)
+    for pt, dt in [(0, 0), (1, 0), (8192, 255), (131_072, 65_536), (7, 3)]:
+        ns = 5_752_705 + 17_251 * pt + 5_999 * dt
+        assert int(step_ticks(p, np.int32(pt), np.int32(dt))) == -(-ns // 10_000)
