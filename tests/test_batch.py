@@ -121,3 +121,28 @@ def test_step_time_is_exact_integer_arithmetic():
     for pt, dt in [(0, 0), (1, 0), (8192, 255), (131_072, 65_536), (7, 3)]:
         ns = 5_752_705 + 17_251 * pt + 5_999 * dt
         assert int(step_ticks(p, np.int32(pt), np.int32(dt))) == -(-ns // 10_000)
+
+
+def test_sweep_with_vllm_replicas(tmp_path):
+    """``replica.scheduler=vllm`` through the sweep: the serving variables, one cell equal to a direct run."""
+    from cacheresearch.sweep import SweepError, run_experiment
+
+    over = ["experiment=llmd_blog", "workload.tenant.n_tenants=6", "workload.tenant.prefix_tokens=320",
+            "workload.tenant.query_tokens=64", "workload.tenant.output_tokens=8", "workload.tenant.duration_s=4",
+            "fleet.replicas=2", "fleet.prefix_blocks=20", "cache.capacity_blocks=120", "engine.queue_slots=64",
+            "fleet.knobs.max_num_seqs=8", "grid.router=[precise,random]", "grid.rate_per_s=[20]",
+            "output.figure=false"]
+    ds = run_experiment(over, tmp_path)
+    for v in ("tpot_mean_s", "e2e_p90_s", "preemptions", "kv_util_mean", "queue_len_mean", "throughput_tps",
+              "dropped", "engine_steps"):
+        assert v in ds, v
+    assert ds.attrs["replica_scheduler"] == "vllm"
+    w = tenant_workload(n_tenants=6, prefix_tokens=320, users_per_tenant=5, user_tokens=0, query_tokens=64,
+                        rate_per_s=20, duration_s=4, output_tokens=8, block_tokens=16, seed=0)
+    s = compile_stream(w, stateful_singletons=True)
+    p = make_params("lru", capacity_blocks=120, replicas=2, router="random", max_num_seqs=8, step_model="qwen3_32b_h100_tp2")
+    m = simulate(s, p, jax.random.key(0), max_replicas=2, scheduler="vllm", max_running=8, queue_slots=64)
+    got = ds["ttft_p90_s"].sel(router="random").values.reshape(-1)[0]
+    assert got == pytest.approx(int(m.ttft_p90_ms) / 1000.0)
+    with pytest.raises(SweepError, match="replica.scheduler"):
+        run_experiment(over + ["replica.scheduler=sglang"], tmp_path / "bad")
