@@ -23,6 +23,11 @@ Shell-side (files, xarray, matplotlib) around :mod:`cacheresearch.fit`; register
                      defaults; the JAX engine with the queue model)
 ``mooncake_table1``  arXiv 2407.00079 Table 1: LRU vs LFU vs LengthAwareCache (``lfu``, ``length_aware``)
                      at capacities in blocks (``inf`` = unbounded), one pool, the JAX engine
+
+``ttl_trace``  TTL advice on a trace: per root (the requests that share a first block) the predicted
+               daily cost of each option (``study.options``: refreshed-TTL pricing presets and ``none``),
+               the cheapest per root, and the replay of the trace with those options (predicted vs
+               replayed cost per root and per plan; :mod:`cacheresearch.fit.ttl_advice`)
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ from .fit import fit_workload, naive_workload, sample_workload, tree_stats
 from .fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
 from .workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
 
-__all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "load_fit_trace",
-           "model_from_file", "register"]
+__all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "ttl_trace_study",
+           "load_fit_trace", "model_from_file", "register"]
 
 FIT_DEFAULTS = dict(
     trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
@@ -499,10 +504,209 @@ def plot_table1(ds):
     return fig
 
 
+# ------------------------------------------------------------------------------ TTL advice on a trace
+TTL_TRACE_DEFAULTS = dict(
+    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
+    options=["anthropic_5m", "anthropic_1h", "none"],
+    pricing_overrides={},
+    base_per_mtok=None,  # null: each preset's own base price
+    duration_s=None,  # the observation window; null: the span of the trace's arrival times
+    top_roots=12,  # roots listed in the summary
+)
+
+
+def ttl_trace_study(cfg) -> xr.Dataset:
+    """TTL advice per shared root on a trace, predicted and replayed (:mod:`cacheresearch.fit.ttl_advice`)."""
+    from .analysis.pricing import Pricing, preset
+    from .fit.ttl_advice import advise_trace
+
+    t0 = time.perf_counter()
+    S, c, w = _trace_only(cfg, TTL_TRACE_DEFAULTS)
+    opts = c["options"]
+    if not isinstance(opts, (list, tuple)) or not opts:
+        raise S.StudyError("study.options must be a non-empty list of pricing presets or 'none'")
+    ov = c["pricing_overrides"] or {}
+    if not isinstance(ov, dict):
+        raise S.StudyError("study.pricing_overrides must map option names to fields, e.g. {anthropic_5m: {ttl_s: 600}}")
+    bad = sorted(set(ov) - {str(o) for o in opts})
+    if bad:
+        raise S.StudyError(f"study.pricing_overrides: {bad} are not among study.options {list(opts)}")
+    base = c["base_per_mtok"]
+    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0):
+        raise S.StudyError(f"study.base_per_mtok must be a positive number or null, got {base!r}")
+    pricings: dict[str, Pricing] = {}
+    for name in (str(o) for o in opts if str(o) != "none"):
+        fields = dict(ov.get(name) or {})
+        if base is not None:
+            fields.setdefault("base_per_mtok", float(base))
+        try:
+            pricings[name] = preset(name, **fields)
+        except (ValueError, TypeError) as e:
+            where = f"study.pricing_overrides.{name}" if name in ov else "study.options"
+            raise S.StudyError(f"{where}: {e}") from None
+    D = c["duration_s"]
+    if D is not None and (isinstance(D, bool) or not isinstance(D, (int, float))):
+        raise S.StudyError(f"study.duration_s must be a number of seconds or null, got {D!r}")
+    try:
+        a = advise_trace(w, [str(o) for o in opts], pricings=pricings, duration_s=None if D is None else float(D))
+    except ValueError as e:
+        raise S.StudyError(f"ttl_trace: {e}") from None
+    names = list(a.options)
+    G = a.requests.size
+    plans = {o: np.full(G, j) for j, o in enumerate(names)}
+    plans.update(advised=a.choice, oracle=a.oracle, advised_steady=a.choice_steady)
+    tot = {k: np.asarray([a.plan_cost(k, ch) for ch in plans.values()]) for k in ("predicted", "simulated", "steady")}
+    rows = np.arange(G)
+    ds = xr.Dataset(
+        {
+            "cost_predicted_usd_per_day": (("root", "option"), a.predicted),
+            "cost_simulated_usd_per_day": (("root", "option"), a.simulated),
+            "cost_steady_usd_per_day": (("root", "option"), a.steady),
+            "cost_uncached_usd_per_day": (("root",), a.uncached),
+            "advised": (("root",), np.asarray(names, dtype=object)[a.choice].astype(str)),
+            "oracle": (("root",), np.asarray(names, dtype=object)[a.oracle].astype(str)),
+            "advised_steady": (("root",), np.asarray(names, dtype=object)[a.choice_steady].astype(str)),
+            "saving_predicted_usd_per_day": (("root",), a.uncached - a.predicted[rows, a.choice]),
+            "saving_simulated_usd_per_day": (("root",), a.uncached - a.simulated[rows, a.choice]),
+            "requests": (("root",), a.requests),
+            "requests_per_day": (("root",), a.requests * a.per_day),
+            "input_tokens": (("root",), a.input_tokens),
+            "trunk_blocks": (("root",), a.trunk_blocks),
+            "first_request": (("root",), a.first_request),
+            "total_predicted_usd_per_day": (("plan",), tot["predicted"]),
+            "total_simulated_usd_per_day": (("plan",), tot["simulated"]),
+            "total_steady_usd_per_day": (("plan",), tot["steady"]),
+        },
+        coords={"root": rows, "option": names, "plan": list(plans)},
+    )
+    S._doc(ds, {
+        "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (Poisson keys, the trace's window)",
+                                       "USD/day"),
+        "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
+        "cost_steady_usd_per_day": ("predicted long-run daily cost (no compulsory first miss)", "USD/day"),
+        "cost_uncached_usd_per_day": ("daily cost of the root's requests without caching", "USD/day"),
+        "advised": ("cheapest option by the prediction (ties: none)", ""),
+        "oracle": ("cheapest option in the replay (ex post)", ""),
+        "advised_steady": ("cheapest option by the long-run prediction", ""),
+        "saving_predicted_usd_per_day": ("uncached minus advised, predicted", "USD/day"),
+        "saving_simulated_usd_per_day": ("uncached minus advised, replayed", "USD/day"),
+        "requests_per_day": ("requests of the root, scaled to a day", "1/day"),
+        "trunk_blocks": ("blocks every request of the root shares with its first request", "1"),
+        "first_request": ("index of the root's first request in the trace", "1"),
+        "total_predicted_usd_per_day": ("total predicted daily cost of a plan (uniform option, advised, oracle)",
+                                        "USD/day"),
+        "total_simulated_usd_per_day": ("total daily cost of a plan in the replay", "USD/day"),
+        "total_steady_usd_per_day": ("total long-run predicted daily cost of a plan", "USD/day"),
+    })
+    sh = a.shared
+    uni = {o: (float(tot["predicted"][j]), float(tot["simulated"][j])) for j, o in enumerate(names)}
+    bu_p = min(uni, key=lambda o: uni[o][0])
+    bu_s = min(uni, key=lambda o: uni[o][1])
+    ia = list(plans).index("advised")
+    io = list(plans).index("oracle")
+    adv_p, adv_s = float(tot["predicted"][ia]), float(tot["simulated"][ia])
+    wts = a.requests[sh].astype(np.float64)
+    ds.attrs.update(S._common_attrs(cfg, "ttl_trace", t0, dict(
+        trace=str(w.name), trace_requests=int(w.n_requests), block_tokens=int(w.block_tokens),
+        duration_s=a.duration_s, per_day=a.per_day, roots=int(G), shared_roots=int(sh.sum()),
+        shared_root_requests=int(a.requests[sh].sum()), options=json.dumps(names),
+        pricings=json.dumps({o: (None if p is None else {f: getattr(p, f) for f in (
+            "base_per_mtok", "write_multiplier", "read_multiplier", "ttl_s", "min_cacheable_tokens",
+            "increment_tokens")}) for o, p in zip(names, a.pricings)}),
+        pricing_sources=json.dumps({o: p.source for o, p in zip(names, a.pricings) if p is not None}),
+        best_uniform_predicted=bu_p, best_uniform_simulated=bu_s,
+        saving_predicted_usd_per_day=uni[bu_p][0] - adv_p,
+        saving_simulated_usd_per_day=uni[bu_p][1] - adv_s,
+        advised_rel_error=(adv_p - adv_s) / adv_s if adv_s > 0 else float("nan"),
+        regret_usd_per_day=adv_s - float(tot["simulated"][io]),
+        choice_agreement_shared=float(np.mean(a.choice[sh] == a.oracle[sh])) if sh.any() else float("nan"),
+        choice_agreement_shared_requests=(float(np.sum(wts * (a.choice[sh] == a.oracle[sh])) / wts.sum())
+                                          if sh.any() else float("nan")),
+        top_roots=int(c["top_roots"]))))
+    return ds
+
+
+def summarize_ttl_trace(ds) -> str:
+    from .studies import _header, _pct, _table
+
+    a = ds.attrs
+    out = _header(ds)
+    opts = json.loads(a["options"])
+    out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests over {a['duration_s']:,.0f} s, scaled x"
+               f"{a['per_day']:.1f} to a day); {a['roots']:,} roots, {a['shared_roots']:,} shared (2+ requests, "
+               f"{a['shared_root_requests']:,} requests); options {', '.join(opts)}")
+
+    def usd(x):
+        return f"${float(x):,.2f}"
+
+    rows = [["plan", "predicted $/day", "replayed $/day", "rel. error", "long-run predicted $/day"]]
+    for p in ds.plan.values:
+        x = ds.sel(plan=p)
+        pr, si = float(x.total_predicted_usd_per_day), float(x.total_simulated_usd_per_day)
+        rows.append([str(p), usd(pr), usd(si), _pct((pr - si) / si, 2) if si > 0 else "n/a",
+                     usd(x.total_steady_usd_per_day)])
+    out += ["", "Daily cost by plan (uniform: every root on one option; advised: each root on its predicted cheapest; "
+            "oracle: each root on its replayed cheapest; advised_steady: the long-run advice):", _table(rows)]
+    out.append(f"advice saves {usd(a['saving_predicted_usd_per_day'])}/day predicted, "
+               f"{usd(a['saving_simulated_usd_per_day'])}/day replayed, over the best uniform option "
+               f"({a['best_uniform_predicted']}; replay's best uniform: {a['best_uniform_simulated']}); predicted vs "
+               f"replayed cost of the advice {_pct(a['advised_rel_error'], 2)}; regret vs the oracle "
+               f"{usd(a['regret_usd_per_day'])}/day; advice = oracle on {_pct(a['choice_agreement_shared'])} of the "
+               f"shared roots ({_pct(a['choice_agreement_shared_requests'])} of their requests)")
+    counts = {k: {o: int(np.sum(ds[k].values[ds.requests.values >= 2] == o)) for o in opts}
+              for k in ("advised", "oracle", "advised_steady")}
+    out.append("choices on shared roots: " + "; ".join(f"{k} " + ", ".join(f"{o} x{n}" for o, n in v.items())
+                                                      for k, v in counts.items()))
+    n = min(int(a.get("top_roots", 12)), int((ds.requests >= 2).sum()))
+    rows = [["root", "requests/day", "trunk blocks"] + [f"{o} pred | replay" for o in opts]
+            + ["advised", "oracle", "saved $/day pred | replay"]]
+    for g in range(n):
+        x = ds.isel(root=g)
+        rows.append([f"#{g} (request {int(x.first_request)})", f"{float(x.requests_per_day):,.0f}",
+                     str(int(x.trunk_blocks))]
+                    + [f"{usd(x.cost_predicted_usd_per_day.sel(option=o))} | {usd(x.cost_simulated_usd_per_day.sel(option=o))}"
+                       for o in opts]
+                    + [str(x.advised.values), str(x.oracle.values),
+                       f"{usd(x.saving_predicted_usd_per_day)} | {usd(x.saving_simulated_usd_per_day)}"])
+    out += ["", f"The {n} busiest shared roots (daily cost per option):", _table(rows)]
+    return "\n".join(out)
+
+
+def plot_ttl_trace(ds):
+    from .studies import _fig
+
+    fig = _fig(11, 4.5)
+    ax1, ax2 = fig.subplots(1, 2)
+    sh = ds.requests.values >= 2
+    opts = [str(o) for o in ds.option.values]
+    for j, o in enumerate(opts):
+        x = ds.cost_simulated_usd_per_day.sel(option=o).values[sh]
+        y = ds.cost_predicted_usd_per_day.sel(option=o).values[sh]
+        ax1.loglog(x, y, ".", ms=4, color=f"C{j}", label=o, alpha=0.7)
+    lo = max(float(np.min(ds.cost_simulated_usd_per_day.values[sh])) if sh.any() else 1e-3, 1e-6)
+    hi = float(np.max(ds.cost_simulated_usd_per_day.values[sh])) if sh.any() else 1.0
+    ax1.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax1.set_xlabel("replayed cost per shared root (USD/day)")
+    ax1.set_ylabel("predicted cost (USD/day)")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize="small")
+    plans = [str(p) for p in ds.plan.values]
+    xs = np.arange(len(plans))
+    ax2.bar(xs - 0.2, ds.total_predicted_usd_per_day.values, 0.4, label="predicted")
+    ax2.bar(xs + 0.2, ds.total_simulated_usd_per_day.values, 0.4, label="replayed")
+    ax2.set_xticks(xs, plans, rotation=20, fontsize="small")
+    ax2.set_ylabel("total daily cost (USD/day)")
+    ax2.set_title(f"TTL advice on {ds.attrs['trace']}")
+    ax2.grid(True, axis="y", alpha=0.3)
+    ax2.legend(fontsize="small")
+    return fig
+
+
 def register(studies: dict, summaries: dict, plots: dict) -> None:
     """Add this module's study kinds to :mod:`cacheresearch.studies`' tables."""
     for kind, fn, sm, pl in (("fit", fit_study, summarize_fit, plot_fit),
                              ("mooncake_fig9", mooncake_fig9_study, summarize_fig9, plot_fig9),
                              ("mooncake_fig10", mooncake_fig10_study, summarize_fig10, plot_fig10),
-                             ("mooncake_table1", mooncake_table1_study, summarize_table1, plot_table1)):
+                             ("mooncake_table1", mooncake_table1_study, summarize_table1, plot_table1),
+                             ("ttl_trace", ttl_trace_study, summarize_ttl_trace, plot_ttl_trace)):
         studies[kind], summaries[kind], plots[kind] = fn, sm, pl

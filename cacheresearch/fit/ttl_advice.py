@@ -1,0 +1,286 @@
+"""TTL advice on a trace: the cheapest caching option per shared root, checked by replaying the trace.
+
+A *root* is the tree of requests that start with the same first block (chained keys: a shared system
+prompt or a conversation's opening); a *shared* root has two or more requests. For each root and each
+option (a refreshed-TTL pricing such as ``anthropic_5m`` / ``anthropic_1h``, or ``"none"``: no
+caching), :func:`advise_trace` predicts the root's daily cost, picks the cheapest option per root
+(the advice) and replays the trace to check it:
+
+**Caching model** (what both the prediction and the replay bill). Every request's whole prompt is
+cacheable at block boundaries (automatic caching: every block boundary is an entry, the longest
+live prefix is read, everything after it is written); an entry lives ``ttl_s`` after its last use
+(refresh on hit and on write). Billing is :func:`cacheresearch.analysis.pricing.split_tokens` with the
+whole input as the cacheable prefix: a prompt shorter than the pricing's minimum is not cached, a hit
+is read only once it reaches the minimum (and is rounded down to the increment), the rest of the
+cacheable prompt is written, so ``base * (r * read + w * written + uncached) / 1e6`` dollars.
+``"none"`` pays ``base * input / 1e6`` at the base price of the first priced option.
+
+**Replay** (``simulated``). One TTL cache refreshed on hit, unbounded, one replica: the engine's numba
+backend (:func:`cacheresearch.core.replay.replay_grid`, equal to the JAX engine request by request),
+once per TTL. Roots share no keys and an unbounded TTL cache couples no keys, so the replay of a
+*plan* (each root on its own option) is each root's requests taken from the replay of its option:
+exact (``tests/test_ttl_trace.py`` checks it against a plain-Python replay with per-root TTLs).
+
+**Prediction** (``predicted``). In a refreshed TTL cache a request reads its block ``m`` exactly when
+the previous request containing that block's key came at most ``TTL`` earlier (chained keys: the
+blocks before it were used then too). The prediction treats the requests of each key as a Poisson
+process: given that a key occurs ``n`` times in a window of ``D`` seconds, its occurrences are
+uniform order statistics, each of the ``n - 1`` inner spacings exceeds ``T`` with probability
+``(1 - T / D)^n``, so each occurrence hits with probability ``q = (n - 1) / n * (1 - (1 - T / D)^n)``
+(exact in expectation for a Poisson key, conditional on its count). Block ``j`` of a request is
+read when the hit reaches ``max(j, j_min)`` (``j_min``: the block at which the prompt reaches the
+pricing's minimum), so the expected read tokens are ``sum_j tokens_j * q(key at max(j, j_min))``
+(the rounding to the increment is ignored: less than one increment per request). ``steady`` is the
+long-run version (no compulsory first miss, ``q = 1 - exp(-lambda T)`` with ``lambda = n / D``): what
+the advisor of :mod:`cacheresearch.analysis.pricing` assumes.
+
+Daily figures scale the window's cost by ``86400 / D``. Plain NumPy on the host; no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..analysis.pricing import MTOK, Pricing, preset, request_cost_usd, split_tokens
+from ..workload import Workload
+
+__all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
+           "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
+
+DAY = 86_400.0
+
+
+class TraceAdvice(NamedTuple):
+    options: tuple[str, ...]  # option names; "none" = no caching
+    pricings: tuple  # Pricing or None per option
+    duration_s: float  # observation window D
+    per_day: float  # 86400 / D
+    root: np.ndarray  # int64 [N]: root of each request (roots ordered by requests, then first arrival)
+    first_request: np.ndarray  # int64 [G]: index of the root's first request
+    requests: np.ndarray  # int64 [G]
+    input_tokens: np.ndarray  # int64 [G]: input tokens of the root's requests in the window
+    trunk_blocks: np.ndarray  # int64 [G]: blocks shared by every request of the root
+    predicted: np.ndarray  # float64 [G, O]: predicted $/day (finite window, the replay's conditions)
+    steady: np.ndarray  # float64 [G, O]: predicted $/day in the long run (no compulsory first miss)
+    simulated: np.ndarray  # float64 [G, O]: replayed $/day
+    uncached: np.ndarray  # float64 [G]: $/day without caching
+    choice: np.ndarray  # int64 [G]: advised option (cheapest predicted; ties go to "none")
+    choice_steady: np.ndarray  # int64 [G]: cheapest steady
+    oracle: np.ndarray  # int64 [G]: ex-post cheapest option (cheapest simulated)
+
+    @property
+    def shared(self) -> np.ndarray:
+        return self.requests >= 2
+
+    def plan_cost(self, which: str, choice) -> float:
+        """Total $/day of ``which`` (``predicted`` / ``steady`` / ``simulated``) with each root on
+        option ``choice[root]``."""
+        c = getattr(self, which)
+        return float(c[np.arange(c.shape[0]), np.asarray(choice)].sum())
+
+
+def resolve_options(options, pricings: dict | None = None, base_per_mtok: float | None = None):
+    """``(names, resolved)``: each option a preset name, a :class:`Pricing` or ``"none"``.
+
+    Refused with a message naming the option: an empty or repeated list, an unknown preset, a fixed
+    TTL (``refresh_on_hit=False``: the prediction and the plan replay model refreshed TTLs) and
+    storage pricing (explicit caches bill stored token-hours, which the replay does not measure).
+    ``pricings`` maps names to :class:`Pricing` objects that replace the presets; ``base_per_mtok``
+    replaces every priced option's base price.
+    """
+    opts = list(options) if options is not None else []
+    if not opts:
+        raise ValueError("options: give at least one option (preset names or 'none')")
+    names, out = [], []
+    for o in opts:
+        if isinstance(o, Pricing):
+            p = o
+        elif o == "none":
+            p = None
+        elif isinstance(o, str):
+            p = (pricings or {}).get(o)
+            if p is None:
+                try:
+                    p = preset(o)
+                except ValueError as e:
+                    raise ValueError(f"options: {e}") from None
+        else:
+            raise ValueError(f"options: {o!r} is neither a preset name, a Pricing nor 'none'")
+        name = "none" if p is None else (o if isinstance(o, str) else p.name)
+        if name in names:
+            raise ValueError(f"options: {name!r} is given twice")
+        if p is not None:
+            if base_per_mtok is not None:
+                p = p.replace(base_per_mtok=float(base_per_mtok))
+            if not p.refresh_on_hit:
+                raise ValueError(f"options: {name!r} has a fixed TTL (refresh_on_hit=False); TTL advice on a trace "
+                                 "models TTLs refreshed on every use only")
+            if p.storage_per_mtok_hour > 0:
+                raise ValueError(f"options: {name!r} bills storage ({p.storage_per_mtok_hour} $/Mtok-hour), which "
+                                 "the trace replay does not measure; choose presets without storage pricing")
+            if p.ttl_s <= 0:
+                raise ValueError(f"options: {name!r} has ttl_s={p.ttl_s}; a TTL must be positive")
+        names.append(name)
+        out.append(p)
+    return tuple(names), tuple(out)
+
+
+def root_groups(w: Workload):
+    """``(root [N], first_request [G])``: each request's root (its first block's key), roots numbered
+    by requests (most first), ties by first arrival. Requests without blocks are refused."""
+    if w.n_requests == 0:
+        raise ValueError("the trace has no requests")
+    empty = np.nonzero(w.n_blocks == 0)[0]
+    if empty.size:
+        raise ValueError(f"request {int(empty[0])} has no blocks (input_tokens 0); every request needs a first block")
+    first = w.keys[w.offsets[:-1]]
+    _, first_idx, inv, cnt = np.unique(first, return_index=True, return_inverse=True, return_counts=True)
+    order = np.lexsort((first_idx, -cnt))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inv.reshape(-1)].astype(np.int64), first_idx[order].astype(np.int64)
+
+
+def _block_tokens(w: Workload):
+    req = np.repeat(np.arange(w.n_requests), w.n_blocks)
+    j = np.arange(w.total_blocks) - w.offsets[:-1][req]
+    inp = w.input_tokens[req]
+    bt = w.block_tokens
+    return req, j, (np.minimum((j + 1) * bt, inp) - np.minimum(j * bt, inp)).astype(np.float64)
+
+
+def _min_block(w: Workload, p: Pricing) -> np.ndarray:
+    """Per request, the first block index whose end reaches the pricing's minimum (``n_blocks`` if none)."""
+    m = max(int(p.min_cacheable_tokens), 1)
+    bt = w.block_tokens
+    jm = np.maximum(-(-m // bt) - 1, 0)  # block whose end (j + 1) * bt first reaches m
+    return np.where(w.input_tokens >= m, np.minimum(jm, w.n_blocks - 1), w.n_blocks).astype(np.int64)
+
+
+def request_option_costs(w: Workload, pricing: Pricing | None, read_tokens, base_none: float) -> np.ndarray:
+    """Dollar cost of every request under ``pricing`` given its read (hit) tokens (``None``: no caching)."""
+    inp = w.input_tokens
+    if pricing is None:
+        return inp.astype(np.float64) * base_none / MTOK
+    rt = np.asarray(read_tokens)
+    if rt.dtype.kind == "f":  # expected reads: bill linearly (split_tokens rounds integers)
+        c = split_tokens(inp, 0, inp, pricing).written.astype(np.float64)  # cacheable tokens
+        read = np.minimum(rt, c)
+        return pricing.base_per_mtok / MTOK * ((inp - c) + pricing.write_multiplier * (c - read)
+                                               + pricing.read_multiplier * read)
+    return np.asarray(request_cost_usd(split_tokens(inp, rt, inp, pricing), pricing), dtype=np.float64)
+
+
+def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, *, steady: bool = False,
+                       base_none: float = 3.0) -> np.ndarray:
+    """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*)."""
+    D = float(duration_s)
+    req, j, tok = _block_tokens(w)
+    _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
+    pos = pos.reshape(-1)
+    n = cnt.astype(np.float64)
+    out = np.zeros((n_roots, len(pricings)))
+    for o, p in enumerate(pricings):
+        if p is None:
+            cost = request_option_costs(w, None, None, base_none)
+        else:
+            T = float(p.ttl_s)
+            if steady:
+                q_key = -np.expm1(-(n / D) * T)
+            else:
+                q_key = (n - 1.0) / n * (1.0 - np.clip(1.0 - T / D, 0.0, 1.0) ** n)
+            jm = _min_block(w, p)
+            eff = np.maximum(j, jm[req])  # the block the hit must reach for block j to be read
+            ok = eff < w.n_blocks[req]
+            e_idx = w.offsets[:-1][req] + np.minimum(eff, w.n_blocks[req] - 1)
+            q = np.where(ok, q_key[pos[e_idx]], 0.0)
+            read = np.bincount(req, weights=tok * q, minlength=w.n_requests)
+            cost = request_option_costs(w, p, read, base_none)
+        out[:, o] = np.bincount(root, weights=cost, minlength=n_roots)
+    return out * (DAY / D)
+
+
+def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
+    """``[T, N]`` hit tokens of every request in one unbounded TTL cache refreshed on hit, per TTL
+    (the engine's numba backend; the engine's token accounting)."""
+    import jax  # noqa: PLC0415
+
+    from ..core.params import make_params  # noqa: PLC0415
+    from ..core.replay import replay_grid  # noqa: PLC0415
+
+    ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
+    m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))
+    hb = np.asarray(m.hit_blocks, dtype=np.int64)
+    bt = w.block_tokens
+    inp = w.input_tokens[None, :]
+    return np.where(hb > inp // bt, inp, hb * bt)
+
+
+def _trunks(w: Workload, root, first_request) -> np.ndarray:
+    """Blocks every request of a root shares with the root's first request."""
+    G = first_request.size
+    tr = w.n_blocks[first_request].astype(np.int64).copy()
+    keys, off = w.keys, w.offsets
+    for i in range(w.n_requests):
+        g = int(root[i])
+        f = int(first_request[g])
+        if i == f:
+            continue
+        a, b = keys[off[i]: off[i + 1]], keys[off[f]: off[f] + tr[g]]
+        k = min(a.size, b.size)
+        neq = np.nonzero(a[:k] != b[:k])[0]
+        tr[g] = int(neq[0]) if neq.size else k
+    return tr[:G]
+
+
+def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), *, pricings: dict | None = None,
+                 base_per_mtok: float | None = None, duration_s: float | None = None) -> TraceAdvice:
+    """Predict, advise and replay (module docstring). ``duration_s`` is the observation window
+    (default: the span of arrival times)."""
+    names, res = resolve_options(options, pricings, base_per_mtok)
+    if duration_s is None:
+        if w.n_requests < 2:
+            raise ValueError("the trace needs at least two requests to infer its window; pass duration_s")
+        D = (int(w.arrival_ms[-1]) - int(w.arrival_ms[0])) / 1000.0
+        if D <= 0:
+            raise ValueError("every request arrives at the same time; pass duration_s")
+    else:
+        D = float(duration_s)
+        span = (int(w.arrival_ms[-1]) - int(w.arrival_ms[0])) / 1000.0
+        if not np.isfinite(D) or D <= 0 or D < span:
+            raise ValueError(f"duration_s={duration_s!r} must be positive and cover the trace's span ({span:g} s)")
+    root, first = root_groups(w)
+    G = first.size
+    priced = [p for p in res if p is not None]
+    base_none = priced[0].base_per_mtok if priced else 3.0
+    pred = predict_root_costs(w, res, root, G, D, base_none=base_none)
+    stdy = predict_root_costs(w, res, root, G, D, steady=True, base_none=base_none)
+    ttls = sorted({p.ttl_s for p in priced})
+    hits = replay_hit_tokens(w, ttls) if ttls else np.zeros((0, w.n_requests), np.int64)
+    sim = np.zeros((G, len(res)))
+    for o, p in enumerate(res):
+        ht = None if p is None else hits[ttls.index(p.ttl_s)]
+        sim[:, o] = np.bincount(root, weights=request_option_costs(w, p, ht, base_none), minlength=G)
+    sim *= DAY / D
+    unc = np.bincount(root, weights=request_option_costs(w, None, None, base_none), minlength=G) * (DAY / D)
+    return TraceAdvice(
+        options=names, pricings=res, duration_s=D, per_day=DAY / D, root=root, first_request=first,
+        requests=np.bincount(root, minlength=G).astype(np.int64),
+        input_tokens=np.bincount(root, weights=w.input_tokens, minlength=G).astype(np.int64),
+        trunk_blocks=_trunks(w, root, first), predicted=pred, steady=stdy, simulated=sim, uncached=unc,
+        choice=cheapest(pred, names), choice_steady=cheapest(stdy, names), oracle=cheapest(sim, names))
+
+
+def cheapest(costs, names) -> np.ndarray:
+    """Index of the cheapest option per row; a tie (within 1e-9 relative) goes to ``"none"`` when it
+    is an option (a prompt below the minimum costs the same under every option: it is not cached),
+    else to the first of the tied options."""
+    c = np.asarray(costs, dtype=np.float64)
+    best = np.argmin(c, axis=1)
+    if "none" in names:
+        o = list(names).index("none")
+        lo = c[np.arange(c.shape[0]), best]
+        best = np.where(c[:, o] <= lo + 1e-9 * np.maximum(np.abs(lo), 1e-300), o, best)
+    return best.astype(np.int64)
