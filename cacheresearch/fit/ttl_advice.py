@@ -114,14 +114,15 @@ def resolve_options(options, pricings: dict | None = None, base_per_mtok: float 
         if p is not None:
             if base_per_mtok is not None:
                 p = p.replace(base_per_mtok=float(base_per_mtok))
-            if not p.refresh_on_hit:
-                raise ValueError(f"options: {name!r} has a fixed TTL (refresh_on_hit=False); TTL advice on a trace "
-                                 "models TTLs refreshed on every use only")
             if p.storage_per_mtok_hour > 0:
                 raise ValueError(f"options: {name!r} bills storage ({p.storage_per_mtok_hour} $/Mtok-hour), which "
                                  "the trace replay does not measure; choose presets without storage pricing")
-            if p.ttl_s <= 0:
-                raise ValueError(f"options: {name!r} has ttl_s={p.ttl_s}; a TTL must be positive")
+            if not p.refresh_on_hit:
+                raise ValueError(f"options: {name!r} has a fixed TTL (refresh_on_hit=False); TTL advice on a trace "
+                                 "models TTLs refreshed on every use only")
+            if not p.ttl_s >= 0.001:
+                raise ValueError(f"options: {name!r} has ttl_s={p.ttl_s}; a TTL must be at least 0.001 s (the "
+                                 "replay's clock counts milliseconds)")
         names.append(name)
         out.append(p)
     return tuple(names), tuple(out)
