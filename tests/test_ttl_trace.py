@@ -239,3 +239,13 @@ def test_missing_trace(tmp_path):
         run_study(OmegaConf.create({"kind": "ttl_trace", "study": {}}))
     with pytest.raises(StudyError, match="file not found"):
         run_study(_cfg(tmp_path / "nope.jsonl"))
+
+
+def test_experiment_config_runs(tmp_path):
+    """configs/experiment/ttl_trace.yaml composes and reads the top-level trace.path."""
+    from cacheresearch.sweep import run_experiment
+
+    ds = run_experiment(["experiment=ttl_trace", f"trace.path={POISSON}", "study.top_roots=3"], tmp_path)
+    assert ds.attrs["study_kind"] == "ttl_trace" and ds.attrs["trace"] == "ttl_trace"
+    assert json.loads(ds.attrs["options"]) == ["anthropic_5m", "anthropic_1h", "none"]
+    assert (tmp_path / "summary.txt").read_text().count("#") >= 3
