@@ -17,9 +17,9 @@ Calls are the chunks of a run: :func:`plan_cells` returns a :class:`CellRunner` 
 a time (the sweep writes each to a file as it finishes). ``max_batch`` bounds the configurations per
 call; below a group's stream count it splits the streams too. Over several local devices the
 configuration axis of each call is sharded (a 1-D mesh, ``shard_map``; streams replicated), padded to
-at least two configurations per device. A cell's PRNG key is its own seed, so its result does not depend
-on chunking, padding or the device count (one float32 rounding exception across device counts: README,
-"Scaling out").
+at least two configurations per device. A cell's PRNG key is its own seed, and the programs return
+integers and exact integer sums (ratios are divided on the host: :func:`~.simulate.finalize`), so its
+result does not depend on chunking, padding or the device count, bit for bit.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from ..cache.policies import PRIORITY_IDS, S3FIFO_ID
 from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
-from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, static_options
+from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, finalize, static_options
 from .stream import Stream, pad_stream, stream_shape
 
 __all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
@@ -208,9 +208,10 @@ def _balanced(n: int, most: int) -> int:
 
 def _padded(per: int, devices: int) -> int:
     """Configurations per stream in a call: a multiple of the device count, and at least two per
-    device. XLA compiles a batch of one differently (some float32 ratios and means round 1 ulp apart
-    from the same configuration in a larger batch); from two up, a configuration's result does not
-    depend on its batch, so padding (a repeated cell, its result dropped) keeps results exact."""
+    device. XLA compiles a batch of one differently: float32 ratios once rounded 1 ulp apart from the
+    same configuration in a larger batch. The ratios are now divided on the host from exact integer
+    sums (:func:`~.simulate.finalize`); the padding stays for the vllm replica's float32 accumulators
+    (a repeated cell, its result dropped)."""
     return max(2, -(-per // devices)) * devices
 
 
@@ -226,7 +227,7 @@ class CellRunner:
     def run(self, k: int):
         """(global cell indices, their metrics as NumPy with a leading cell axis) of call ``k``."""
         call = self.calls[k]
-        compiled, stacked = self._ready[call.group]
+        compiled, stacked, st = self._ready[call.group]
         if len(call.slots) != stacked.run_len.shape[0] or np.any(call.slots != np.arange(len(call.slots))):
             stacked = jax.tree.map(lambda x: x[call.slots], stacked)
         S, C = call.sel.shape
@@ -236,7 +237,7 @@ class CellRunner:
         m = jax.tree.map(np.asarray, jax.block_until_ready(compiled(*_place(self._devices, stacked, P, keys))))
         i = np.asarray([i for i, _, _ in call.real], dtype=np.int64)
         j = np.asarray([j for _, j, _ in call.real], dtype=np.int64)
-        return call.cells, jax.tree.map(lambda x: x[i, j], m)
+        return call.cells, finalize(jax.tree.map(lambda x: x[i, j], m), st)  # ratios from the sums, on the host
 
 
 def plan_cells(
@@ -348,7 +349,7 @@ def plan_cells(
                 n_calls += 1
         gp = GroupPlan(index, stale, st.routers, sids, cells, per, n_calls, mem, priority, s3, s_per)
         plan.groups.append(gp)
-        ready.append((compiled, stacked))
+        ready.append((compiled, stacked, st))
     if log is not None:  # the whole plan, before anything runs
         log(plan.line())
         for line in plan.program_lines():

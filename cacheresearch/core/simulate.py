@@ -17,6 +17,10 @@ Components and their state (the scan carry is made of them):
 * :mod:`.queue` ``QueueState``: the FCFS queue of every replica;
 * ``Totals`` (here): counters of the metrics; ``Cursor``: the current request (replica, instance,
   hit so far) for requests that take several steps.
+
+The compiled program returns integers and exact integer sums; the ratios and means (hit rates,
+TTFT mean, utilisation, ...) are divided on the host in float64 by :func:`finalize`, so they are
+bitwise the same on any batch, chunk, padding or device count.
 """
 
 from __future__ import annotations
@@ -38,15 +42,22 @@ from .stream import Stream
 from .views import SyncState, init_sync, leading, presence, probe, sync
 
 __all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
-           "default_window", "request_bits"]
+           "default_window", "request_bits", "finalize", "RATIO_FIELDS"]
 
 _LIMB = 20  # token counters: value = hi * 2**20 + lo
 _LIM = qm.LIM
 
 
 class Metrics(NamedTuple):
-    token_hit_rate: jax.Array  # float32
-    request_hit_rate: jax.Array  # float32
+    """A run's metrics. The ratio and mean fields (:data:`RATIO_FIELDS`) are not computed by the compiled
+    program: it returns exact integer sums (the fields after ``preempted``) and :func:`finalize` divides
+    them on the host in float64, so a ratio is bitwise the same whatever the batch, chunk, padding or
+    device count (XLA may compile one division as a multiply by a reciprocal in one program and not in
+    another). :func:`simulate`, :func:`simulate_grid` and :func:`~cacheresearch.core.run.simulate_cells`
+    return finalized metrics (NumPy; under an outer trace, float32 jnp computed by the same formulas)."""
+
+    token_hit_rate: jax.Array  # float64: hit tokens / input tokens (0 without input)
+    request_hit_rate: jax.Array  # float64: requests_hit / n_requests
     hit_tokens_hi: jax.Array  # int32 limbs of total hit tokens (see combine_limbs)
     hit_tokens_lo: jax.Array
     requests_hit: jax.Array  # int32
@@ -60,12 +71,12 @@ class Metrics(NamedTuple):
     ttft_p50_ms: jax.Array  # int32 nearest-rank percentiles of time to first token (-1 with queue=False)
     ttft_p90_ms: jax.Array
     ttft_p99_ms: jax.Array
-    ttft_mean_ms: jax.Array  # float32
+    ttft_mean_ms: jax.Array  # float64: ttft_sum / ttft_n (NaN with queue=False)
     busy_ms: jax.Array  # int32 [R_max]: prefill + decode time served
-    utilisation: jax.Array  # float32 [R_max]: busy_ms / horizon
-    load_imbalance: jax.Array  # float32: max / mean busy_ms over active replicas
-    prefix_copies: jax.Array  # float32: mean replicas holding a request's whole routing prefix at arrival (NaN unless match)
-    overflow_share: jax.Array  # float32: requests sent away from the replica holding most of their prefix (NaN unless match)
+    utilisation: jax.Array  # float64 [R_max]: busy_time / horizon_time
+    load_imbalance: jax.Array  # float64: max / mean busy_ms over active replicas (1 when all are 0)
+    prefix_copies: jax.Array  # float64: mean replicas holding a request's whole routing prefix at arrival (NaN unless match)
+    overflow_share: jax.Array  # float64: requests sent away from the replica holding most of their prefix (NaN unless match)
     queue_overflow: jax.Array  # int32: dispatches that found every queue slot in flight (loads undercount)
     time_overflow: jax.Array  # bool: a finish time saturated at 2**31 - 1 ms
     # per request (empty arrays unless per_request=True)
@@ -77,24 +88,140 @@ class Metrics(NamedTuple):
     replicas_over_bound: jax.Array  # bool: params asked for more replicas than max_replicas (a bug)
     # the vllm replica (core/batch.py; NaN / -1 / 0 with the fcfs replica). Latency metrics leave out
     # requests arriving within warmup_ms of the first arrival and requests never served.
-    tpot_mean_ms: jax.Array  # float32 time per output token after the first, mean over requests with >= 2
+    tpot_mean_ms: jax.Array  # float64 time per output token after the first (whole ns per request), mean over requests with >= 2
     e2e_p50_ms: jax.Array  # int32 arrival to last token
     e2e_p90_ms: jax.Array
     e2e_p99_ms: jax.Array
     preemptions: jax.Array  # int32 preemptions (recompute)
-    kv_util_mean: jax.Array  # float32 blocks in use / capacity, time average over the run, mean over replicas
-    kv_util_max: jax.Array  # float32 the most blocks in use / capacity on any replica
-    queue_len_mean: jax.Array  # float32 waiting requests per replica, time average
-    throughput_tps: jax.Array  # float32 output tokens per second of the run
+    kv_util_mean: jax.Array  # float64 blocks in use / capacity, time average over the run, mean over replicas
+    kv_util_max: jax.Array  # float64 the most blocks in use / capacity on any replica
+    queue_len_mean: jax.Array  # float64 waiting requests per replica, time average
+    throughput_tps: jax.Array  # float64 output tokens per second of the run
     dropped: jax.Array  # int32 requests not served: waiting ring full (engine.queue_slots) or larger than the pool
     steps: jax.Array  # int32 engine steps over all replicas
     e2e_ms: jax.Array  # int32 [N] per request (empty unless per_request)
     preempted: jax.Array  # int32 [N] per request
+    # exact sums behind the ratio fields (int32; ``_hi``/``_lo`` pairs are two limbs, :func:`combine_limbs`)
+    n_requests: jax.Array  # real requests
+    input_tokens_hi: jax.Array  # input tokens of the real requests
+    input_tokens_lo: jax.Array
+    ttft_sum_hi: jax.Array  # sum of ttft_ms over the requests of the mean
+    ttft_sum_lo: jax.Array
+    ttft_n: jax.Array  # those requests (fcfs: every real request; vllm: served, past warmup_ms)
+    busy_time: jax.Array  # [R_max] busy time in the replica model's clock (fcfs: ms, = busy_ms; vllm: 10 us ticks)
+    horizon_time: jax.Array  # the run's horizon in that clock (>= 1)
+    replicas_active: jax.Array  # replicas of the configuration (clipped to [1, R_max])
+    copies_sum: jax.Array  # prefix copies summed over the sampled requests
+    copies_n: jax.Array  # sampled requests (those with blocks)
+    over_n: jax.Array  # requests sent away from the replica holding most of their prefix
+    over_q: jax.Array  # requests with a cached prefix somewhere
+    # the vllm replica (0 with the fcfs replica)
+    tpot_ticks_hi: jax.Array  # sum over TPOT requests of floor(decode ticks / (output tokens - 1))
+    tpot_ticks_lo: jax.Array
+    tpot_frac_hi: jax.Array  # sum of the remainders in ns (1e-4 tick), floored: TPOT = whole ns per request
+    tpot_frac_lo: jax.Array
+    tpot_n: jax.Array  # requests of the TPOT mean (past warmup_ms, >= 2 output tokens)
+    output_tokens_hi: jax.Array  # output tokens of the served requests
+    output_tokens_lo: jax.Array
+    kv_capacity: jax.Array  # KV pool blocks per replica (params.capacity)
+    kv_acc: jax.Array  # float32 [R_max] blocks in use x ticks per replica (core/batch.py Stats; 0 when inactive)
+    q_acc: jax.Array  # float32 [R_max] waiting requests x ticks per replica
+
+
+#: The fields :func:`finalize` computes from the sums (the compiled program leaves them NaN).
+RATIO_FIELDS = ("token_hit_rate", "request_hit_rate", "ttft_mean_ms", "utilisation", "load_imbalance",
+                "prefix_copies", "overflow_share", "tpot_mean_ms", "kv_util_mean", "kv_util_max",
+                "queue_len_mean", "throughput_tps")
 
 
 def combine_limbs(hi, lo) -> np.ndarray:
     """Exact int64 totals from the engine's two-limb counters."""
     return (np.asarray(hi).astype(np.int64) << _LIMB) + np.asarray(lo).astype(np.int64)
+
+
+def _sum_limbs(x: jax.Array):
+    """Exact sum of non-negative int32 values (fewer than 2**29 of them) as two limbs ``(hi, lo)``,
+    ``lo < 2**20`` (:func:`combine_limbs`). Integer sums do not depend on the reduction order, so the
+    total is the same in every program. Blocks of 2**15 values: 16-bit halves summed per block (< 2**31),
+    the block sums' halves summed over blocks, then ``A0 + 2**16 (A1 + B0) + 2**32 B1`` in limbs."""
+    x = x.reshape(-1)
+    B = max(1, min(1 << 15, x.shape[0]))
+    x = jnp.pad(x, (0, -x.shape[0] % B)).reshape(-1, B)
+    h0 = jnp.sum(x & 0xFFFF, axis=1)  # < 2**15 * 2**16
+    h1 = jnp.sum(x >> 16, axis=1)  # < 2**15 * 2**15
+    a0, a1 = jnp.sum(h0 & 0xFFFF), jnp.sum(h0 >> 16)
+    b0, b1 = jnp.sum(h1 & 0xFFFF), jnp.sum(h1 >> 16)
+    mid = a1 + b0  # weight 2**16
+    mask = (1 << _LIMB) - 1
+    lo = (a0 & mask) + ((mid & 15) << 16)
+    hi = (a0 >> _LIMB) + (mid >> 4) + (b1 << (32 - _LIMB)) + (lo >> _LIMB)
+    return hi.astype(jnp.int32), (lo & mask).astype(jnp.int32)
+
+
+def _is_traced(m) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(m))
+
+
+def finalize(m: Metrics, st: Static) -> Metrics:
+    """The ratio and mean fields (:data:`RATIO_FIELDS`) from the exact sums, on the host in float64.
+
+    Works on any leading batch axes (cells, streams x configurations). Concrete metrics come back as
+    NumPy; under an outer trace (``jax.jit`` around :func:`simulate`) the same formulas run in jnp float32.
+    ``st`` says what the program computed: NaN for TTFT mean and load imbalance with ``queue=False``,
+    for prefix copies and overflow share without ``match``, for the vllm replica's fields with fcfs.
+    """
+    if _is_traced(m):
+        xp, ft = jnp, jnp.float32
+
+        def total(hi, lo):
+            return hi.astype(ft) * float(1 << _LIMB) + lo.astype(ft)
+    else:
+        m = jax.device_get(m)
+        xp, ft = np, np.float64
+
+        def total(hi, lo):
+            return combine_limbs(hi, lo).astype(ft)
+
+    def f(x):
+        return xp.asarray(x).astype(ft)
+
+    def at_least_1(x):
+        return xp.maximum(f(x), 1.0)
+
+    nan = xp.full(xp.shape(m.n_requests), xp.nan, ft)
+    inp = total(m.input_tokens_hi, m.input_tokens_lo)
+    hit = total(m.hit_tokens_hi, m.hit_tokens_lo)
+    hz = at_least_1(m.horizon_time)
+    n_rep = at_least_1(m.replicas_active)
+    R = xp.shape(m.busy_ms)[-1]
+    active = xp.arange(R) < xp.asarray(m.replicas_active)[..., None]
+    bms = xp.where(active, f(m.busy_ms), 0.0)
+    sum_b = xp.sum(bms, axis=-1)
+    imb = xp.where(sum_b > 0, xp.max(bms, axis=-1) * n_rep / xp.maximum(sum_b, 1.0), 1.0)
+    out = dict(
+        token_hit_rate=xp.where(inp > 0, hit / xp.maximum(inp, 1.0), 0.0),
+        request_hit_rate=f(m.requests_hit) / at_least_1(m.n_requests),
+        ttft_mean_ms=total(m.ttft_sum_hi, m.ttft_sum_lo) / at_least_1(m.ttft_n) if st.queue else nan,
+        utilisation=f(m.busy_time) / hz[..., None],
+        load_imbalance=imb if st.queue else nan,
+        prefix_copies=f(m.copies_sum) / at_least_1(m.copies_n) if st.match else nan,
+        overflow_share=f(m.over_n) / at_least_1(m.over_q) if st.match else nan,
+    )
+    if st.scheduler == "vllm":
+        from .batch import TICK_NS, TICKS_PER_MS  # noqa: PLC0415
+
+        cap = at_least_1(m.kv_capacity)
+        tpot_ns = total(m.tpot_ticks_hi, m.tpot_ticks_lo) * TICK_NS + total(m.tpot_frac_hi, m.tpot_frac_lo)
+        out.update(
+            tpot_mean_ms=tpot_ns / at_least_1(m.tpot_n) / 1e6,
+            kv_util_mean=xp.sum(f(m.kv_acc), axis=-1) / (cap * hz * n_rep),
+            kv_util_max=xp.max(f(m.max_occupancy), axis=-1) / cap,
+            queue_len_mean=xp.sum(f(m.q_acc), axis=-1) / (hz * n_rep),
+            throughput_tps=total(m.output_tokens_hi, m.output_tokens_lo) / (hz / (TICKS_PER_MS * 1000.0)),
+        )
+    else:
+        out.update(tpot_mean_ms=nan, kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan)
+    return m._replace(**out)
 
 
 def request_bits(key: jax.Array, n: int) -> jax.Array:
@@ -342,12 +469,11 @@ def _simulate(stream: Stream, params, key, st: Static):
 
 
 def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) -> Metrics:
+    """Metrics of an fcfs run: integers and exact sums; the ratio fields are left NaN for :func:`finalize`."""
     R = st.max_replicas
     N1 = stream.arrival_ms.shape[0]
     t, q = c.totals, c.queue
     nreal = stream.n_requests
-    nr = jnp.maximum(nreal, 1).astype(jnp.float32)
-    tot = t.tok_hi.astype(jnp.float32) * float(1 << _LIMB) + t.tok_lo.astype(jnp.float32)
     last_idx = jnp.nonzero(stream.step_last, size=N1 - 1, fill_value=0)[0]  # steps are grouped by request
     ttft_req = out[0][last_idx]
     is_real = jnp.arange(N1 - 1) < nreal
@@ -359,13 +485,9 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         k = jnp.clip((p * nreal + 99) // 100 - 1, 0, max(N1 - 2, 0))
         return jnp.where(nreal > 0, srt[k] if N1 > 1 else 0, 0).astype(jnp.int32)
 
-    ttft_mean = jnp.sum(jnp.where(is_real, ttft_req, 0).astype(jnp.float32)) / nr
     first_arr = stream.arrival_ms[0]
     last_arr = stream.arrival_ms[jnp.maximum(nreal - 1, 0)]
-    horizon = jnp.maximum(jnp.maximum(jnp.max(q.busy), last_arr) - first_arr, 1).astype(jnp.float32)
-    bms = q.busy_ms.astype(jnp.float32)
-    mean_b = jnp.sum(jnp.where(active, bms, 0.0)) / replicas.astype(jnp.float32)
-    imb = jnp.where(mean_b > 0, jnp.max(jnp.where(active, bms, 0.0)) / jnp.maximum(mean_b, 1e-30), 1.0)
+    horizon = jnp.maximum(jnp.maximum(jnp.max(q.busy), last_arr) - first_arr, 1).astype(jnp.int32)
     if st.per_request:
         hit_blocks, hit_tokens, rep, mreq = (o[last_idx] for o in out[1:])
         ttft_ms = ttft_req
@@ -373,9 +495,12 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         hit_blocks = hit_tokens = rep = ttft_ms = jnp.zeros((0,), jnp.int32)
         mreq = jnp.zeros((0, R), jnp.int32)
     nan = jnp.float32(jnp.nan)
+    z = jnp.int32(0)
+    inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, stream.input_tokens[:N1 - 1], 0))
+    ttft_hi, ttft_lo = _sum_limbs(jnp.where(is_real, ttft_req, 0))
+    zf = jnp.zeros(R, jnp.float32)
     return Metrics(
-        token_hit_rate=jnp.where(stream.input_total > 0, tot / jnp.maximum(stream.input_total, 1.0), 0.0),
-        request_hit_rate=t.req_hit.astype(jnp.float32) / nr,
+        token_hit_rate=nan, request_hit_rate=nan,
         hit_tokens_hi=t.tok_hi,
         hit_tokens_lo=t.tok_lo,
         requests_hit=t.req_hit,
@@ -385,14 +510,9 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         ttft_p50_ms=pct(50),
         ttft_p90_ms=pct(90),
         ttft_p99_ms=pct(99),
-        ttft_mean_ms=ttft_mean if st.queue else nan,
+        ttft_mean_ms=nan,
         busy_ms=q.busy_ms,
-        utilisation=bms / horizon,
-        load_imbalance=imb.astype(jnp.float32) if st.queue else nan,
-        prefix_copies=(t.copies.astype(jnp.float32) / jnp.maximum(t.copies_n, 1).astype(jnp.float32)
-                       if st.match else nan),
-        overflow_share=(t.over_n.astype(jnp.float32) / jnp.maximum(t.over_q, 1).astype(jnp.float32)
-                        if st.match else nan),
+        utilisation=jnp.full(R, jnp.nan, jnp.float32), load_imbalance=nan, prefix_copies=nan, overflow_share=nan,
         queue_overflow=q.qover,
         time_overflow=q.tover,
         hit_blocks=hit_blocks,
@@ -405,6 +525,13 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         preemptions=jnp.int32(0), kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
         dropped=jnp.int32(0), steps=jnp.int32(0),
         e2e_ms=jnp.zeros((0,), jnp.int32), preempted=jnp.zeros((0,), jnp.int32),
+        n_requests=jnp.asarray(nreal, jnp.int32), input_tokens_hi=inp_hi, input_tokens_lo=inp_lo,
+        ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=jnp.asarray(nreal, jnp.int32),
+        busy_time=q.busy_ms, horizon_time=horizon, replicas_active=replicas.astype(jnp.int32),
+        copies_sum=t.copies, copies_n=t.copies_n, over_n=t.over_n, over_q=t.over_q,
+        tpot_ticks_hi=z, tpot_ticks_lo=z, tpot_frac_hi=z, tpot_frac_lo=z, tpot_n=z,
+        output_tokens_hi=z, output_tokens_lo=z, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
+        kv_acc=zf, q_acc=zf,
     )
 
 
@@ -415,7 +542,8 @@ def _pct(sorted_vals, count, p, size):
 
 
 def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
-    """Metrics of a vllm-replica run (core/batch.py) from its final carry."""
+    """Metrics of a vllm-replica run (core/batch.py) from its final carry: integers, exact sums and the
+    replicas' float32 accumulators; the ratio fields are left NaN for :func:`finalize`."""
     from .batch import TICKS_PER_MS  # noqa: PLC0415
 
     R = st.max_replicas
@@ -438,24 +566,19 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     nl = jnp.sum(lat.astype(jnp.int32))
     srt_t = jnp.sort(jnp.where(lat, ttft_ms, _LIM))
     srt_e = jnp.sort(jnp.where(lat, e2e_ms, _LIM))
+    # TPOT per request in whole ns: 1e4 d / k = 1e4 (d // k) + floor(1e4 (d % k) / k), the second term in two
+    # steps of 100 so that nothing passes int32 (k = output tokens - 1 below 2**31 / 100)
     multi = lat & (out >= 2)
-    tpot = jnp.where(multi, (c.fin_t[:N] - c.ttft_t[:N]).astype(jnp.float32)
-                     / (TICKS_PER_MS * jnp.maximum(out - 1, 1)).astype(jnp.float32), 0.0)
+    d = jnp.where(multi, c.fin_t[:N] - c.ttft_t[:N], 0)
+    k = jnp.maximum(out - 1, 1)
+    r100 = (d % k) * 100
+    frac = (r100 // k) * 100 + ((r100 % k) * 100) // k
     nm = jnp.sum(multi.astype(jnp.int32))
-    tot_hit = jnp.sum(hit_tok.astype(jnp.float32))
-    nr = jnp.maximum(nreal, 1).astype(jnp.float32)
     reps = c.reps
     stt = reps.stats
     last_t = jnp.max(jnp.where(served, c.fin_t[:N], 0))
     horizon_t = jnp.maximum(jnp.maximum(last_t, arr[jnp.maximum(nreal - 1, 0)] * TICKS_PER_MS) - t0 * TICKS_PER_MS, 1)
-    hz = horizon_t.astype(jnp.float32)
-    capf = jnp.maximum(params.capacity, 1).astype(jnp.float32)
-    nact = replicas.astype(jnp.float32)
     busy_ms = (stt.busy + TICKS_PER_MS - 1) // TICKS_PER_MS
-    bms = busy_ms.astype(jnp.float32)
-    mean_b = jnp.sum(jnp.where(active, bms, 0.0)) / nact
-    imb = jnp.where(mean_b > 0, jnp.max(jnp.where(active, bms, 0.0)) / jnp.maximum(mean_b, 1e-30), 1.0)
-    limbs = jnp.sum(jnp.where(served, hit_tok, 0))  # < 2**31 for the workloads the vllm replica runs
     nan = jnp.float32(jnp.nan)
     hr = jnp.clip(jnp.where(served, c.rep_of[:N], 0), 0, R - 1)
     if st.per_request:
@@ -465,36 +588,40 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
         z0 = jnp.zeros((0,), jnp.int32)
         per = dict(hit_blocks=z0, hit_tokens=z0, replica=z0, ttft_ms=z0, match=jnp.zeros((0, R), jnp.int32),
                    e2e_ms=z0, preempted=z0)
+    hit_hi, hit_lo = _sum_limbs(jnp.where(served, hit_tok, 0))
+    inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, inp, 0))
+    ttft_hi, ttft_lo = _sum_limbs(jnp.where(lat, ttft_ms, 0))
+    tq_hi, tq_lo = _sum_limbs(jnp.where(multi, d // k, 0))
+    tf_hi, tf_lo = _sum_limbs(jnp.where(multi, frac, 0))
+    out_hi, out_lo = _sum_limbs(jnp.where(served, out, 0))
     return Metrics(
-        token_hit_rate=jnp.where(stream.input_total > 0, tot_hit / jnp.maximum(stream.input_total, 1.0), 0.0),
-        request_hit_rate=jnp.sum((served & (hit_b > 0)).astype(jnp.float32)) / nr,
-        hit_tokens_hi=limbs >> _LIMB, hit_tokens_lo=limbs & ((1 << _LIMB) - 1),
+        token_hit_rate=nan, request_hit_rate=nan,
+        hit_tokens_hi=hit_hi, hit_tokens_lo=hit_lo,
         requests_hit=jnp.sum((served & (hit_b > 0)).astype(jnp.int32)),
         max_occupancy=jnp.where(active, stt.kv_max, 0),
         occupancy=jnp.where(active, reps.pool.cached, 0),
         requests_per_replica=jnp.zeros(R, jnp.int32).at[hr].add(served.astype(jnp.int32)),
         ttft_p50_ms=_pct(srt_t, nl, 50, N), ttft_p90_ms=_pct(srt_t, nl, 90, N), ttft_p99_ms=_pct(srt_t, nl, 99, N),
-        ttft_mean_ms=jnp.sum(jnp.where(lat, ttft_ms, 0).astype(jnp.float32)) / jnp.maximum(nl, 1).astype(jnp.float32),
+        ttft_mean_ms=nan,
         busy_ms=busy_ms,
-        utilisation=stt.busy.astype(jnp.float32) / hz,
-        load_imbalance=imb.astype(jnp.float32),
-        prefix_copies=(c.copies.astype(jnp.float32) / jnp.maximum(c.copies_n, 1).astype(jnp.float32)
-                       if st.match else nan),
-        overflow_share=(c.over_n.astype(jnp.float32) / jnp.maximum(c.over_q, 1).astype(jnp.float32)
-                        if st.match else nan),
+        utilisation=jnp.full(R, jnp.nan, jnp.float32), load_imbalance=nan, prefix_copies=nan, overflow_share=nan,
         queue_overflow=jnp.sum(jnp.where(active, stt.dropped, 0)),
         time_overflow=jnp.any(stt.tover) | jnp.any(stt.stuck),
         replicas_over_bound=(params.replicas > R) | (params.replicas < 1),
-        tpot_mean_ms=jnp.sum(tpot) / jnp.maximum(nm, 1).astype(jnp.float32),
+        tpot_mean_ms=nan,
         e2e_p50_ms=_pct(srt_e, nl, 50, N), e2e_p90_ms=_pct(srt_e, nl, 90, N), e2e_p99_ms=_pct(srt_e, nl, 99, N),
         preemptions=jnp.sum(jnp.where(active, stt.preempt, 0)),
-        kv_util_mean=jnp.sum(jnp.where(active, stt.kv_acc, 0.0)) / (capf * hz * nact),
-        kv_util_max=jnp.max(jnp.where(active, stt.kv_max, 0)).astype(jnp.float32) / capf,
-        queue_len_mean=jnp.sum(jnp.where(active, stt.q_acc, 0.0)) / (hz * nact),
-        throughput_tps=jnp.sum(jnp.where(served, out, 0).astype(jnp.float32)) / (hz / (TICKS_PER_MS * 1000.0)),
+        kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
         dropped=jnp.sum(jnp.where(active, stt.dropped + stt.rejected, 0)),
         steps=jnp.sum(jnp.where(active, stt.steps, 0)),
         **per,
+        n_requests=jnp.asarray(nreal, jnp.int32), input_tokens_hi=inp_hi, input_tokens_lo=inp_lo,
+        ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=nl,
+        busy_time=stt.busy, horizon_time=horizon_t.astype(jnp.int32), replicas_active=replicas.astype(jnp.int32),
+        copies_sum=c.copies, copies_n=c.copies_n, over_n=c.over_n, over_q=c.over_q,
+        tpot_ticks_hi=tq_hi, tpot_ticks_lo=tq_lo, tpot_frac_hi=tf_hi, tpot_frac_lo=tf_lo, tpot_n=nm,
+        output_tokens_hi=out_hi, output_tokens_lo=out_lo, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
+        kv_acc=jnp.where(active, stt.kv_acc, 0.0), q_acc=jnp.where(active, stt.q_acc, 0.0),
     )
 
 
@@ -514,7 +641,8 @@ def _simulate_grid_jit(stream, params, keys, *, st, stream_axis):
 
 
 def nested_fn(st: Static):
-    """[S streams] x [C configurations per stream]: streams are never copied per configuration."""
+    """[S streams] x [C configurations per stream]: streams are never copied per configuration. The
+    program's metrics are unfinalized (ratio fields NaN): pass them to :func:`finalize` with ``st``."""
     inner = jax.vmap(partial(_simulate, st=st), in_axes=(None, 0, 0))
     return jax.vmap(inner, in_axes=(0, 0, 0))
 
@@ -706,7 +834,7 @@ def _max_depth(stream: Stream) -> int:
 def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,
              window: int | None = None, **options) -> Metrics:
     """Run one configuration over the stream (jit-compiled). ``key``: a PRNG key (random words per
-    request, :func:`request_bits`).
+    request, :func:`request_bits`). Returns finalized :class:`Metrics` (:func:`finalize`).
 
     ``max_replicas`` is the static bound on replicas; ``per_request`` adds per-request arrays;
     ``window`` is how many log entries one eviction step examines (a speed knob, never a result);
@@ -716,7 +844,7 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
     check_stream(stream, st)
-    return _simulate_jit(stream, params, key, st=st)
+    return finalize(_simulate_jit(stream, params, key, st=st), st)
 
 
 def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int = 1, per_request: bool = False,
@@ -731,4 +859,4 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
     check_stream(stream, st)
-    return _simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis)
+    return finalize(_simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis), st)
