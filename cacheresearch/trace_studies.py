@@ -186,7 +186,9 @@ def fit_study(cfg) -> xr.Dataset:
                 f" gaps", "requests_per_session": cm["session"]["count"]["family"],
                 "reuse_gap": cm["session"]["gap"]["family"], "lengths": f"lognormal mixture of "
                 f"{sum(1 for k in cm['first_input_tokens']['params'] if k.startswith('w'))}",
-                "output": cm["output_tokens"]["family"], "step_classes": cm["step"]["class_p"] if cm["step"] else None}
+                "output": cm["output_tokens"]["family"], "step_classes": cm["step"]["class_p"] if cm["step"] else None,
+                "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
+                                     for k in cm["session_by_kind"]]}
             for t, cm in comps.items()}
     ds.attrs.update(S._common_attrs(cfg, "fit", t0, dict(
         trace=str(w.name), trace_format=str(w.meta.get("format", "")), trace_requests=int(w.n_requests),

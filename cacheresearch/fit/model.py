@@ -16,8 +16,11 @@ The model (one component per request type; Mooncake traces have one, Bailian tra
                    session is the roots' popularity
 ``first``          a session's first request: its length in tokens, a mixture of lognormals whose
                    components (chosen by AIC) are session *kinds* (short chat prompts, long
-                   documents), each with its own session law (requests and reuse times); a shared
-                   session starts with its root's trunk
+                   documents), each with its own session law (requests and reuse times) and a
+                   Gaussian copula between the first request's length and the session's request count
+                   (within a kind, longer documents can be reused more; rho by likelihood with the
+                   margins fixed, kept when it lowers the AIC); a shared session starts with its
+                   root's trunk
 ``step``           each later request: its parent (lag back in the session: the empirical law),
                    a class among ``repeat`` (same prompt), ``extend`` (multi-turn growth: keeps the
                    parent's whole context and appends), ``branch`` (drops the parent's last ``d``
@@ -44,7 +47,8 @@ from ..workload import Workload
 from . import laws as L
 from .structure import request_structure
 
-__all__ = ["fit_workload", "sample_workload", "naive_workload", "MODEL_VERSION", "STEP_CLASSES"]
+__all__ = ["fit_workload", "sample_workload", "naive_workload", "MODEL_VERSION", "STEP_CLASSES", "count_ppf",
+           "fit_length_count_copula"]
 
 MODEL_VERSION = 1
 STEP_CLASSES = ("repeat", "extend", "branch", "truncate")
@@ -106,6 +110,81 @@ def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, win
     out["count"] = best[1].to_dict()
     out["gap"] = best[2].to_dict()
     return out
+
+
+def count_ppf(law, u) -> np.ndarray:
+    """Quantiles of a count law (integers >= 1) at ``u`` in (0, 1)."""
+    law = L.Law.from_dict(law) if isinstance(law, dict) else law
+    u = np.clip(np.asarray(u, dtype=np.float64), 1e-12, 1.0 - 1e-12)
+    p = law.params
+    if law.family == "geom":  # closed form
+        q = np.ceil(np.log1p(-u) / math.log1p(-min(p["p"], 1.0 - 1e-15)))
+    elif law.family == "nbinom1":
+        q = L._frozen(law).ppf(u) + 1.0
+    elif law.family == "zeta":  # smallest k with P(K <= k) >= u, by bisection on the Hurwitz zeta tail
+        a = p["a"]
+        z0 = special.zeta(a, 1.0)
+
+        def cdf(k):
+            return 1.0 - special.zeta(a, k + 1.0) / z0
+
+        lo = np.zeros_like(u)
+        hi = np.ones_like(u)
+        for _ in range(64):  # grow hi until it covers u (capped at 2^63)
+            need = cdf(hi) < u
+            if not need.any():
+                break
+            hi = np.where(need, hi * 2.0, hi)
+        for _ in range(64):
+            mid = np.floor((lo + hi) / 2.0)
+            done = hi - lo <= 1.0
+            if done.all():
+                break
+            up = cdf(mid) >= u
+            hi = np.where(~done & up, mid, hi)
+            lo = np.where(~done & ~up, mid, lo)
+        q = hi
+    else:
+        raise ValueError(f"count_ppf: {law.family!r} is not a count law")
+    return np.clip(np.nan_to_num(q, nan=1.0, posinf=1e9), 1, 1e9).astype(np.int64)
+
+
+def fit_length_count_copula(z: np.ndarray, counts: np.ndarray, window: np.ndarray, count_law: dict,
+                            gap_law: dict) -> dict:
+    """The dependence of a session's request count on its first request's length: a Gaussian copula.
+
+    ``z`` are the first lengths as normal scores (``(log tokens - mu) / sigma`` of the session kind's
+    lognormal), ``counts`` the requests seen per session, ``window`` the seconds from each session's
+    last request to the end. The count's margin is the kind's fitted law; given ``z`` the count is
+    ``F^-1(Phi(rho z + sqrt(1 - rho^2) e))``. ``rho`` by maximum likelihood with the margins fixed
+    (inference functions for margins), censored like :func:`_fit_session` (a session seen with ``c``
+    requests either has ``c`` or more, its next gap beyond the window); kept when it lowers the AIC
+    (one parameter), else 0. Returns ``{"rho", "loglik_gain", "n"}``.
+    """
+    from scipy.special import ndtr, ndtri  # noqa: PLC0415
+
+    cl = L.Law.from_dict(count_law)
+    gl = L.Law.from_dict(gap_law)
+    c = np.asarray(counts, dtype=np.float64)
+    z = np.asarray(z, dtype=np.float64)
+    lo = ndtri(np.clip(-np.expm1(L.count_logsf(cl, c - 1.0)), 0.0, 1.0))  # Phi^-1 F(c - 1)
+    hi = ndtri(np.clip(-np.expm1(L.count_logsf(cl, c)), 0.0, 1.0))  # Phi^-1 F(c)
+    log_cens = L.logsf(gl, np.maximum(np.asarray(window, dtype=np.float64), 1e-9))
+
+    def ll(rho):
+        sd = math.sqrt(1.0 - rho * rho)
+        a, b = (lo - rho * z) / sd, (hi - rho * z) / sd
+        p_eq = np.maximum(ndtr(b) - ndtr(a), 1e-300)
+        p_gt = np.maximum(1.0 - ndtr(b), 1e-300)
+        return float(np.sum(np.logaddexp(np.log(p_eq), np.log(p_gt) + log_cens)))
+
+    if c.size < 5 or np.all(c == c[0]):
+        return {"rho": 0.0, "loglik_gain": 0.0, "n": int(c.size)}
+    res = optimize.minimize_scalar(lambda r: -ll(r), bounds=(-0.95, 0.95), method="bounded",
+                                   options={"xatol": 1e-4})
+    gain = -float(res.fun) - ll(0.0)
+    keep = 2.0 * 1 - 2.0 * gain < 0.0
+    return {"rho": float(res.x) if keep else 0.0, "loglik_gain": float(gain), "n": int(c.size)}
 
 
 def _fit_delta(x: np.ndarray) -> dict:
@@ -180,13 +259,18 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
         comp["first_input_tokens"] = mix.to_dict()
         kind = np.argmax(L.mix_responsibilities(mix, first_tok), axis=1)  # per session (sessions sorted = sids)
         kinds = []
-        for j in range(L.mix_components(mix)[0].size):
+        _, mus, sgs = L.mix_components(mix)
+        for j in range(mus.size):
             ks = np.nonzero(kind == j)[0]  # session indices (session ids are 0.. in order of first request)
             pos = np.searchsorted(uniq, sids[ks])
             m = np.isin(gs, sids[ks])
             if ks.size >= 5 and m.sum() >= 2:
-                kinds.append(_fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
-                                          win[pos], gap_families=(comp["session"]["gap"]["family"],)))
+                ksess = _fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
+                                     win[pos], gap_families=(comp["session"]["gap"]["family"],))
+                # longer first requests may start longer sessions: the length-count copula of the kind
+                zk = (np.log(first_tok[ks]) - float(mus[j])) / float(sgs[j])
+                ksess["length_count"] = fit_length_count_copula(zk, cnt[pos], win[pos], ksess["count"], ksess["gap"])
+                kinds.append(ksess)
             else:
                 kinds.append(comp["session"])
         comp["session_by_kind"] = kinds
@@ -285,7 +369,13 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
         for s0 in starts:
             kind = int(rng.choice(wk.size, p=wk / wk.sum()))
             sess = comp["session_by_kind"][kind]
-            k = int(_draw_count(sess["count"], rng)[0])
+            z1 = float(rng.standard_normal())  # the first request's length as a normal score of its kind
+            rho = float((sess.get("length_count") or {}).get("rho", 0.0))
+            if rho != 0.0:
+                u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
+                k = int(count_ppf(sess["count"], u))
+            else:
+                k = int(_draw_count(sess["count"], rng)[0])
             times = [np.array([s0])]
             left, last = k - 1, s0
             while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
@@ -298,7 +388,7 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
             hist = []  # (keys, input tokens) of this session's requests
             for j, tj in enumerate(times):
                 if j == 0:
-                    n_in = max(int(math.ceil(float(rng.lognormal(muk[kind], sgk[kind])))), 1)
+                    n_in = max(int(math.ceil(math.exp(muk[kind] + sgk[kind] * z1))), 1)
                     nbk = -(-n_in // bt)
                     if trunks and rng.random() >= roots["private_share"]:
                         r = int(L.sample(roots["popularity"], rng, 1)[0])
