@@ -110,3 +110,36 @@ def test_vllm_replica_eight_devices_equal_one(tmp_path):
     """The vllm replica's float32 accumulators (KV and queue time integrals) come out of a sequential
     scan, so they too are bitwise equal across device counts and chunk sizes."""
     _check(_runs(tmp_path, "vllm"), "vllm", {1: (), 8: (1,)}, 2)
+
+
+def test_exact_sums_and_host_ratios():
+    """The two-limb sums are exact past int32 and past one block of 2**15 values; the finalized ratios
+    are the float64 divisions of the integers (here against the per-request arrays)."""
+    import jax
+    import jax.numpy as jnp
+
+    from cacheresearch.core.simulate import _sum_limbs, combine_limbs
+    from cacheresearch.engine import compile_stream, make_params, simulate
+    from cacheresearch.workload.synthetic import tenant_workload
+
+    rng = np.random.default_rng(0)
+    fn = jax.jit(_sum_limbs)
+    for n in (0, 1, 7, (1 << 15) + 3, 3 << 16):
+        for top in (2, 1 << 20, (1 << 31) - 1):
+            x = rng.integers(0, top, n, dtype=np.int64)
+            x[: n // 3] = top - 1  # many maximal values: every carry
+            hi, lo = fn(jnp.asarray(x, jnp.int32))
+            assert int(combine_limbs(hi, lo)) == int(x.sum()) and 0 <= int(lo) < 1 << 20, (n, top)
+    w = tenant_workload(n_tenants=4, prefix_tokens=32, users_per_tenant=2, user_tokens=8, query_tokens=8,
+                        rate_per_s=9, duration_s=3.0, block_tokens=4, output_tokens=4, seed=1)
+    m = simulate(compile_stream(w), make_params("lru", capacity_blocks=9, replicas=3, router="random", prefix_blocks=8),
+                 jax.random.key(0), max_replicas=3, match=True, queue_slots=32)
+    n = w.n_requests
+    assert int(m.n_requests) == n and int(combine_limbs(m.input_tokens_hi, m.input_tokens_lo)) == w.input_tokens.sum()
+    assert m.token_hit_rate == np.asarray(m.hit_tokens)[:n].sum() / w.input_tokens.sum()
+    assert m.request_hit_rate == np.count_nonzero(np.asarray(m.hit_blocks)[:n]) / n
+    assert m.ttft_mean_ms == np.asarray(m.ttft_ms)[:n].sum() / n and m.ttft_mean_ms.dtype == np.float64
+    busy = np.asarray(m.busy_ms, np.float64)
+    assert np.array_equal(m.utilisation, busy / int(m.horizon_time))
+    assert m.load_imbalance == busy.max() * 3 / busy.sum()
+    assert m.prefix_copies == int(m.copies_sum) / int(m.copies_n) and 0 < m.overflow_share < 1
