@@ -666,8 +666,8 @@ def summarize_ttl_trace(ds) -> str:
         x = ds.isel(root=g)
         rows.append([f"#{g} (request {int(x.first_request)})", f"{float(x.requests_per_day):,.0f}",
                      str(int(x.trunk_blocks))]
-                    + [f"{usd(x.cost_predicted_usd_per_day.sel(option=o))} | {usd(x.cost_simulated_usd_per_day.sel(option=o))}"
-                       for o in opts]
+                    + [f"{usd(x.cost_predicted_usd_per_day.sel(option=o))} | "
+                       f"{usd(x.cost_simulated_usd_per_day.sel(option=o))}" for o in opts]
                     + [str(x.advised.values), str(x.oracle.values),
                        f"{usd(x.saving_predicted_usd_per_day)} | {usd(x.saving_simulated_usd_per_day)}"])
     out += ["", f"The {n} busiest shared roots (daily cost per option):", _table(rows)]
