@@ -59,10 +59,12 @@ def _flat(d, prefix=""):
 
 def fingerprint(config: dict, version: str) -> tuple[dict, str]:
     """(the configuration that fixes the results, its hash): ``config`` (resolved, plain containers)
-    without :data:`NEUTRAL_KEYS`, plus the package version."""
+    without :data:`NEUTRAL_KEYS`, plus the package version and the layout of the metrics a chunk holds
+    (chunks written by an engine with other fields are not combined with new ones)."""
     flat = {k: v for k, v in _flat(config).items()
             if not any(k == n or k.startswith(n + ".") for n in NEUTRAL_KEYS)}
     flat["cacheresearch_version"] = version
+    flat["metrics_layout"] = hashlib.sha256(",".join(Metrics._fields).encode()).hexdigest()[:12]
     text = json.dumps(flat, sort_keys=True, default=str)
     return flat, hashlib.sha256(text.encode()).hexdigest()[:16]
 
