@@ -77,7 +77,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from . import __version__
-from .core.params import KNOB_DECLS
+from .core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
+from .core.simulate import SCHEDULERS
 from .chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from .core.run import MemoryError_, simulate_cells
 from .core.stream import run_structure
@@ -739,12 +740,26 @@ def _params_of(cell: dict, cfg=None):
     try:
         name, knobs = router_knobs(cfg, cell) if cfg is not None else (cell["router"], {})
         latency = str(cfg.fleet.latency) if cfg is not None else None
+        step = None
+        if cfg is not None and _scheduler(cfg) == "vllm":
+            step = str(cfg.replica.step_model) if cfg.replica.step_model is not None else DEFAULT_STEP_PRESET
         return make_params(
             cell["policy"], capacity_blocks=cell["capacity_blocks"], ttl_s=cell["ttl_s"],
-            replicas=cell["replicas"], router=name, prefix_blocks=cell["prefix_blocks"], latency=latency, **knobs,
+            replicas=cell["replicas"], router=name, prefix_blocks=cell["prefix_blocks"], latency=latency,
+            step_model=step, **knobs,
         )
     except ValueError as e:
         raise SweepError(f"configuration {cell}: {e}") from None
+
+
+def _scheduler(cfg) -> str:
+    """``replica.scheduler``, checked (fcfs | vllm)."""
+    v = str(cfg.replica.scheduler)
+    if v not in SCHEDULERS:
+        raise SweepError(f"replica.scheduler={v!r}: choose one of {list(SCHEDULERS)}")
+    if cfg.replica.step_model is not None and str(cfg.replica.step_model) not in STEP_PRESETS:
+        raise SweepError(f"replica.step_model={cfg.replica.step_model!r}: choose one of {sorted(STEP_PRESETS)}")
+    return v
 
 
 def _log(msg: str) -> None:
@@ -766,13 +781,14 @@ def simulate_plan(cfg, plan: Plan, store=None):
     chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
     prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
     blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
+    vllm = _scheduler(cfg) == "vllm"  # the vllm replica's pool keeps every run
     # what the per-prefix TTL formula needs from each workload (cacheresearch.prefix_metrics)
     combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
         w = build_workload(cfg, plan, k)
-        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio, block_ids=blocks))
+        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio or vllm, block_ids=blocks))
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
@@ -781,7 +797,9 @@ def simulate_plan(cfg, plan: Plan, store=None):
     t_build = time.perf_counter() - t0
 
     params = [_params_of(c, cfg) for c in cells]
-    opts = dict(queue_slots=_integer("engine.queue_slots", cfg.engine.queue_slots, 1))
+    opts = dict(queue_slots=_integer("engine.queue_slots", cfg.engine.queue_slots, 1), scheduler=_scheduler(cfg))
+    if vllm:  # the running-batch slots: the largest max_num_seqs of the grid
+        opts["max_running"] = int(max(int(p.max_num_seqs) for p in params))
     if cfg.engine.match is not None:
         opts["match"] = bool(cfg.engine.match)
     grid_p = stack_params(params)
@@ -848,6 +866,20 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "overflow_share": grid(metrics.overflow_share, np.float64),
         "queue_overflow": grid(metrics.queue_overflow, np.int64),
     }
+    if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
+        data.update({
+            "tpot_mean_s": grid(np.asarray(metrics.tpot_mean_ms) / 1000.0, np.float64),
+            "e2e_p50_s": grid(np.asarray(metrics.e2e_p50_ms) / 1000.0, np.float64),
+            "e2e_p90_s": grid(np.asarray(metrics.e2e_p90_ms) / 1000.0, np.float64),
+            "e2e_p99_s": grid(np.asarray(metrics.e2e_p99_ms) / 1000.0, np.float64),
+            "preemptions": grid(metrics.preemptions, np.int64),
+            "kv_util_mean": grid(metrics.kv_util_mean, np.float64),
+            "kv_util_max": grid(metrics.kv_util_max, np.float64),
+            "queue_len_mean": grid(metrics.queue_len_mean, np.float64),
+            "throughput_tps": grid(metrics.throughput_tps, np.float64),
+            "dropped": grid(metrics.dropped, np.int64),
+            "engine_steps": grid(metrics.steps, np.int64),
+        })
     if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
         cells = list(plan.cells())
         rules = [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells]
@@ -884,9 +916,21 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
                            "(NaN unless engine.match)", "1"),
         "queue_overflow": ("dispatches that found every tracked queue slot in flight (raise engine.queue_slots)",
                            "requests"),
+        "tpot_mean_s": ("time per output token after the first, mean (vllm replica)", "s"),
+        "e2e_p50_s": ("arrival to last token, median (vllm replica)", "s"),
+        "e2e_p90_s": ("arrival to last token, 90th percentile (vllm replica)", "s"),
+        "e2e_p99_s": ("arrival to last token, 99th percentile (vllm replica)", "s"),
+        "preemptions": ("preemptions by recompute (the KV pool could not hold an allocation)", "preemptions"),
+        "kv_util_mean": ("KV blocks in use (pinned + working) / capacity, time average, mean over replicas", "1"),
+        "kv_util_max": ("most KV blocks in use / capacity on any replica", "1"),
+        "queue_len_mean": ("waiting requests per replica, time average", "requests"),
+        "throughput_tps": ("output tokens per second over the run", "tokens/s"),
+        "dropped": ("requests not served: waiting queue full (engine.queue_slots) or larger than the pool", "requests"),
+        "engine_steps": ("engine steps of all replicas", "steps"),
     }
     for v, (ln, u) in long.items():
-        ds[v].attrs.update(long_name=ln, units=u)
+        if v in ds:
+            ds[v].attrs.update(long_name=ln, units=u)
     coord_doc = {
         "policy": ("cache policy", None),
         "capacity_blocks": ("cache capacity per replica", "blocks"),
@@ -933,6 +977,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         n_configs=int(np.prod(shape, dtype=np.int64)),
         n_streams=len(workloads),
         max_replicas=int(plan.max_replicas),
+        replica_scheduler=_scheduler(cfg),
         base=json.dumps({k: v for k, v in plan.base.items()}),
         cacheresearch_version=__version__,
         jax_version=jax.__version__,
