@@ -55,12 +55,29 @@ def test_small_fleet_equals_reference():
     _check(w, m, ref)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
        seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
        router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
                                "least_loaded"]))
 def test_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, router):
+    """Chunked prefill (small budgets), preemption and pool exhaustion (small pools)."""
+    w = _workload(seed, 4, 200, 40, 30, 2, out)
+    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
+    if router == "llmd_approximate":
+        kn["index_capacity"] = cap // 2 + 20  # an index that forgets: the approximate view diverges
+    m, bits = _run(w, R=R, router=router, S=6, **kn)
+    ref = _ref(w, R=R, router=router, bits=bits, S=6, Q=64, **kn)
+    _check(w, m, ref)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
+       seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
+       router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
+                               "least_loaded"]))
+def test_equals_reference_hypothesis_many(seed, cap, budget, seqs, R, out, router):
     """Chunked prefill (small budgets), preemption and pool exhaustion (small pools)."""
     w = _workload(seed, 4, 200, 40, 30, 2, out)
     kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
@@ -146,3 +163,13 @@ def test_sweep_with_vllm_replicas(tmp_path):
     assert got == pytest.approx(int(m.ttft_p90_ms) / 1000.0)
     with pytest.raises(SweepError, match="replica.scheduler"):
         run_experiment(over + ["replica.scheduler=sglang"], tmp_path / "bad")
+
+
+@pytest.mark.parametrize("router,cap", [("llmd_approximate", 60), ("llmd_approximate", 30), ("llmd_precise", 30)])
+def test_cache_routers_equal_reference(router, cap):
+    """The precise and approximate views (an index that forgets) under chunking and preemption."""
+    w = _workload(3, 4, 200, 40, 30, 2, 20)
+    kn = dict(capacity_blocks=cap, max_num_batched_tokens=48, max_num_seqs=4, index_capacity=cap // 2 + 20)
+    m, bits = _run(w, R=3, router=router, S=6, **kn)
+    ref = _ref(w, R=3, router=router, bits=bits, S=6, Q=64, **kn)
+    _check(w, m, ref)

@@ -55,9 +55,18 @@ def test_priority_policies_match_reference_on_trees(w, capacity, replicas, route
         check(w, stream, policy, capacity, replicas, router, seed)
 
 
-@settings(HYP, max_examples=12)
+@settings(HYP, max_examples=5)
 @given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, 3))
 def test_priority_policies_match_reference_on_long_runs(w, capacity, replicas):
+    stream = padded(w, N_R, L_R)
+    for policy in PRIORITY:
+        check(w, stream, policy, capacity, replicas, "round_robin")
+
+
+@pytest.mark.slow
+@settings(HYP, max_examples=30)
+@given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, 3))
+def test_priority_policies_match_reference_on_long_runs_many(w, capacity, replicas):
     stream = padded(w, N_R, L_R)
     for policy in PRIORITY:
         check(w, stream, policy, capacity, replicas, "round_robin")
