@@ -101,6 +101,7 @@ def _check(runs, name, sizes, n_cells):
             assert a.tobytes() == b.tobytes(), (name, dev, f, a, b)
 
 
+@pytest.mark.slow
 def test_eight_devices_equal_one_and_chunk_sizes_are_identical(tmp_path):
     _check(_runs(tmp_path, "fcfs"), "fcfs", {1: (1, 7), 8: (1, 7)}, 6)
 

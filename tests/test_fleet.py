@@ -90,7 +90,7 @@ def assert_fleet_equal(w, m, ref, ctx):
     assert int(m.queue_overflow) == 0 and not bool(m.time_overflow)
 
 
-@settings(HYP, max_examples=150)
+@settings(HYP, max_examples=60)
 @given(
     w=tree_workloads(),
     data=st.data(),
@@ -242,7 +242,7 @@ def test_singleton_keys_need_no_state():
         assert int(m.occupancy[0]) == len(ref["final_contents"][0])
 
 
-@settings(HYP, max_examples=100)
+@settings(HYP, max_examples=40)
 @given(
     w=tree_workloads(),
     data=st.data(),

@@ -20,7 +20,7 @@ from cacheresearch.workload import Workload
 from test_engine import FIXTURE, R_MAX, padded_stream, tree_workloads
 
 CURVE_SETTINGS = settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 
 

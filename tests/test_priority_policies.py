@@ -46,7 +46,7 @@ def check(w, stream, policy, capacity, replicas, router, seed=0):
     assert np.all(np.asarray(m.max_occupancy) <= capacity), ctx
 
 
-@settings(HYP, max_examples=25)
+@settings(HYP, max_examples=10)
 @given(w=tree_workloads(), capacity=st.integers(0, 60), replicas=st.integers(1, R_MAX),
        router=st.sampled_from(["round_robin", "random", "prefix_hash"]), seed=st.integers(0, 3))
 def test_priority_policies_match_reference_on_trees(w, capacity, replicas, router, seed):

@@ -34,14 +34,14 @@ def check(w, stream, capacity, replicas, router, seed=0):
     np.testing.assert_array_equal(np.asarray(m.max_occupancy)[:replicas], ref["max_occupancy"], err_msg=ctx)
 
 
-@settings(HYP, max_examples=40)
+@settings(HYP, max_examples=15)
 @given(w=tree_workloads(), capacity=st.one_of(st.integers(0, 12), st.integers(0, 80)), replicas=st.integers(1, R_MAX),
        router=st.sampled_from(["round_robin", "random", "prefix_hash"]), seed=st.integers(0, 3))
 def test_s3fifo_matches_reference_on_trees(w, capacity, replicas, router, seed):
     check(w, padded_stream(w, 2, N_MAX, L_MAX, block_ids=True), capacity, replicas, router, seed)
 
 
-@settings(HYP, max_examples=25)
+@settings(HYP, max_examples=10)
 @given(w=unchained_workloads(max_requests=12, pool=6, max_len=5), capacity=st.integers(0, 8),
        replicas=st.integers(1, 2))
 def test_s3fifo_matches_reference_on_repeated_small_pools(w, capacity, replicas):
