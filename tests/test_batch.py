@@ -55,7 +55,7 @@ def test_small_fleet_equals_reference():
     _check(w, m, ref)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
        seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
        router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",

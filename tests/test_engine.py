@@ -202,7 +202,7 @@ routers = st.one_of(
 )
 chunk_widths = st.sampled_from([1, 3, 8, 32])
 HYP = settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -45,7 +45,7 @@ def assert_equal_to_engine(w, configs, seed=0):
     np.testing.assert_allclose(got.token_hit_rate, np.asarray(want.token_hit_rate), rtol=1e-6)
 
 
-@settings(HYP, max_examples=12)
+@settings(HYP, max_examples=6)
 @given(w=st.one_of(tree_workloads(), long_run_workloads()), configs=CONFIGS, seed=st.integers(0, 3))
 def test_replay_equals_engine(w, configs, seed):
     assert_equal_to_engine(w, configs, seed)
