@@ -55,12 +55,13 @@ def test_small_fleet_equals_reference():
     _check(w, m, ref)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
-       seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
-       router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
-                               "least_loaded"]))
-def test_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, router):
+_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
+              seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
+              router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
+                                      "least_loaded"]))
+
+
+def _check_case(seed, cap, budget, seqs, R, out, router):
     """Chunked prefill (small budgets), preemption and pool exhaustion (small pools)."""
     w = _workload(seed, 4, 200, 40, 30, 2, out)
     kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
@@ -69,23 +70,19 @@ def test_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, router):
     m, bits = _run(w, R=R, router=router, S=6, **kn)
     ref = _ref(w, R=R, router=router, bits=bits, S=6, Q=64, **kn)
     _check(w, m, ref)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_CASES)
+def test_equals_reference_hypothesis(**case):
+    _check_case(**case)
 
 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
-       seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
-       router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
-                               "least_loaded"]))
-def test_equals_reference_hypothesis_many(seed, cap, budget, seqs, R, out, router):
-    """Chunked prefill (small budgets), preemption and pool exhaustion (small pools)."""
-    w = _workload(seed, 4, 200, 40, 30, 2, out)
-    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
-    if router == "llmd_approximate":
-        kn["index_capacity"] = cap // 2 + 20  # an index that forgets: the approximate view diverges
-    m, bits = _run(w, R=R, router=router, S=6, **kn)
-    ref = _ref(w, R=R, router=router, bits=bits, S=6, Q=64, **kn)
-    _check(w, m, ref)
+@given(**_CASES)
+def test_equals_reference_hypothesis_many(**case):
+    _check_case(**case)
 
 
 def test_metrics_from_per_request_arrays_and_warmup():

@@ -120,29 +120,30 @@ def test_chunk_runs_must_be_positive():
         compile_stream(distinct_workload(), chunk_runs=0)
 
 
-@settings(HYP, max_examples=10)
-@given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, R_MAX),
-       chunk_runs=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
-def test_long_runs_match_reference(w, capacity, replicas, chunk_runs, seed):
+_LONG = dict(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, R_MAX),
+             chunk_runs=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
+
+
+def _check_long_runs(w, capacity, replicas, chunk_runs, seed):
     """Capacities that cut runs: partial runs are evicted tail first (leaf-first) or head first."""
     stream = padded_stream(w, chunk_runs, N_R, L_R)
     for policy in LRU:
         for router in ("round_robin", "random"):
             kw = config_kwargs(policy, capacity=capacity, replicas=replicas, router=router)
             assert_matches_reference(w, kw, run_engine(stream, kw, seed))
+
+
+@settings(HYP, max_examples=10)
+@given(**_LONG)
+def test_long_runs_match_reference(**case):
+    _check_long_runs(**case)
 
 
 @pytest.mark.slow
 @settings(HYP, max_examples=60)
-@given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, R_MAX),
-       chunk_runs=st.sampled_from([1, 2, 4]), seed=st.integers(0, 3))
-def test_long_runs_match_reference_many(w, capacity, replicas, chunk_runs, seed):
-    """Capacities that cut runs: partial runs are evicted tail first (leaf-first) or head first."""
-    stream = padded_stream(w, chunk_runs, N_R, L_R)
-    for policy in LRU:
-        for router in ("round_robin", "random"):
-            kw = config_kwargs(policy, capacity=capacity, replicas=replicas, router=router)
-            assert_matches_reference(w, kw, run_engine(stream, kw, seed))
+@given(**_LONG)
+def test_long_runs_match_reference_many(**case):
+    _check_long_runs(**case)
 
 
 @settings(HYP, max_examples=40)
