@@ -1,6 +1,6 @@
 """cacheresearch: JAX-vectorized Monte Carlo research toolkit for LLM prefix and prompt caching."""
 
-from .engine import (
+from cacheresearch.engine import (
     LATENCY_PRESETS,
     Metrics,
     Params,
@@ -14,11 +14,11 @@ from .engine import (
     stack_params,
     stack_streams,
 )
-from .cache.policies import POLICIES
-from .routers import PRESETS as ROUTER_PRESETS
-from .routers import ROUTERS, VIEWS
-from .workload.synthetic import llmd_workload, tenant_workload
-from .workload import Workload, WorkloadError
+from cacheresearch.cache.policies import POLICIES
+from cacheresearch.routers import PRESETS as ROUTER_PRESETS
+from cacheresearch.routers import ROUTERS, VIEWS
+from cacheresearch.workload.synthetic import llmd_workload, tenant_workload
+from cacheresearch.workload import Workload, WorkloadError
 
 __all__ = [
     "Metrics",

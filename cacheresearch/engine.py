@@ -3,7 +3,7 @@
 The pieces live in :mod:`cacheresearch.core`: :mod:`~cacheresearch.core.stream` (workload ->
 run-compressed device stream), :mod:`~cacheresearch.core.simulate` (the scan composed of the
 components: :mod:`~cacheresearch.cache.store` cache rows, :mod:`~cacheresearch.core.views` router
-views, :mod:`~cacheresearch.core.queue` replica queue, metrics) and
+views, :mod:`~cacheresearch.replica.fcfs` replica queue, metrics) and
 :mod:`~cacheresearch.core.run` (grids of cells grouped by stream and state shape, with a memory
 estimate). The parameters (``Params``, ``make_params``) are
 :mod:`~cacheresearch.core.params`, declared from the routers' registry. This module re-exports them all.
@@ -11,12 +11,12 @@ estimate). The parameters (``Params``, ``make_params``) are
 
 from __future__ import annotations
 
-from .core.params import KNOBS, LATENCY_PRESETS, Params, make_params, resolve_router, stack_params  # noqa: F401
-from .core.simulate import (  # noqa: F401  (re-exported)
+from cacheresearch.core.params import KNOBS, LATENCY_PRESETS, Params, make_params, resolve_router, stack_params  # noqa: F401
+from cacheresearch.core.simulate import (  # noqa: F401  (re-exported)
     Metrics, Static, check_bounds, combine_limbs, default_window, request_bits, simulate, simulate_grid,
     static_options,
 )
-from .core.stream import Stream, StreamShape, compile_stream, pad_stream, stack_streams, stream_shape  # noqa: F401
+from cacheresearch.core.stream import Stream, StreamShape, compile_stream, pad_stream, stack_streams, stream_shape  # noqa: F401
 
 __all__ = [
     "Stream",

@@ -33,9 +33,10 @@
 
 import numpy as np
 
-from cacheresearch import report, studies
+from cacheresearch import studies
+from cacheresearch.shell import report
 from cacheresearch.analysis.analytic import break_even_hit_rate, cost_multiplier, ttl_refresh_hit
-from cacheresearch.sweep import notebook_dataset
+from cacheresearch.shell.sweep import notebook_dataset
 
 REDUCED = ["experiment=economics", "seeds=2", "study.sim.target_requests=5000", "study.sim.prefixes=40",
            "study.sim.arrivals=[poisson,diurnal,bursty]"]

@@ -27,8 +27,8 @@
 # %%
 import numpy as np
 
-from cacheresearch import report
-from cacheresearch.sweep import notebook_dataset
+from cacheresearch.shell import report
+from cacheresearch.shell.sweep import notebook_dataset
 
 REDUCED = ["experiment=routing", "workload.tenant.n_tenants=20", "workload.tenant.prefix_tokens=1600",
            "workload.tenant.n_requests=300", "fleet.prefix_blocks=100", "grid.capacity_blocks=[800,3200]",

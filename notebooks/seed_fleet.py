@@ -30,8 +30,8 @@
 
 # %%
 
-from cacheresearch import report
-from cacheresearch.sweep import notebook_dataset
+from cacheresearch.shell import report
+from cacheresearch.shell.sweep import notebook_dataset
 
 REDUCED = ["experiment=seed_fleet", "workload.fleet.n_requests=300", "seeds=3"]
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from cacheresearch.audit import audit_statistics, merge_workloads, probe_workload
-from cacheresearch.sweep import run
+from cacheresearch.studies.audit import audit_statistics, merge_workloads, probe_workload
+from cacheresearch.shell.sweep import run
 from cacheresearch.workload.synthetic import tenant_workload
 from omegaconf import OmegaConf
 
@@ -85,7 +85,7 @@ def test_isolation_study_orders_the_salts(tmp_path):
         scenario=dict(n_tenants=4, system_tokens=128, prefix_tokens=128, users_per_tenant=3, user_tokens=64,
                       query_tokens=32, output_tokens=16, block_tokens=16, n_requests=150),
         rates=[2.0], routers=["random"], replicas=2, capacity_blocks=4000)))
-    from cacheresearch.sweep import write_outputs
+    from cacheresearch.shell.sweep import write_outputs
 
     ds = run(cfg, write=False)
     h = ds.token_hit_rate.squeeze()

@@ -129,7 +129,7 @@ def test_refused_with_a_message():
 
 
 def test_step_time_is_exact_integer_arithmetic():
-    from cacheresearch.core.batch import step_ticks
+    from cacheresearch.replica.vllm import step_ticks
 
     p = make_params("lru", capacity_blocks=10, step_base_ns=5_752_705, step_prefill_ns=17_251, step_decode_ns=5_999)
     for pt, dt in [(0, 0), (1, 0), (8192, 255), (131_072, 65_536), (7, 3)]:
@@ -139,7 +139,7 @@ def test_step_time_is_exact_integer_arithmetic():
 
 def test_sweep_with_vllm_replicas(tmp_path):
     """``replica.scheduler=vllm`` through the sweep: the serving variables, one cell equal to a direct run."""
-    from cacheresearch.sweep import SweepError, run_experiment
+    from cacheresearch.shell.sweep import SweepError, run_experiment
 
     over = ["experiment=llmd_blog", "workload.tenant.n_tenants=6", "workload.tenant.prefix_tokens=320",
             "workload.tenant.query_tokens=64", "workload.tenant.output_tokens=8", "workload.tenant.duration_s=4",

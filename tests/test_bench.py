@@ -314,7 +314,7 @@ def test_capacity_grids_and_hashpower():
 
 def test_no_chunk_knob():
     """compile_stream chooses its own chunking: the bench neither passes nor exposes a chunk width."""
-    src = (REPO / "cacheresearch" / "bench.py").read_text()
+    src = "\n".join(p.read_text() for p in sorted((REPO / "cacheresearch" / "bench").glob("*.py")))
     assert not hasattr(bench, "ENGINE_CHUNK_BLOCKS")
     assert "CHUNK_BLOCKS" not in src and "engine_chunk" not in src
     assert "compile_stream(" in src and not re.search(r"compile_stream\([^)]*chunk", src)

@@ -1,4 +1,4 @@
-"""Chunked, resumable sweeps (:mod:`cacheresearch.chunks`): chunk sizes give identical results, a rerun
+"""Chunked, resumable sweeps (:mod:`cacheresearch.shell.chunks`): chunk sizes give identical results, a rerun
 takes the finished chunks, a changed configuration is refused (or started afresh), parts of a grid
 combine into the single-process result, and a run killed with SIGKILL leaves no ``results.nc`` and
 resumes to the uninterrupted result."""
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from cacheresearch import chunks
-from cacheresearch.sweep import SweepError, compose_config, run
+from cacheresearch.shell import chunks
+from cacheresearch.shell.sweep import SweepError, compose_config, run
 
 ROOT = Path(__file__).resolve().parent.parent
 # a small grid: 2 policies x 2 routers x 2 layouts x 2 seeds = 16 configurations over 4 streams
@@ -102,7 +102,7 @@ def test_changed_config_is_refused_or_started_afresh(tmp_path, capsys):
 
 def test_edited_input_file_is_another_configuration(tmp_path):
     """The chunk store checks the input files a configuration names (size and sha256), not only their path."""
-    from cacheresearch.sweep import _chunk_store
+    from cacheresearch.shell.sweep import _chunk_store
 
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n')

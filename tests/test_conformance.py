@@ -162,7 +162,7 @@ def test_every_declared_range_is_enforced():
 
 
 def test_sweep_schema_keys_come_from_the_declarations():
-    from cacheresearch import sweep
+    from cacheresearch.shell import sweep
 
     grid = [f.name for f in dataclasses.fields(sweep.GridConf)]
     assert grid == list(sweep.GRID_KEYS)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from cacheresearch.diagnostics import block_hits, token_lcp
-from cacheresearch.sweep import run, write_outputs
+from cacheresearch.studies.diagnostics import block_hits, token_lcp
+from cacheresearch.shell.sweep import run, write_outputs
 from cacheresearch.workload.synthetic import fleet_workload
 
 FIX = Path(__file__).parent / "fixtures"

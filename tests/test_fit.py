@@ -252,7 +252,7 @@ def test_validation_curves_on_the_fixture():
 
 
 def test_experiment_fit_and_fitted_source(tmp_path):
-    from cacheresearch.sweep import run_experiment
+    from cacheresearch.shell.sweep import run_experiment
 
     ds = run_experiment(["experiment=fit", f"trace.path={FIX / 'mini_mooncake.jsonl'}", "seeds=2",
                          "study.capacity_points=5", "study.max_kinds=2",
@@ -273,7 +273,7 @@ def test_experiment_fit_and_fitted_source(tmp_path):
     assert rep.sizes["seed"] == 2
     direct = sample_workload(model, seed=0)
     assert int(rep.attrs.get("n_requests", direct.n_requests)) >= 1
-    from cacheresearch.sweep import SweepError
+    from cacheresearch.shell.sweep import SweepError
 
     with pytest.raises(SweepError, match="workload.fitted.path"):
         run_experiment(["experiment=replay", "workload.source=fitted", "cache.capacity_blocks=100"], tmp_path / "x")
@@ -282,7 +282,7 @@ def test_experiment_fit_and_fitted_source(tmp_path):
 @pytest.mark.slow  # about 20 s: compiles the engine with the priority policies and 4 replicas
 def test_mooncake_figure_studies_on_the_fixture(tmp_path):
     from cacheresearch.analysis.mrc import hit_curve
-    from cacheresearch.sweep import run_experiment
+    from cacheresearch.shell.sweep import run_experiment
 
     trace = f"trace.path={FIX / 'mini_mooncake.jsonl'}"
     w = load_mooncake(FIX / "mini_mooncake.jsonl", block_tokens=512)

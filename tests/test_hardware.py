@@ -2,9 +2,7 @@
 
 import pytest
 
-from cacheresearch import hardware as hw
-
-
+from cacheresearch.replica import hardware as hw
 def test_llama3_8b_h100_by_hand():
     # 2 (K, V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes = 131,072 bytes per token
     assert hw.kv_bytes_per_token("llama3_8b") == 2 * 32 * 8 * 128 * 2 == 131_072
@@ -58,7 +56,7 @@ def test_bad_input(kw, msg):
 
 
 def test_sweep_takes_capacity_from_hardware():
-    from cacheresearch.sweep import SweepError, compose_config, make_plan
+    from cacheresearch.shell.sweep import SweepError, compose_config, make_plan
 
     cfg = compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", "replica.model=llama3_8b",
                           "replica.kv_dtype=fp8"])
@@ -78,7 +76,7 @@ def test_sweep_takes_capacity_from_hardware():
 def test_capacity_study_table(tmp_path):
     import math
 
-    from cacheresearch.sweep import run_experiment
+    from cacheresearch.shell.sweep import run_experiment
 
     ds = run_experiment(["experiment=capacity", "output.figure=false"], tmp_path)
     assert int(ds.kv_blocks.sel(model="llama3_8b", gpu="h100_80gb", tp=1, kv_dtype="bf16")) == 29_043

@@ -12,7 +12,7 @@ import sys
 import pytest
 import xarray as xr
 
-from cacheresearch.sweep import compose_config, run
+from cacheresearch.shell.sweep import compose_config, run
 from test_chunks import ROOT, SMALL, assert_same_results, env
 
 LAUNCHERS = {

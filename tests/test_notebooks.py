@@ -2,7 +2,7 @@
 
 Each notebook runs as a script in a subprocess (``MPLBACKEND=Agg``). A notebook named after an
 experiment reads ``CACHERESEARCH_RESULTS``: the test points it at a small dataset made here with
-:func:`cacheresearch.sweep.run_experiment` (sizes in ``SMALL``), so no notebook can rot silently.
+:func:`cacheresearch.shell.sweep.run_experiment` (sizes in ``SMALL``), so no notebook can rot silently.
 Notebooks without an entry in ``SMALL`` run with the variable unset (their own reduced path).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from cacheresearch.sweep import run_experiment
+from cacheresearch.shell.sweep import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py"))

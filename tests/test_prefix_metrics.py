@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cacheresearch.analysis.pricing import preset
-from cacheresearch.prefix_metrics import prefix_groups
-from cacheresearch.sweep import run_experiment
+from cacheresearch.metrics.prefix import prefix_groups
+from cacheresearch.shell.sweep import run_experiment
 from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.trace import load_trace
 

@@ -1,4 +1,4 @@
-"""The numba replay backend (``cacheresearch.core.replay``) equals the JAX engine, request by request."""
+"""The numba replay backend (``cacheresearch.backends.numba_cache``) equals the JAX engine, request by request."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cacheresearch.core.replay import replay_grid
+from cacheresearch.backends.numba_cache import replay_grid
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params
 from cacheresearch.workload.trace import load_mooncake
 from test_engine import FIXTURE, HYP, R_MAX, tree_workloads

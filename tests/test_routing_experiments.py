@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cacheresearch.engine import compile_stream, make_params, simulate
-from cacheresearch.sweep import SweepError, build_workload, compose_config, make_plan, run_experiment
+from cacheresearch.shell.sweep import SweepError, build_workload, compose_config, make_plan, run_experiment
 
 VARS = ("token_hit_rate", "request_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "load_imbalance",
         "prefix_copies", "overflow_share")
@@ -80,7 +80,7 @@ def test_a_cell_equals_a_direct_call():
 
     with tempfile.TemporaryDirectory() as d:
         ds = run_experiment(over, d)
-    from cacheresearch.sweep import _workload_key
+    from cacheresearch.shell.sweep import _workload_key
 
     w = build_workload(cfg, plan, _workload_key(plan, cell))
     p = make_params("lru", 800, replicas=4, router="kubeai_chwbl", prefix_blocks=40, latency="h100_8b")

@@ -99,7 +99,7 @@ def test_salt_values_distinct_and_nonzero():
 
 
 def test_sweep_salt_grid(tmp_path):
-    from cacheresearch.sweep import run_experiment
+    from cacheresearch.shell.sweep import run_experiment
 
     ds = run_experiment(["experiment=routing", "workload.tenant.n_tenants=3", "workload.tenant.prefix_tokens=64",
                          "workload.tenant.system_tokens=64", "workload.tenant.users_per_tenant=2",

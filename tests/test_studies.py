@@ -19,7 +19,7 @@ import xarray as xr
 
 from cacheresearch.analysis import analytic as an
 from cacheresearch.studies import fixed_units, ratio_interval, refresh_units
-from cacheresearch.sweep import SweepError, run_experiment
+from cacheresearch.shell.sweep import SweepError, run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,9 +24,10 @@ import pytest
 import xarray as xr
 import yaml
 
-from cacheresearch import __version__, report
+from cacheresearch import __version__
+from cacheresearch.shell import report
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
-from cacheresearch.sweep import SweepError, compose_config, make_plan, run_experiment
+from cacheresearch.shell.sweep import SweepError, compose_config, make_plan, run_experiment
 from cacheresearch.workload.synthetic import fleet_workload
 from cacheresearch.workload.trace import load_mooncake
 from reference import reference_simulate

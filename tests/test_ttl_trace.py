@@ -243,7 +243,7 @@ def test_missing_trace(tmp_path):
 
 def test_experiment_config_runs(tmp_path):
     """configs/experiment/ttl_trace.yaml composes and reads the top-level trace.path."""
-    from cacheresearch.sweep import run_experiment
+    from cacheresearch.shell.sweep import run_experiment
 
     ds = run_experiment(["experiment=ttl_trace", f"trace.path={POISSON}", "study.top_roots=3"], tmp_path)
     assert ds.attrs["study_kind"] == "ttl_trace" and ds.attrs["trace"] == "ttl_trace"

@@ -378,7 +378,7 @@ def prefix_hash_replicas(workload, replicas: int, prefix_blocks: int = 80) -> np
     The router hashes the key of block ``min(K, n) - 1`` (key 0 for a request without blocks) and
     takes it modulo ``R``, as :mod:`cacheresearch.routers` documents.
     """
-    from .mrc import route_requests  # noqa: PLC0415 - the one implementation of the routing rule
+    from cacheresearch.analysis.mrc import route_requests  # noqa: PLC0415 - the one implementation of the routing rule
 
     return route_requests(workload, "prefix_hash", int(replicas), prefix_blocks=int(prefix_blocks)).astype(np.int64)
 

@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..routers import LOAD_FREE_ROUTERS, REGISTRY, FleetView, RequestView, route, router_id
-from ..workload import Workload
+from cacheresearch.routers import LOAD_FREE_ROUTERS, REGISTRY, FleetView, RequestView, route, router_id
+from cacheresearch.workload import Workload
 
 __all__ = ["HitCurve", "hit_curve", "route_requests", "route_requests_many", "stack_distances", "shards_sample", "lru_replay"]
 

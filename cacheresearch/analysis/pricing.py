@@ -50,7 +50,7 @@ from typing import Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from .analytic import break_even_hit_rate, cost_multiplier, ttl_hit
+from cacheresearch.analysis.analytic import break_even_hit_rate, cost_multiplier, ttl_hit
 
 __all__ = [
     "Pricing",

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..cache.policies import INF, policy_spec
-from ..routers import PRESETS, REGISTRY, Knob, router_id
+from cacheresearch.cache.policies import INF, policy_spec
+from cacheresearch.routers import PRESETS, REGISTRY, Knob, router_id
 
 __all__ = [
     "Params",

@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..cache.policies import PRIORITY_IDS, S3FIFO_ID
-from ..routers import CACHE_ROUTERS, ROUTERS, VIEWS
-from .simulate import Metrics, Static, nested_fn, check_bounds, check_stream, finalize, static_options
-from .stream import Stream, pad_stream, stream_shape
+from cacheresearch.cache.policies import PRIORITY_IDS, S3FIFO_ID
+from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
+from cacheresearch.core.simulate import Metrics, Static, nested_fn, check_bounds, check_stream, finalize, static_options
+from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 
 __all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
            "available_memory_bytes", "MemoryError_"]

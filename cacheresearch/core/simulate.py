@@ -32,14 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
-from . import queue as qm
-from ..cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
-from ..cache.s3fifo import S3State, init_s3, s3_request
-from ..cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
-from ..cache.store import StoreState, evict, flush, init_store, stored_len
-from .stream import Stream
-from .views import SyncState, init_sync, leading, presence, probe, sync
+from cacheresearch.routers import CACHE_ROUTERS, LOAD_FREE_ROUTERS, ROUTERS, VIEWS, FleetView, RequestView, ring_positions, route, router_id
+from cacheresearch.replica import fcfs as qm
+from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
+from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
+from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
+from cacheresearch.cache.store import StoreState, evict, flush, init_store, stored_len
+from cacheresearch.core.stream import Stream
+from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, sync
 
 __all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
            "default_window", "request_bits", "finalize", "RATIO_FIELDS"]
@@ -208,7 +208,7 @@ def finalize(m: Metrics, st: Static) -> Metrics:
         overflow_share=f(m.over_n) / at_least_1(m.over_q) if st.match else nan,
     )
     if st.scheduler == "vllm":
-        from .batch import TICK_NS, TICKS_PER_MS  # noqa: PLC0415
+        from cacheresearch.replica.vllm import TICK_NS, TICKS_PER_MS  # noqa: PLC0415
 
         cap = at_least_1(m.kv_capacity)
         tpot_ns = total(m.tpot_ticks_hi, m.tpot_ticks_lo) * TICK_NS + total(m.tpot_frac_hi, m.tpot_frac_lo)
@@ -289,7 +289,7 @@ def _add_limbs(hi, lo, add):
 
 def _simulate(stream: Stream, params, key, st: Static):
     if st.scheduler == "vllm":
-        from .batch import simulate_vllm  # noqa: PLC0415
+        from cacheresearch.replica.vllm import simulate_vllm  # noqa: PLC0415
 
         return simulate_vllm(stream, params, key, st, request_bits, _finish_vllm)
     K = stream.n_keys
@@ -544,7 +544,7 @@ def _pct(sorted_vals, count, p, size):
 def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     """Metrics of a vllm-replica run (core/batch.py) from its final carry: integers, exact sums and the
     replicas' float32 accumulators; the ratio fields are left NaN for :func:`finalize`."""
-    from .batch import TICKS_PER_MS  # noqa: PLC0415
+    from cacheresearch.replica.vllm import TICKS_PER_MS  # noqa: PLC0415
 
     R = st.max_replicas
     N1 = stream.arrival_ms.shape[0]

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..workload import Workload
+from cacheresearch.workload import Workload
 
 __all__ = ["Stream", "StreamShape", "compile_stream", "pad_stream", "stack_streams", "run_structure",
            "stream_shape", "default_chunk_runs"]

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..cache.priority import STORED
-from ..cache.store import stored_len
+from cacheresearch.cache.priority import STORED
+from cacheresearch.cache.store import stored_len
 
 __all__ = ["SyncState", "init_sync", "sync", "leading", "probe"]
 

@@ -5,7 +5,7 @@ tree), :mod:`.model` (the session model: fit, sample whole sessions, the naive b
 :mod:`.validate` (hit-rate curves of a trace and of samples: LRU over capacities, TTL with refresh).
 """
 
-from .model import MODEL_VERSION, fit_workload, naive_workload, sample_workload
-from .structure import request_structure, tree_stats
+from cacheresearch.fit.model import MODEL_VERSION, fit_workload, naive_workload, sample_workload
+from cacheresearch.fit.structure import request_structure, tree_stats
 
 __all__ = ["fit_workload", "sample_workload", "naive_workload", "request_structure", "tree_stats", "MODEL_VERSION"]

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..workload import Workload
+from cacheresearch.workload import Workload
 
 __all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times"]
 

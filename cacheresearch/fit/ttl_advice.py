@@ -16,7 +16,7 @@ cacheable prompt is written, so ``base * (r * read + w * written + uncached) / 1
 ``"none"`` pays ``base * input / 1e6`` at the base price of the first priced option.
 
 **Replay** (``simulated``). One TTL cache refreshed on hit, unbounded, one replica: the engine's numba
-backend (:func:`cacheresearch.core.replay.replay_grid`, equal to the JAX engine request by request),
+backend (:func:`cacheresearch.backends.numba_cache.replay_grid`, equal to the JAX engine request by request),
 once per TTL. Roots share no keys and an unbounded TTL cache couples no keys, so the replay of a
 *plan* (each root on its own option) is each root's requests taken from the replay of its option:
 exact (``tests/test_ttl_trace.py`` checks it against a plain-Python replay with per-root TTLs).
@@ -43,8 +43,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis.pricing import MTOK, Pricing, preset, request_cost_usd, split_tokens
-from ..workload import Workload
+from cacheresearch.analysis.pricing import MTOK, Pricing, preset, request_cost_usd, split_tokens
+from cacheresearch.workload import Workload
 
 __all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
            "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
@@ -208,8 +208,8 @@ def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
     (the engine's numba backend; the engine's token accounting)."""
     import jax  # noqa: PLC0415
 
-    from ..core.params import make_params  # noqa: PLC0415
-    from ..core.replay import replay_grid  # noqa: PLC0415
+    from cacheresearch.core.params import make_params  # noqa: PLC0415
+    from cacheresearch.backends.numba_cache import replay_grid  # noqa: PLC0415
 
     ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
     m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))

@@ -5,7 +5,7 @@
 * :func:`capacity_hit_rates`: the token hit rate of one leaf-first LRU cache at each capacity, from
   one stack-distance pass (:func:`cacheresearch.analysis.mrc.hit_curve`, exact);
 * :func:`ttl_hit_rates`: the token hit rate of one TTL cache refreshed on every hit, per TTL (the
-  engine's numba backend, :func:`cacheresearch.core.replay.replay_grid`, equal to the JAX engine);
+  engine's numba backend, :func:`cacheresearch.backends.numba_cache.replay_grid`, equal to the JAX engine);
 * :func:`analytic_hit_rates`: Che's approximation for the capacities and ``1 - exp(-lambda TTL)``
   for the TTLs, from the block-key rates of a workload (a fitted model's sample), token-weighted,
   over a finite window: a block requested ``n`` times in it contributes ``n - 1`` requests that can
@@ -17,11 +17,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from ..analysis.analytic import block_key_rates, che_hit_ratios, workload_duration_s
-from ..analysis.mrc import hit_curve
-from ..core.params import make_params
-from ..core.replay import replay_grid
-from ..workload import Workload
+from cacheresearch.analysis.analytic import block_key_rates, che_hit_ratios, workload_duration_s
+from cacheresearch.analysis.mrc import hit_curve
+from cacheresearch.core.params import make_params
+from cacheresearch.backends.numba_cache import replay_grid
+from cacheresearch.workload import Workload
 
 __all__ = ["capacity_grid", "capacity_hit_rates", "ttl_hit_rates", "analytic_hit_rates", "working_set"]
 

@@ -45,17 +45,17 @@ program. The compiled rules are all evaluated and the chosen one selected: each 
 
 from __future__ import annotations
 
-from .common import (
+from cacheresearch.routers.common import (
     Context, FleetView, RequestView, argmax_rot, argmin_rot, clamp30, mix32, mul32, prefix_hash_u64, ring_positions,
     scale_bits,
 )
-from .presets import PRESETS
-from .registry import REGISTRY, Knob, Registry, Router, markdown_table, register, register_knobs, route, router_id
-from .views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
+from cacheresearch.routers.presets import PRESETS
+from cacheresearch.routers.registry import REGISTRY, Knob, Registry, Router, markdown_table, register, register_knobs, route, router_id
+from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
 
 # every rule registers itself on import (ids fix the order, not this list)
-from . import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
-from . import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
+from cacheresearch.routers import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
+from cacheresearch.routers import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ROUTERS",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .common import BIG, Context, clamp30
-from .registry import Knob, Router, register
+from cacheresearch.routers.common import BIG, Context, clamp30
+from cacheresearch.routers.registry import Knob, Router, register
 
 
 def rule(ctx: Context):

@@ -6,8 +6,8 @@ The replica with the fewest requests in flight at arrival, ties broken by the re
 
 from __future__ import annotations
 
-from .common import Context
-from .registry import Router, register
+from cacheresearch.routers.common import Context
+from cacheresearch.routers.registry import Router, register
 
 
 def rule(ctx: Context):

@@ -7,8 +7,8 @@ tie-breaking offset ``off`` of every other rule.
 
 from __future__ import annotations
 
-from .common import Context
-from .registry import Router, register
+from cacheresearch.routers.common import Context
+from cacheresearch.routers.registry import Router, register
 
 
 def rule(ctx: Context):

@@ -16,7 +16,7 @@ Everything else follows from the registrations:
   :meth:`Registry.load_free`, :meth:`Registry.defaults`);
 * the knob fields of :class:`cacheresearch.core.params.Params`, their ranges, dtypes and conversion
   (:meth:`Knob.check`, :meth:`Knob.value`);
-* the knob keys of the Hydra schema (:mod:`cacheresearch.sweep`);
+* the knob keys of the Hydra schema (:mod:`cacheresearch.shell.sweep`);
 * ``docs/routers.md`` (:func:`markdown_table`; ``python -m cacheresearch.routers docs/routers.md``);
 * the conformance test ``tests/test_conformance.py``, which fails for a registered router that has no
   plain-Python oracle in ``tests/reference_fleet.py`` or disagrees with it.
@@ -31,8 +31,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from .common import Context
-from .presets import PRESETS
+from cacheresearch.routers.common import Context
+from cacheresearch.routers.presets import PRESETS
 
 __all__ = [
     "Knob",
@@ -348,7 +348,7 @@ def markdown_table(registry: Registry | None = None, presets: dict | None = None
     reg = REGISTRY if registry is None else registry
     presets = PRESETS if presets is None else presets
     if extra_knobs is None and registry is None:
-        from ..core.params import LATENCY_KNOBS  # noqa: PLC0415  (core.params builds on this module)
+        from cacheresearch.core.params import LATENCY_KNOBS  # noqa: PLC0415  (core.params builds on this module)
 
         extra_knobs = LATENCY_KNOBS
     extra_knobs = tuple(extra_knobs or ())

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .common import Context
-from .registry import Router, register
+from cacheresearch.routers.common import Context
+from cacheresearch.routers.registry import Router, register
 
 
 def rule(ctx: Context):

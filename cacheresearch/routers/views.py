@@ -24,7 +24,7 @@ the instances, read by the engine to build what every router sees) and the repli
 
 from __future__ import annotations
 
-from .registry import Knob, register_knobs
+from cacheresearch.routers.registry import Knob, register_knobs
 
 __all__ = ["VIEWS", "view_id", "VIEW_KNOBS", "REPLICA_KNOBS"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .common import Context
-from .registry import Knob, Router, register
+from cacheresearch.routers.common import Context
+from cacheresearch.routers.registry import Knob, Router, register
 
 
 def rule(ctx: Context):

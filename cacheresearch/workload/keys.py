@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .table import Workload
+from cacheresearch.workload.table import Workload
 
 __all__ = [
     "ROOT",

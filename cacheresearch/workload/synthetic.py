@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .keys import SALT_MODES, block_keys_jit, salt_values, split_uint64, to_uint64
-from .table import MAX_ARRIVAL_MS, Workload
+from cacheresearch.workload.keys import SALT_MODES, block_keys_jit, salt_values, split_uint64, to_uint64
+from cacheresearch.workload.table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
     "fleet_workload",

@@ -52,7 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .table import MAX_ARRIVAL_MS, Workload
+from cacheresearch.workload.table import MAX_ARRIVAL_MS, Workload
 
 __all__ = [
     "TraceError",

@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from .analysis.pricing import preset
-from .core.run import simulate_cells
-from .engine import compile_stream, make_params
-from .workload.keys import rekey_after
-from .workload.synthetic import _fleet_parts, fleet_workload
+from cacheresearch.analysis.pricing import preset
+from cacheresearch.core.run import simulate_cells
+from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.workload.keys import rekey_after
+from cacheresearch.workload.synthetic import _fleet_parts, fleet_workload
 
 __all__ = ["VOLATILE_DEFAULTS", "EVENTS_DEFAULTS", "GRANULARITY_DEFAULTS", "volatile_study", "events_study",
            "granularity_study", "token_lcp", "block_hits", "register"]
@@ -53,7 +53,7 @@ POSITIONS = {"none": "stable", "top": "timestamp_top", "after_system": "timestam
 
 
 def _studies():
-    from . import studies  # noqa: PLC0415 - studies imports this module at its end
+    from cacheresearch import studies  # noqa: PLC0415 - studies imports this module at its end
 
     return studies
 
@@ -398,7 +398,7 @@ def _fleet_prompts(spec: dict, seed: int):
 
 def _trace_rows(path: str, max_requests, blocks: list[int]):
     """Per block size: (hit tokens, token-level upper bound) on a Mooncake trace (512-token ids)."""
-    from .workload.trace import load_mooncake  # noqa: PLC0415
+    from cacheresearch.workload.trace import load_mooncake  # noqa: PLC0415
 
     w = load_mooncake(path, block_tokens=512, max_requests=max_requests)
     inp = w.input_tokens.astype(np.int64)
@@ -548,8 +548,8 @@ CAPACITY_DEFAULTS = dict(models=None, gpus=None, tps=[1, 2, 4, 8], kv_dtypes=["b
 
 
 def capacity_study(cfg) -> xr.Dataset:
-    """KV blocks per replica for every (model, GPU, TP, KV dtype) preset (:mod:`cacheresearch.hardware`)."""
-    from . import hardware as hw  # noqa: PLC0415
+    """KV blocks per replica for every (model, GPU, TP, KV dtype) preset (:mod:`cacheresearch.replica.hardware`)."""
+    from cacheresearch.replica import hardware as hw  # noqa: PLC0415
 
     s = _studies()
     t0 = time.perf_counter()

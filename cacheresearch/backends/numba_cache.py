@@ -23,11 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..analysis.mrc import route_requests_many
-from ..cache.policies import POLICIES
-from ..routers import LOAD_FREE_ROUTERS, ROUTERS
-from ..workload import Workload
-from .stream import compile_stream
+from cacheresearch.analysis.mrc import route_requests_many
+from cacheresearch.cache.policies import POLICIES
+from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
+from cacheresearch.workload import Workload
+from cacheresearch.core.stream import compile_stream
 
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES"]
 
@@ -157,7 +157,7 @@ def replay_grid(workload: Workload, params, keys, *, max_replicas: int = 1, stre
     The results equal the JAX engine's on the same stream (:func:`compile_stream` of the workload;
     pass it as ``stream`` to keep that host work out of a timed call)."""
     if isinstance(params, (list, tuple)):
-        from .params import stack_params  # noqa: PLC0415
+        from cacheresearch.core.params import stack_params  # noqa: PLC0415
 
         params = stack_params(list(params))
     P = {f: np.asarray(getattr(params, f)).reshape(-1) for f in params._fields}

@@ -57,12 +57,12 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from .analysis.pricing import preset
-from .core.run import simulate_cells
-from .engine import compile_stream, make_params
-from .workload import Workload
-from .workload.keys import SALT_MODES, block_keys_jit, salt_values, to_uint64
-from .workload.synthetic import tenant_workload
+from cacheresearch.analysis.pricing import preset
+from cacheresearch.core.run import simulate_cells
+from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.workload import Workload
+from cacheresearch.workload.keys import SALT_MODES, block_keys_jit, salt_values, to_uint64
+from cacheresearch.workload.synthetic import tenant_workload
 
 __all__ = ["ISOLATION_DEFAULTS", "AUDIT_DEFAULTS", "isolation_study", "audit_study", "audit_statistics",
            "merge_workloads", "probe_workload", "register"]
@@ -73,13 +73,13 @@ DAY = 86_400.0
 
 
 def _err(msg: str):
-    from .studies import StudyError  # noqa: PLC0415 - studies imports this module at its end
+    from cacheresearch.studies import StudyError  # noqa: PLC0415 - studies imports this module at its end
 
     return StudyError(msg)
 
 
 def _cfg(cfg, defaults: dict) -> dict:
-    from .studies import _study_cfg  # noqa: PLC0415
+    from cacheresearch.studies import _study_cfg  # noqa: PLC0415
 
     return _study_cfg(cfg, defaults)
 
@@ -236,13 +236,13 @@ def _run(streams, idx, params, seeds, max_replicas: int):
 
 
 def _attrs(cfg, kind, t0, extra):
-    from .studies import _common_attrs  # noqa: PLC0415
+    from cacheresearch.studies import _common_attrs  # noqa: PLC0415
 
     return _common_attrs(cfg, kind, t0, extra)
 
 
 def _seeds(cfg):
-    from .studies import _seeds as s  # noqa: PLC0415
+    from cacheresearch.studies import _seeds as s  # noqa: PLC0415
 
     return s(cfg)
 
@@ -349,7 +349,7 @@ def isolation_study(cfg) -> xr.Dataset:
 
 
 def summarize_isolation(ds) -> str:
-    from .studies import _header, _pct, _table, _usd  # noqa: PLC0415
+    from cacheresearch.studies import _header, _pct, _table, _usd  # noqa: PLC0415
 
     out = _header(ds)
     sc = json.loads(ds.attrs["scenario"])
@@ -371,7 +371,7 @@ def summarize_isolation(ds) -> str:
 
 
 def plot_isolation(ds):
-    from .studies import _fig  # noqa: PLC0415
+    from cacheresearch.studies import _fig  # noqa: PLC0415
 
     fig = _fig(12, 4)
     axes = fig.subplots(1, 3)
@@ -523,7 +523,7 @@ def audit_study(cfg) -> xr.Dataset:
 
 
 def summarize_audit(ds) -> str:
-    from .studies import _header, _table  # noqa: PLC0415
+    from cacheresearch.studies import _header, _table  # noqa: PLC0415
 
     a = ds.attrs
     out = _header(ds)
@@ -550,7 +550,7 @@ def summarize_audit(ds) -> str:
 
 
 def plot_audit(ds):
-    from .studies import _fig  # noqa: PLC0415
+    from cacheresearch.studies import _fig  # noqa: PLC0415
 
     fig = _fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)

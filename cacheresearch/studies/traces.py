@@ -41,9 +41,9 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from .fit import fit_workload, naive_workload, sample_workload, tree_stats
-from .fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
-from .workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
+from cacheresearch.fit import fit_workload, naive_workload, sample_workload, tree_stats
+from cacheresearch.fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
+from cacheresearch.workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
 
 __all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "ttl_trace_study",
            "load_fit_trace", "model_from_file", "register"]
@@ -70,7 +70,7 @@ def _resolve(p: str) -> Path:
 def load_fit_trace(tc: dict):
     """``(workload, fit keyword arguments)`` of a trace setting ``{path, format, block_tokens,
     max_requests}``: Bailian traces bring their sessions, parents and types."""
-    from .studies import StudyError
+    from cacheresearch.studies import StudyError
 
     if not tc.get("path"):
         raise StudyError("study.trace.path (or trace.path) is required: a Mooncake or Bailian JSONL trace")
@@ -125,7 +125,7 @@ def _trace_cfg(cfg, c: dict) -> dict:
 
 
 def fit_study(cfg) -> xr.Dataset:
-    from . import studies as S
+    from cacheresearch import studies as S
 
     t0 = time.perf_counter()
     c = S._study_cfg(cfg, FIT_DEFAULTS)
@@ -199,7 +199,7 @@ def fit_study(cfg) -> xr.Dataset:
 
 
 def summarize_fit(ds) -> str:
-    from .studies import _header, _pct, _table
+    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
     out = _header(ds)
@@ -245,7 +245,7 @@ def summarize_fit(ds) -> str:
 
 
 def plot_fit(ds):
-    from .studies import _fig
+    from cacheresearch.studies import _fig
 
     fig = _fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)
@@ -284,7 +284,7 @@ MOONCAKE_DEFAULTS = dict(
 
 
 def _trace_only(cfg, defaults):
-    from . import studies as S
+    from cacheresearch import studies as S
 
     c = S._study_cfg(cfg, defaults)
     w, _ = load_fit_trace(_trace_cfg(cfg, c))
@@ -297,7 +297,7 @@ def _token_rate(w, hit_blocks) -> float:
 
 
 def mooncake_fig9_study(cfg) -> xr.Dataset:
-    from .analysis.mrc import hit_curve
+    from cacheresearch.analysis.mrc import hit_curve
 
     t0 = time.perf_counter()
     S, c, w = _trace_only(cfg, MOONCAKE_DEFAULTS)
@@ -323,7 +323,7 @@ def mooncake_fig9_study(cfg) -> xr.Dataset:
 
 
 def summarize_fig9(ds) -> str:
-    from .studies import _header, _pct
+    from cacheresearch.studies import _header, _pct
 
     a = ds.attrs
     out = _header(ds)
@@ -338,7 +338,7 @@ def summarize_fig9(ds) -> str:
 
 
 def plot_fig9(ds):
-    from .studies import _fig
+    from cacheresearch.studies import _fig
 
     fig = _fig(7.5, 4.5)
     ax = fig.subplots()
@@ -364,15 +364,15 @@ FIG10_ROUTERS = {
 
 
 def _engine_rates(S, w, params, *, max_replicas, stateful=False):
-    from .engine import compile_stream
+    from cacheresearch.engine import compile_stream
 
     hits = S._run_engine([compile_stream(w, stateful_singletons=stateful)], params, max_replicas=max_replicas)
     return [_token_rate(w, h[0]) for h in hits]
 
 
 def mooncake_fig10_study(cfg) -> xr.Dataset:
-    from .analysis.mrc import hit_curve
-    from .engine import make_params
+    from cacheresearch.analysis.mrc import hit_curve
+    from cacheresearch.engine import make_params
 
     t0 = time.perf_counter()
     S, c, w = _trace_only(cfg, MOONCAKE_DEFAULTS)
@@ -403,7 +403,7 @@ def mooncake_fig10_study(cfg) -> xr.Dataset:
 
 
 def summarize_fig10(ds) -> str:
-    from .studies import _header, _pct, _table
+    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
     out = _header(ds)
@@ -420,7 +420,7 @@ def summarize_fig10(ds) -> str:
 
 
 def plot_fig10(ds):
-    from .studies import _fig
+    from cacheresearch.studies import _fig
 
     fig = _fig(7.5, 4.5)
     ax = fig.subplots()
@@ -438,7 +438,7 @@ def plot_fig10(ds):
 
 
 def mooncake_table1_study(cfg) -> xr.Dataset:
-    from .engine import make_params
+    from cacheresearch.engine import make_params
 
     t0 = time.perf_counter()
     S, c, w = _trace_only(cfg, MOONCAKE_DEFAULTS)
@@ -471,7 +471,7 @@ TABLE1_PUBLISHED = {"lru": [.51, .51, .50, .48, .40, .30], "lfu": [.51, .51, .49
 
 
 def summarize_table1(ds) -> str:
-    from .studies import _header, _table
+    from cacheresearch.studies import _header, _table
 
     a = ds.attrs
     out = _header(ds)
@@ -490,7 +490,7 @@ def summarize_table1(ds) -> str:
 
 
 def plot_table1(ds):
-    from .studies import _fig
+    from cacheresearch.studies import _fig
 
     fig = _fig(7.5, 4.5)
     ax = fig.subplots()
@@ -519,8 +519,8 @@ TTL_TRACE_DEFAULTS = dict(
 
 def ttl_trace_study(cfg) -> xr.Dataset:
     """TTL advice per shared root on a trace, predicted and replayed (:mod:`cacheresearch.fit.ttl_advice`)."""
-    from .analysis.pricing import Pricing, preset
-    from .fit.ttl_advice import advise_trace
+    from cacheresearch.analysis.pricing import Pricing, preset
+    from cacheresearch.fit.ttl_advice import advise_trace
 
     t0 = time.perf_counter()
     S, c, w = _trace_only(cfg, TTL_TRACE_DEFAULTS)
@@ -629,7 +629,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
 
 
 def summarize_ttl_trace(ds) -> str:
-    from .studies import _header, _pct, _table
+    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
     out = _header(ds)
@@ -675,7 +675,7 @@ def summarize_ttl_trace(ds) -> str:
 
 
 def plot_ttl_trace(ds):
-    from .studies import _fig
+    from cacheresearch.studies import _fig
 
     fig = _fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)

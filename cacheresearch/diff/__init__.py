@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .workload.keys import reference_block_keys
+from cacheresearch.workload.keys import reference_block_keys
 
 __all__ = ["tokenize", "diff_tokens", "diff_keys", "main"]
 
@@ -155,9 +155,9 @@ def _text(r: dict) -> str:
 
 
 def _changepoints(argv) -> int:
-    from .analysis.changepoint import change_points, format_report, potential_hits  # noqa: PLC0415
-    from .workload.keys import rekey_after  # noqa: PLC0415
-    from .workload.trace import load_trace  # noqa: PLC0415
+    from cacheresearch.analysis.changepoint import change_points, format_report, potential_hits  # noqa: PLC0415
+    from cacheresearch.workload.keys import rekey_after  # noqa: PLC0415
+    from cacheresearch.workload.trace import load_trace  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python -m cacheresearch.diff changepoints",
                                  description="windows where a trace's hit rate collapses, and what changed")
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.trace:
-            from .workload.trace import load_trace  # noqa: PLC0415
+            from cacheresearch.workload.trace import load_trace  # noqa: PLC0415
 
             path, i, j = a.trace
             w = load_trace(path, block_tokens=a.block_tokens)

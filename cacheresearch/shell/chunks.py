@@ -14,7 +14,7 @@ leaves either no ``results.nc`` or a complete one.
 over ``launch.part`` spreads a grid over joblib processes, Slurm array jobs or a Ray cluster, all
 writing chunk files into one directory; the part that finds every cell done writes ``results.nc``.
 
-Only the shell (this module, :mod:`cacheresearch.sweep`) touches files; the core runs cells.
+Only the shell (this module, :mod:`cacheresearch.shell.sweep`) touches files; the core runs cells.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import jax
 import numpy as np
 import xarray as xr
 
-from .core.run import available_memory_bytes, cell_order, plan_cells
-from .core.simulate import Metrics
+from cacheresearch.core.run import available_memory_bytes, cell_order, plan_cells
+from cacheresearch.core.simulate import Metrics
 
 __all__ = ["CHUNK_DIR", "ChunkError", "ChunkStore", "RunInfo", "assemble", "done_cells", "fingerprint",
            "part_cells", "plan_line", "progress_bar", "run_grid", "write_atomic"]

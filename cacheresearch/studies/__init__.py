@@ -63,8 +63,8 @@ import xarray as xr
 from omegaconf import OmegaConf
 from scipy import stats
 
-from . import __version__
-from .analysis.analytic import (
+from cacheresearch import __version__
+from cacheresearch.analysis.analytic import (
     che_fleet,
     cost_multiplier,
     quasi_static_hit,
@@ -73,10 +73,10 @@ from .analysis.analytic import (
     ttl_refresh_hit_diurnal,
     ttl_refresh_hit_gamma,
 )
-from .core.run import simulate_cells
-from .engine import compile_stream, make_params
-from .analysis.pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
-from .workload.synthetic import design_workload, prefix_poisson_workload
+from cacheresearch.core.run import simulate_cells
+from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.analysis.pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
+from cacheresearch.workload.synthetic import design_workload, prefix_poisson_workload
 
 __all__ = [
     "STUDIES",
@@ -1296,10 +1296,10 @@ def plot_advisor(ds):
 
 PLOTS = {"economics": plot_economics, "ttl": plot_ttl, "che": plot_che, "ttl_advisor": plot_advisor}
 
-from . import audit as _audit  # noqa: E402  (studies in their own modules add themselves)
+from cacheresearch.studies import audit as _audit  # noqa: E402  (studies in their own modules add themselves)
 
 _audit.register(STUDIES, SUMMARIES, PLOTS)
-from . import diagnostics as _diagnostics  # noqa: E402
+from cacheresearch.studies import diagnostics as _diagnostics  # noqa: E402
 
 _diagnostics.register(STUDIES, SUMMARIES, PLOTS)
 
@@ -1321,7 +1321,7 @@ def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True) -> str:
     return text
 
 
-# studies of traces (experiment=fit, the Mooncake figures, TTL advice on a trace): cacheresearch.trace_studies
-from .trace_studies import register as _register_trace_studies  # noqa: E402
+# studies of traces (experiment=fit, the Mooncake figures, TTL advice on a trace): cacheresearch.studies.traces
+from cacheresearch.studies.traces import register as _register_trace_studies  # noqa: E402
 
 _register_trace_studies(STUDIES, SUMMARIES, PLOTS)

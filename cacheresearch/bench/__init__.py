@@ -136,12 +136,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import __version__
-from .analysis import mrc
-from .workload import synthetic, trace
-from .core.replay import replay_grid
-from .engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
-from .workload import Workload
+from cacheresearch import __version__
+from cacheresearch.analysis import mrc
+from cacheresearch.workload import synthetic, trace
+from cacheresearch.backends.numba_cache import replay_grid
+from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
+from cacheresearch.workload import Workload
 
 __all__ = [
     "Bench",
@@ -157,7 +157,7 @@ __all__ = [
     "CASES",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_TRACE = Path("..") / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"  # relative to the repo root
 FIXTURE_TRACE = Path("tests") / "fixtures" / "mini_mooncake.jsonl"
 

@@ -1,7 +1,7 @@
 """Per-prefix economics in the sweeps' datasets: hit rate, cost multiplier and dollars per day per prefix.
 
 The seed's design question is per prefix: which prefixes pay for their cache, and what each costs.
-The routing dataset (:func:`cacheresearch.sweep.to_dataset`) gets a ``prefix`` dimension from the
+The routing dataset (:func:`cacheresearch.shell.sweep.to_dataset`) gets a ``prefix`` dimension from the
 engine's per-request hit tokens:
 
 * **groups.** Synthetic sources (``fleet``, ``design``, ``tenant``): one group per tenant (its
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .analysis.analytic import prefix_hash_replicas, workload_duration_s
-from .analysis.pricing import preset
-from .cache.policies import policy_spec
+from cacheresearch.analysis.analytic import prefix_hash_replicas, workload_duration_s
+from cacheresearch.analysis.pricing import preset
+from cacheresearch.cache.policies import policy_spec
 
 __all__ = ["prefix_groups", "prefix_variables", "ttl_combos", "block_rates", "PREFIX_DOCS"]
 

@@ -17,7 +17,7 @@ Counters: ``cached = sum(s)``, ``pinned = sum(s[ref > 0])``, and ``work``: the r
 that are no canonical run block (the partial last block of a chunk, generated tokens). Blocks in use =
 ``pinned + work`` (vLLM's KV usage); blocks held = ``cached + work <= C`` after every allocation.
 
-The functions here work on one replica (vmapped over replicas by :mod:`cacheresearch.core.batch`);
+The functions here work on one replica (vmapped over replicas by :mod:`cacheresearch.replica.vllm`);
 ``runs`` arrays are a request's runs in prompt order with a validity mask.
 """
 

@@ -1,4 +1,4 @@
-"""Summaries and figures of sweep results (xarray Datasets written by :mod:`cacheresearch.sweep`).
+"""Summaries and figures of sweep results (xarray Datasets written by :mod:`cacheresearch.shell.sweep`).
 
 Shell-side helpers shared by the sweep command and the notebooks::
 
@@ -404,7 +404,7 @@ def _fix(ds: xr.Dataset, keep: tuple[str, ...], prefer: dict | None = None) -> t
     prefer = prefer or {}
     sel = {}
     for d in ds.dims:
-        if d in keep or d == "prefix":  # the per-prefix variables' own dim (cacheresearch.prefix_metrics)
+        if d in keep or d == "prefix":  # the per-prefix variables' own dim (cacheresearch.metrics.prefix)
             continue
         vals = list(ds[d].values)
         sel[d] = prefer[d] if d in prefer and prefer[d] in vals else vals[-1]

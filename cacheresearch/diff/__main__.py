@@ -1,0 +1,7 @@
+"""``python -m cacheresearch.diff``."""
+
+import sys
+
+from cacheresearch.diff import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Metrics: per-prefix economics (`prefix`)."""

@@ -1,0 +1,1 @@
+"""The Hydra shell around the core: the sweep (`sweep`), chunked resumable runs (`chunks`), reports (`report`)."""

@@ -1,0 +1,1161 @@
+"""Parameter sweeps from the command line: the thin Hydra shell around the engine.
+
+Usage (from the repository root)::
+
+    python -m cacheresearch.sweep                                   # the default: experiment=routing (the main job)
+    python -m cacheresearch.sweep experiment=replay trace.path=FILE trace.block_tokens=512 \\
+        'grid.policy=[lru,lru_plain,unbounded]' 'grid.capacity_blocks=[1000,10000,30000]' \\
+        'grid.replicas=[1,2,4,8]' fleet.router=round_robin hydra.run.dir=OUT
+
+Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schema is
+:class:`SweepConfig`, registered in Hydra's ConfigStore as ``sweep_schema``):
+
+``workload.source``   ``fleet`` (:func:`~cacheresearch.workload.synthetic.fleet_workload`, arguments under
+                      ``workload.fleet``), ``design`` (:func:`~cacheresearch.workload.synthetic.design_workload`,
+                      ``workload.design``), ``tenant`` (:func:`~cacheresearch.workload.synthetic.tenant_workload`,
+                      ``workload.tenant``; ``n_requests`` sets the duration per load level; ``layout:
+                      timestamp_top`` re-keys every request), ``trace`` (a Mooncake or Bailian JSONL
+                      file: ``trace.path``, ``trace.format`` (auto / mooncake / bailian),
+                      ``trace.block_tokens``, ``trace.max_requests``) or ``fitted`` (whole sessions sampled
+                      from a model fitted by ``experiment=fit``: ``workload.fitted.path``, ``.duration_s``)
+``fleet``             ``router`` (a rule, a preset of :data:`cacheresearch.routers.PRESETS` or a name under
+                      ``fleet.variants``), ``replicas``, ``prefix_blocks``, ``max_replicas`` (default: the
+                      largest replica count of the grid), ``latency`` (replica speed preset), ``knobs``
+                      (base values of router and speed knobs), ``variants`` (named router variants:
+                      ``{name: {router: ..., KNOB: value}}``). The knob keys, their types and ranges
+                      come from the knob declarations (the routers' registry, ``docs/routers.md``)
+``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
+``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
+                      (configurations per compiled call, i.e. per chunk; default as many as fit in memory)
+``launch``            chunks and launchers (:mod:`cacheresearch.shell.chunks`, README "Scaling out"): ``chunks``
+                      (chunk files and resume, on), ``resume`` (``auto`` | ``fresh``), ``part`` / ``parts``
+                      (one slice of the grid, for a multirun over ``launch.part``), ``dir``, ``devices``,
+                      ``progress`` (the bar on stderr; null: when stderr is a terminal)
+``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
+``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
+                      ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
+                      ...), the tenant workload's ``rate_per_s``, ``hot_share``, ``arrival``, and
+                      ``layout``, ``seed``: a list makes the key an output dimension
+                      (coordinates as given); a scalar overrides the base value; null keeps the base
+``report``            free-form: published numbers and paired comparisons for the summary
+``kind``, ``study``   ``kind: grid`` (default) is the product grid above; any other value names a study of
+                      :mod:`cacheresearch.studies` (``economics``, ``ttl``, ``che``, ``ttl_advisor``) that
+                      runs with the free-form settings under ``study`` (plus ``seed``/``seeds``) and
+                      writes the same three outputs with its own dimensions
+
+The product grid runs as the chunks of :func:`cacheresearch.shell.chunks.run_grid`: compiled, vmapped calls
+of :mod:`cacheresearch.core.run`, as many configurations each as fit in memory (or ``engine.max_batch``),
+each written to ``RUN_DIR/chunks`` as it finishes, so a rerun resumes. Configuration axes (policy, capacity,
+TTL, replicas, router, prefix_blocks, and the seed as the router's PRNG key) are rows of the params
+batch; workload axes (``layout``, and ``seed`` for synthetic workloads) are separate streams, stacked
+with :func:`~cacheresearch.engine.stack_streams` and indexed per configuration (``stream_axis=True``).
+A parameter a policy does not use (TTL for ``lru``, capacity for TTL policies) is ignored in that cell.
+
+Outputs in the run directory (``hydra.run.dir=OUT``): ``results.nc`` (xarray Dataset, netCDF4 via
+h5netcdf), ``summary.txt`` (also printed) and ``figure.png``. :func:`run_experiment` does the same
+without a subprocess (Hydra's compose API), for tests and notebooks.
+
+Only this module, :mod:`cacheresearch.shell.report` and :mod:`cacheresearch.studies` touch Hydra, xarray,
+matplotlib or files; the simulation core does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, field, make_dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+import jax
+import numpy as np
+import xarray as xr
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from cacheresearch import __version__
+from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
+from cacheresearch.core.simulate import SCHEDULERS
+from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
+from cacheresearch.core.run import MemoryError_, simulate_cells
+from cacheresearch.core.stream import run_structure
+from cacheresearch.engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
+from cacheresearch.metrics.prefix import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
+from cacheresearch.cache.policies import INF, POLICIES, policy_spec
+from cacheresearch.routers import CACHE_ROUTERS, PRESETS, ROUTERS
+from cacheresearch.workload.keys import SALT_MODES
+from cacheresearch.workload.synthetic import design_workload, fleet_workload, tenant_workload
+from cacheresearch.workload.trace import TraceError, load_trace
+from cacheresearch.workload import Workload, WorkloadError
+
+__all__ = [
+    "SweepConfig",
+    "SweepError",
+    "GRID_KEYS",
+    "CONFIG_DIR",
+    "compose_config",
+    "run",
+    "run_experiment",
+    "main",
+]
+
+#: ``configs/`` at the repository root (the package is installed editable).
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+#: Keys the grid knows, in the order their dimensions appear in the output (seed last).
+#: Router and replica-speed knobs (:data:`cacheresearch.engine.KNOBS`, declared in the routers' registry
+#: and :mod:`cacheresearch.core.params`) may be grid keys too; ``prefix_blocks`` is ``fleet.prefix_blocks``.
+KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
+#: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
+TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
+GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
+             + TENANT_GRID_KEYS + ("layout", "seed"))
+LAYOUTS = ("stable", "timestamp_top")
+SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
+ARRIVALS = ("poisson", "bursty", "diurnal")
+RESULT_FILE, SUMMARY_FILE, FIGURE_FILE = "results.nc", "summary.txt", "figure.png"
+
+
+class SweepError(ValueError):
+    """A sweep configuration or its input is invalid (the message says which key and why)."""
+
+
+# ------------------------------------------------------------------------------ schema
+@dataclass
+class TraceConf:
+    path: Optional[str] = None  # Mooncake or Bailian JSONL, relative to the directory the command runs in
+    format: str = "auto"  # mooncake | bailian | auto (detected from the first line)
+    block_tokens: Optional[int] = None  # tokens per hash id (null: the format's, 512 Mooncake / 16 Bailian)
+    max_requests: Optional[int] = None
+
+
+@dataclass
+class FleetWorkloadConf:
+    """Arguments of :func:`cacheresearch.workload.synthetic.fleet_workload` (``seed`` comes from ``seed``/``seeds``)."""
+
+    n_tenants: int = 8
+    system_tokens: int = 1200
+    doc_tokens: int = 800
+    user_tokens: int = 60
+    n_requests: int = 2000
+    block_tokens: int = 16
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    layout: str = "stable"
+    rate_per_s: Optional[float] = None
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+
+
+@dataclass
+class DesignWorkloadConf:
+    """Arguments of :func:`cacheresearch.workload.synthetic.design_workload` (``seed`` comes from ``seed``/``seeds``)."""
+
+    n_tenants: int = 200
+    prefix_tokens: int = 10_000
+    suffix_tokens: int = 200
+    n_requests: int = 50_000
+    duration_s: float = 86_400.0
+    rate_per_s: Optional[float] = None
+    hot_share: float = 0.0
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    block_tokens: int = 16
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+
+
+@dataclass
+class TenantWorkloadConf:
+    """Arguments of :func:`cacheresearch.workload.synthetic.tenant_workload` (``seed`` from ``seed``/``seeds``;
+    ``rate_per_s``, ``hot_share``, ``arrival`` may be grid keys). ``layout: timestamp_top`` gives every
+    request a unique first block (a timestamp at the top of the prompt): every key changes."""
+
+    n_tenants: int = 200
+    prefix_tokens: int = 10_000
+    users_per_tenant: int = 1
+    user_tokens: int = 0
+    query_tokens: int = 200
+    rate_per_s: float = 50_000 / 86_400
+    duration_s: float = 86_400.0
+    n_requests: Optional[int] = None  # if set: duration_s = n_requests / rate_per_s (same expected count per load level)
+    arrival: str = "poisson"
+    tenant_law: str = "uniform"
+    zipf_s: float = 1.0
+    hot_share: float = 0.0
+    burst_ratio: float = 10.0
+    burst_high_share: float = 0.1
+    burst_mean_high_s: float = 60.0
+    diurnal_amplitude: float = 0.8
+    diurnal_period_s: float = 86_400.0
+    block_tokens: int = 16
+    output_tokens: int = 0
+    vocab_size: int = 128_256
+    layout: str = "stable"
+    system_tokens: int = 0  # a system prompt shared by every tenant, before each tenant's prefix
+    salt: str = "none"  # cache salt: none | per_tenant | per_user (vLLM cache_salt; a grid key too)
+
+
+@dataclass
+class FittedWorkloadConf:
+    """A model fitted by ``experiment=fit`` (cacheresearch.fit): ``path`` to its ``results.nc`` or a
+    YAML / JSON model; whole sessions are sampled with the run's ``seed`` over ``duration_s`` (null:
+    the fitted trace's window)."""
+
+    path: Optional[str] = None
+    duration_s: Optional[float] = None
+
+
+@dataclass
+class WorkloadConf:
+    source: str = "fleet"  # fleet | design | trace | tenant | fitted
+    fleet: FleetWorkloadConf = field(default_factory=FleetWorkloadConf)
+    design: DesignWorkloadConf = field(default_factory=DesignWorkloadConf)
+    tenant: TenantWorkloadConf = field(default_factory=TenantWorkloadConf)
+    fitted: FittedWorkloadConf = field(default_factory=FittedWorkloadConf)
+
+
+#: ``fleet.knobs``: the base value of every router / speed knob (null = the declared default or the preset's).
+KnobsConf = make_dataclass(
+    "KnobsConf", [(k, Any, field(default=None)) for k in KNOB_KEYS],
+    namespace={"__module__": __name__, "__doc__": "Base values of the router and replica-speed knobs (null: default)."},
+)
+
+
+@dataclass
+class FleetConf:
+    router: str = "round_robin"  # a rule, a preset of cacheresearch.routers.PRESETS, or a name under ``variants``
+    replicas: int = 1
+    prefix_blocks: int = 80
+    max_replicas: Optional[int] = None  # static bound; default: the largest replica count in the grid
+    latency: str = "h100_8b"  # replica speed preset (cacheresearch.engine.LATENCY_PRESETS)
+    knobs: KnobsConf = field(default_factory=KnobsConf)  # base values of router / speed knobs (KNOB_KEYS)
+    # named router variants: {name: {router: RULE_OR_PRESET, KNOB: value, ...}}; usable as router names
+    variants: Any = field(default_factory=dict)
+
+
+@dataclass
+class CacheConf:
+    policy: str = "lru"
+    capacity_blocks: Optional[int] = None  # blocks per replica (LRU policies)
+    ttl_s: Optional[float] = None  # seconds (TTL policies)
+
+
+@dataclass
+class ReplicaConf:
+    """How a replica serves and how much KV it holds.
+
+    ``scheduler``: ``fcfs`` (one server per replica, prefill at a rate) or ``vllm`` (continuous batching
+    with one KV pool for cached and running blocks). ``gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
+    ``gpu_memory_utilization`` give the KV capacity from hardware in place of ``cache.capacity_blocks``.
+    """
+
+    scheduler: str = "fcfs"
+    step_model: Optional[str] = None  # step-time preset of the vllm scheduler (null: the default preset)
+    gpu: Optional[str] = None
+    model: Optional[str] = None
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    gpu_memory_utilization: float = 0.9
+
+
+@dataclass
+class EngineConf:
+    chunk_runs: Optional[int] = None  # runs per scan step (None: chosen from the stream; speed only)
+    max_batch: Optional[int] = None  # configurations per compiled call (None: as many as fit in memory)
+    match: Optional[bool] = None  # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
+    queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
+
+
+@dataclass
+class LaunchConf:
+    """Chunks, resume, parts and progress (:mod:`cacheresearch.shell.chunks`; README, "Scaling out")."""
+
+    chunks: bool = True  # write each chunk to DIR/chunks as it finishes and resume from them (command line)
+    resume: str = "auto"  # auto: skip finished chunks, refuse a changed config; fresh: discard old chunks
+    part: int = 0  # with parts > 1: run only this slice of the grid (a multirun over launch.part=0,1,...)
+    parts: int = 1
+    dir: Optional[str] = None  # directory of chunks/ and results.nc (default: the run dir; parts > 1: the sweep dir)
+    devices: Optional[int] = None  # local devices the configurations are sharded over (null: all)
+    progress: Optional[bool] = None  # progress bar on stderr (null: when stderr is a terminal)
+
+
+#: Every known grid key is a field (null = not swept), so ``grid.policy=[...]`` needs no ``+``. The knob
+#: fields come from the declarations (:data:`KNOB_KEYS`), never from a list kept here.
+GridConf = make_dataclass(
+    "GridConf", [(k, Any, field(default=None)) for k in GRID_KEYS],
+    namespace={"__module__": __name__, "__doc__": "Every known grid key (null = not swept)."},
+)
+
+
+@dataclass
+class OutputConf:
+    variable: str = "token_hit_rate"  # the variable of the summary table and the figure
+    figure: bool = True
+    prefix_top: int = 8  # per-prefix variables: tenants (or trace roots) kept as their own prefix group
+    pricing: str = "anthropic_5m"  # the pricing preset of the per-prefix cost columns
+
+
+@dataclass
+class SweepConfig:
+    name: str = "sweep"
+    description: str = ""
+    kind: str = "grid"  # "grid" (this module's product grid) or a study of cacheresearch.studies (economics, ttl, ...)
+    study: Any = None  # free-form settings of the study named by ``kind``
+    workload: WorkloadConf = field(default_factory=WorkloadConf)
+    trace: TraceConf = field(default_factory=TraceConf)
+    fleet: FleetConf = field(default_factory=FleetConf)
+    cache: CacheConf = field(default_factory=CacheConf)
+    replica: ReplicaConf = field(default_factory=ReplicaConf)
+    engine: EngineConf = field(default_factory=EngineConf)
+    launch: LaunchConf = field(default_factory=LaunchConf)
+    seed: int = 0
+    seeds: int = 1
+    grid: GridConf = field(default_factory=GridConf)
+    output: OutputConf = field(default_factory=OutputConf)
+    report: Any = None  # {source, published: [{label, select, <var>}], compare: [{dim, baseline, variant}]}
+
+
+ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)
+
+
+# ------------------------------------------------------------------------------ the plan
+@dataclass
+class Plan:
+    """The validated grid: output dimensions, their coordinates, and the base value of every key."""
+
+    source: str
+    dims: list[str]
+    coords: dict[str, list]
+    base: dict[str, Any]
+    max_replicas: int
+    workload_dims: list[str]  # dims that change the requests (separate streams)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(len(self.coords[d]) for d in self.dims)
+
+    def cells(self):
+        """Every configuration as a dict of all grid keys, in C order of :attr:`dims`."""
+        for combo in itertools.product(*(self.coords[d] for d in self.dims)):
+            cell = dict(self.base)
+            cell.update(zip(self.dims, combo))
+            yield cell
+
+
+def _integer(key: str, v, lo: int) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise SweepError(f"{key} must be an integer, got {v!r}")
+    if v < lo:
+        raise SweepError(f"{key} must be >= {lo}, got {v}")
+    return int(v)
+
+
+def _number(key: str, v, lo: float) -> float | int:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+        raise SweepError(f"{key} must be a finite number, got {v!r}")
+    if v < lo:
+        raise SweepError(f"{key} must be >= {lo}, got {v}")
+    return v
+
+
+def _check_value(key: str, v, source: str):
+    """Validate one value of a grid key (``key`` names where it came from, for the message)."""
+    name = key.split(".")[-1]
+    if name == "policy":
+        if v not in POLICIES:
+            raise SweepError(f"{key}: unknown policy {v!r}; choose one of {sorted(POLICIES)}")
+        return v
+    if name == "router":
+        if not isinstance(v, str):
+            raise SweepError(f"{key}: a router is a name, got {v!r}")
+        return v  # rules, presets and fleet.variants are resolved per configuration
+    if name == "layout":
+        if v not in LAYOUTS:
+            raise SweepError(f"{key}: unknown layout {v!r}; choose one of {list(LAYOUTS)}")
+        return v
+    if name == "capacity_blocks":
+        if v is None:
+            return None
+        v = _integer(key, v, 0)
+        if v >= INF:
+            raise SweepError(f"{key} must be below {INF}; use policy 'unbounded' for no limit")
+        return v
+    if name == "ttl_s":
+        if v is None:
+            return None
+        v = _number(key, v, 0)
+        if v * 1000 >= INF:
+            raise SweepError(f"{key} must be below {INF / 1000:.0f} s")
+        return v
+    if name == "replicas":
+        return _integer(key, v, 1)
+    if name == "prefix_blocks":
+        return _integer(key, v, 1)
+    if name == "seed":
+        return _integer(key, v, 0)
+    if name == "rate_per_s":
+        v = _number(key, v, 0)
+        if v <= 0:
+            raise SweepError(f"{key} must be > 0, got {v}")
+        return v
+    if name == "hot_share":
+        v = _number(key, v, 0)
+        if v > 1:
+            raise SweepError(f"{key} must be in [0, 1], got {v}")
+        return v
+    if name == "arrival":
+        if v not in ARRIVALS:
+            raise SweepError(f"{key}: unknown arrival process {v!r}; choose one of {list(ARRIVALS)}")
+        return v
+    if name == "salt":
+        if v not in SALT_MODES:
+            raise SweepError(f"{key}: unknown salt {v!r}; choose one of {list(SALT_MODES)}")
+        return v
+    if name in KNOB_KEYS:
+        return _check_knob(key, KNOB_DECLS[name], v)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _check_knob(key: str, knob, v):
+    """A knob's value checked against its declaration (kind and range), the message naming ``key``."""
+    if v is None:
+        return None
+    if knob.kind == "view":
+        if not isinstance(v, str):
+            raise SweepError(f"{key}: a {knob.name} is a name ({', '.join(knob.choices)}), got {v!r}")
+        if v not in knob.choices:
+            raise SweepError(f"{key}: unknown router {knob.name} {v!r}; choose one of {list(knob.choices)}")
+        return v
+    if knob.kind == "bool":
+        if not isinstance(v, bool):
+            raise SweepError(f"{key} must be true or false, got {v!r}")
+        return v
+    if knob.kind == "float":
+        v = float(_number(key, v, knob.lo))
+    else:
+        v = _integer(key, v, knob.lo)
+    if knob.hi is not None and v > knob.hi:
+        raise SweepError(f"{key} must be <= {knob.hi}, got {v}")
+    return v
+
+
+_TENANT_SOURCE_KEYS = {"rate_per_s": "rate_per_s", "hot_share": "hot_share", "arrival": "arrival"}
+
+
+def _base_values(cfg) -> dict[str, Any]:
+    knobs = OmegaConf.to_container(cfg.fleet.knobs, resolve=True) if cfg.fleet.knobs else {}
+    if not isinstance(knobs, dict):
+        raise SweepError("fleet.knobs must be a mapping of router / speed knobs")
+    unknown = sorted(set(knobs) - set(KNOB_KEYS))
+    if unknown:
+        raise SweepError(f"fleet.knobs: unknown keys {unknown}; known: {list(KNOB_KEYS)}")
+    src = cfg.workload.source
+    base = {
+        "policy": cfg.cache.policy,
+        "capacity_blocks": cfg.cache.capacity_blocks,
+        "ttl_s": cfg.cache.ttl_s,
+        "replicas": cfg.fleet.replicas,
+        "router": cfg.fleet.router,
+        "prefix_blocks": cfg.fleet.prefix_blocks,
+        "layout": (cfg.workload.fleet.layout if src == "fleet" else cfg.workload.tenant.layout if src == "tenant"
+                   else None),
+        "seed": cfg.seed,
+    }
+    for k in KNOB_KEYS:
+        base[k] = knobs.get(k)
+    for k in TENANT_GRID_KEYS:
+        base[k] = cfg.workload.tenant[k] if src == "tenant" else None
+    return base
+
+
+_BASE_KEY = {
+    "policy": "cache.policy",
+    "capacity_blocks": "cache.capacity_blocks",
+    "ttl_s": "cache.ttl_s",
+    "replicas": "fleet.replicas",
+    "router": "fleet.router",
+    "prefix_blocks": "fleet.prefix_blocks",
+    "layout": "workload.fleet.layout",
+    "seed": "seed",
+    **{k: f"fleet.knobs.{k}" for k in KNOB_KEYS},
+    **{k: f"workload.tenant.{k}" for k in TENANT_GRID_KEYS},
+}
+
+
+def make_plan(cfg: DictConfig) -> Plan:
+    """Validate ``cfg`` and lay out the grid (raises :class:`SweepError` with a readable message)."""
+    source = cfg.workload.source
+    if source not in SOURCES:
+        raise SweepError(f"workload.source: unknown source {source!r}; choose one of {list(SOURCES)}")
+    grid = OmegaConf.to_container(cfg.grid, resolve=True)
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:  # only reachable without the schema
+        raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
+    base = _base_values(cfg)
+    hw_cap = hardware_capacity(cfg)  # replica.gpu / replica.model: KV capacity in place of cache.capacity_blocks
+    if hw_cap is not None:
+        if grid.get("capacity_blocks") is not None:
+            raise SweepError("replica.gpu / replica.model set the KV capacity: drop grid.capacity_blocks "
+                             "(grid.capacity_blocks=null)")
+        base["capacity_blocks"] = hw_cap
+    for k in GRID_KEYS:
+        if k in ("layout",) + TENANT_GRID_KEYS and base[k] is None:
+            continue
+        base[k] = _check_value(_BASE_KEY[k], base[k], source)
+
+    coords: dict[str, list] = {}
+    for k in GRID_KEYS:
+        v = grid.get(k)
+        if v is None:
+            continue
+        if k == "layout" and source not in ("fleet", "tenant"):
+            raise SweepError(f"grid.layout applies to workload.source=fleet or tenant (the source is {source!r})")
+        if k in TENANT_GRID_KEYS and source != "tenant":
+            raise SweepError(f"grid.{k} applies to workload.source=tenant only (the source is {source!r})")
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise SweepError(f"grid.{k} is an empty list")
+            vals = []
+            for x in v:
+                if isinstance(x, (list, tuple, dict)):
+                    raise SweepError(f"grid.{k}: elements must be scalars, got {x!r}")
+                if x is None:
+                    raise SweepError(f"grid.{k}: null is not a valid grid value")
+                vals.append(_check_value(f"grid.{k}", x, source))
+            if len(set(vals)) != len(vals):
+                raise SweepError(f"grid.{k} has repeated values: {v}")
+            coords[k] = vals
+        elif isinstance(v, dict):
+            raise SweepError(f"grid.{k} must be a scalar or a list, got a mapping")
+        else:
+            base[k] = _check_value(f"grid.{k}", v, source)
+
+    seeds = _integer("seeds", cfg.seeds, 1)
+    if "seed" not in coords and seeds > 1:
+        coords["seed"] = [base["seed"] + i for i in range(seeds)]
+
+    # policies that need a capacity / a TTL must get one in every cell where they appear
+    policies = coords.get("policy", [base["policy"]])
+    for p in policies:
+        spec = policy_spec(p)
+        if spec.uses_capacity and base["capacity_blocks"] is None and "capacity_blocks" not in coords:
+            raise SweepError(
+                f"policy {p!r} needs a capacity: set cache.capacity_blocks=N or grid.capacity_blocks=[...]"
+            )
+        if spec.uses_ttl and base["ttl_s"] is None and "ttl_s" not in coords:
+            raise SweepError(f"policy {p!r} needs a TTL: set cache.ttl_s=SECONDS or grid.ttl_s=[...]")
+
+    replicas = coords.get("replicas", [base["replicas"]])
+    max_r = cfg.fleet.max_replicas
+    if max_r is None:
+        max_r = max(replicas)
+    max_r = _integer("fleet.max_replicas", max_r, 1)
+    if max(replicas) > max_r:
+        raise SweepError(f"replicas {sorted(replicas)} exceed fleet.max_replicas={max_r}")
+
+    dims = [k for k in GRID_KEYS if k in coords]
+    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "fitted": ("seed",), "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(
+        source, ())
+    return Plan(
+        source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
+        workload_dims=[d for d in dims if d in wl_keys],
+    )
+
+
+def hardware_capacity(cfg) -> int | None:
+    """KV blocks per replica from ``replica.gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
+    ``gpu_memory_utilization`` (:func:`cacheresearch.replica.hardware.kv_blocks`, in the workload's block size),
+    or ``None`` when neither ``replica.gpu`` nor ``replica.model`` is set."""
+    rc = cfg.get("replica") if hasattr(cfg, "get") else None
+    if rc is None or (rc.get("gpu") is None and rc.get("model") is None):
+        return None
+    if rc.get("gpu") is None or rc.get("model") is None:
+        raise SweepError("replica.gpu and replica.model go together (the KV capacity needs both)")
+    from cacheresearch.replica.hardware import kv_blocks  # noqa: PLC0415
+
+    src = cfg.workload.source
+    node = cfg.trace if src == "trace" else cfg.workload.get(src)
+    bt = node.get("block_tokens", 16) if node is not None else 16
+    try:
+        cap = kv_blocks(str(rc.model), str(rc.gpu), tp=int(rc.tp), kv_dtype=str(rc.kv_dtype),
+                        gpu_memory_utilization=float(rc.gpu_memory_utilization), block_tokens=int(bt))
+    except ValueError as e:
+        raise SweepError(f"replica: {e}") from None
+    _log(f"replica: {rc.model} on {rc.tp} x {rc.gpu}, kv_dtype {rc.kv_dtype}, gpu_memory_utilization "
+         f"{rc.gpu_memory_utilization}: {cap} blocks of {bt} tokens per replica")
+    return cap
+
+
+# ------------------------------------------------------------------------------ workloads
+def _resolve_path(p: str) -> Path:
+    try:
+        from hydra.utils import to_absolute_path
+
+        return Path(to_absolute_path(p))
+    except Exception:  # noqa: BLE001 - outside a Hydra run: relative to the working directory
+        return Path(p).resolve()
+
+
+def _workload_key(plan: Plan, cell: dict) -> tuple:
+    if plan.source == "fleet":
+        return (cell["layout"], cell["seed"])
+    if plan.source in ("design", "fitted"):
+        return (cell["seed"],)
+    if plan.source == "tenant":
+        return (cell["layout"], cell["seed"]) + tuple(cell[k] for k in TENANT_GRID_KEYS)
+    return ()
+
+
+def timestamp_top(w: Workload) -> Workload:
+    """``w`` with a unique first block per request (a timestamp at the top of the prompt): chained
+    keys change from the first block on, so every key of request ``i`` is re-keyed with ``i``."""
+    req = np.repeat(np.arange(w.n_requests, dtype=np.uint64), w.n_blocks)
+    with np.errstate(over="ignore"):
+        salt = (req + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+        keys = w.keys ^ salt ^ (salt >> np.uint64(29))
+    return Workload(arrival_ms=w.arrival_ms, input_tokens=w.input_tokens, output_tokens=w.output_tokens,
+                    tenant=w.tenant, keys=keys, offsets=w.offsets, block_tokens=w.block_tokens,
+                    name=w.name + "-timestamp_top", meta=dict(w.meta, layout="timestamp_top"))
+
+
+def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
+    """The workload of one stream (``wkey`` from :func:`_workload_key`)."""
+    src = plan.source
+    try:
+        if src == "trace":
+            if cfg.trace.path is None:
+                raise SweepError("workload.source=trace needs trace.path=FILE (a Mooncake JSONL trace)")
+            path = _resolve_path(str(cfg.trace.path))
+            if not path.is_file():
+                raise SweepError(f"trace.path: file not found: {cfg.trace.path} (looked at {path})")
+            return load_trace(path, format=str(cfg.trace.format), block_tokens=cfg.trace.block_tokens,
+                              max_requests=cfg.trace.max_requests)
+        if src == "fitted":
+            from cacheresearch.fit import sample_workload  # noqa: PLC0415
+            from cacheresearch.studies.traces import model_from_file  # noqa: PLC0415
+
+            fc = cfg.workload.fitted
+            if fc.path is None:
+                raise SweepError("workload.source=fitted needs workload.fitted.path=FILE (results.nc of experiment=fit)")
+            path = _resolve_path(str(fc.path))
+            if not path.is_file():
+                raise SweepError(f"workload.fitted.path: file not found: {fc.path} (looked at {path})")
+            return sample_workload(model_from_file(path), seed=int(wkey[0]), duration_s=fc.duration_s,
+                                   name=f"fitted-{path.parent.name or path.stem}")
+        if src == "fleet":
+            args = OmegaConf.to_container(cfg.workload.fleet, resolve=True)
+            args.update(layout=wkey[0], seed=wkey[1])
+            return fleet_workload(**args)
+        if src == "tenant":
+            args = OmegaConf.to_container(cfg.workload.tenant, resolve=True)
+            layout = args.pop("layout")
+            n_req = args.pop("n_requests")
+            args.update(dict(zip(TENANT_GRID_KEYS, wkey[2:])), seed=wkey[1])
+            if n_req is not None:
+                args["duration_s"] = _integer("workload.tenant.n_requests", n_req, 1) / float(args["rate_per_s"])
+            w = tenant_workload(**args)
+            return timestamp_top(w) if layout == "timestamp_top" or wkey[0] == "timestamp_top" else w
+        args = OmegaConf.to_container(cfg.workload.design, resolve=True)
+        return design_workload(**args, seed=wkey[0])
+    except SweepError:
+        raise
+    except (TraceError, WorkloadError) as e:
+        raise SweepError(f"trace: {e}") from None
+    except (ValueError, TypeError) as e:
+        where = "trace" if src == "trace" else f"workload.{src}"
+        raise SweepError(f"{where}: {e}") from None
+
+
+def describe_workload(w: Workload) -> dict:
+    return {
+        "name": w.name,
+        "n_requests": int(w.n_requests),
+        "total_blocks": int(w.total_blocks),
+        "distinct_keys": int(w.dense_ids().max()) + 1 if w.total_blocks else 0,
+        "run_occurrences": int(run_structure(w).start.shape[0]),  # blocks that travel together (engine units)
+        "input_tokens": int(w.input_tokens.sum()),
+        "block_tokens": int(w.block_tokens),
+        "meta": {k: (v if isinstance(v, (str, int, float, type(None))) else str(v)) for k, v in w.meta.items()},
+    }
+
+
+# ------------------------------------------------------------------------------ the run
+class _CompileTimer:
+    """Sums JAX's compile-time events (tracing, lowering, backend compile) while active."""
+
+    EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def _listener(self, event, duration, **kwargs):
+        if event in self.EVENTS:
+            self.seconds += float(duration)
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            jax.monitoring.unregister_event_duration_listener(self._listener)
+        except Exception:  # noqa: BLE001 - older JAX: leave the (inactive) listener registered
+            pass
+        return False
+
+
+def router_knobs(cfg, cell: dict) -> tuple[str, dict]:
+    """(rule or preset, knobs) of a cell: a ``fleet.variants`` entry expands to its router and knobs;
+    explicit knobs (``fleet.knobs``, ``grid.*``) override the variant's."""
+    variants = OmegaConf.to_container(cfg.fleet.variants, resolve=True) if cfg.fleet.variants else {}
+    name = cell["router"]
+    knobs: dict = {}
+    if name in variants:
+        v = dict(variants[name])
+        if "router" not in v:
+            raise SweepError(f"fleet.variants.{name} needs a 'router' (a rule or preset)")
+        name = v.pop("router")
+        unknown = sorted(set(v) - set(KNOB_KEYS))
+        if unknown:
+            raise SweepError(f"fleet.variants: unknown knobs {unknown}; known: {list(KNOB_KEYS)}")
+        knobs.update(v)
+    elif name not in ROUTERS and name not in PRESETS:
+        raise SweepError(f"unknown router {name!r}: choose a rule {sorted(ROUTERS)}, a preset {sorted(PRESETS)} "
+                         f"or a name under fleet.variants {sorted(variants)}")
+    knobs.update({k: cell[k] for k in KNOB_KEYS if cell.get(k) is not None})
+    return name, knobs
+
+
+def _params_of(cell: dict, cfg=None):
+    try:
+        name, knobs = router_knobs(cfg, cell) if cfg is not None else (cell["router"], {})
+        latency = str(cfg.fleet.latency) if cfg is not None else None
+        step = None
+        if cfg is not None and _scheduler(cfg) == "vllm":
+            step = str(cfg.replica.step_model) if cfg.replica.step_model is not None else DEFAULT_STEP_PRESET
+        return make_params(
+            cell["policy"], capacity_blocks=cell["capacity_blocks"], ttl_s=cell["ttl_s"],
+            replicas=cell["replicas"], router=name, prefix_blocks=cell["prefix_blocks"], latency=latency,
+            step_model=step, **knobs,
+        )
+    except ValueError as e:
+        raise SweepError(f"configuration {cell}: {e}") from None
+
+
+def _scheduler(cfg) -> str:
+    """``replica.scheduler``, checked (fcfs | vllm)."""
+    v = str(cfg.replica.scheduler)
+    if v not in SCHEDULERS:
+        raise SweepError(f"replica.scheduler={v!r}: choose one of {list(SCHEDULERS)}")
+    if cfg.replica.step_model is not None and str(cfg.replica.step_model) not in STEP_PRESETS:
+        raise SweepError(f"replica.step_model={cfg.replica.step_model!r}: choose one of {sorted(STEP_PRESETS)}")
+    return v
+
+
+def _log(msg: str) -> None:
+    """Progress and plan lines go to stderr (stdout carries the summary)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def simulate_plan(cfg, plan: Plan, store=None):
+    """Build the streams and run the grid as chunks (:func:`cacheresearch.shell.chunks.run_grid`; ``store``: the
+    chunk files to resume from and write to). Returns (metrics as NumPy [G], or None while other parts of
+    a multi-part run have cells left; stream index [G]; workload summaries (``describe``, ``input_tokens``,
+    ``n_requests``); timings)."""
+    cells = list(plan.cells())
+    t0 = time.perf_counter()
+    wkeys: dict[tuple, int] = {}
+    idx = np.empty(len(cells), dtype=np.int64)
+    for g, cell in enumerate(cells):
+        idx[g] = wkeys.setdefault(_workload_key(plan, cell), len(wkeys))
+    chunk = None if cfg.engine.chunk_runs is None else _integer("engine.chunk_runs", cfg.engine.chunk_runs, 1)
+    prio = any(policy_spec(c["policy"]).priority for c in cells)  # lfu / length_aware rank every run
+    blocks = any(policy_spec(c["policy"]).block_state for c in cells)  # s3fifo keeps per-block queues
+    vllm = _scheduler(cfg) == "vllm"  # the vllm replica's pool keeps every run
+    # what the per-prefix TTL formula needs from each workload (cacheresearch.metrics.prefix)
+    combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
+    # one workload at a time: its stream and a summary are kept, its block keys are not
+    streams, workloads = [], []
+    for k in wkeys:
+        w = build_workload(cfg, plan, k)
+        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio or vllm, block_ids=blocks))
+        workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
+                              n_requests=int(w.n_requests),
+                              groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
+                                                                             cfg.output.prefix_top, 1), combos)))
+        del w
+    t_build = time.perf_counter() - t0
+
+    params = [_params_of(c, cfg) for c in cells]
+    opts = dict(queue_slots=_integer("engine.queue_slots", cfg.engine.queue_slots, 1), scheduler=_scheduler(cfg))
+    if vllm:  # the running-batch slots: the largest max_num_seqs of the grid
+        opts["max_running"] = int(max(int(p.max_num_seqs) for p in params))
+    if cfg.engine.match is not None:
+        opts["match"] = bool(cfg.engine.match)
+    grid_p = stack_params(params)
+    st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)
+    opts.update(match=st_all.match, max_instances=st_all.max_instances)
+    seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
+    G = len(cells)
+    mb = None if cfg.engine.max_batch is None else _integer("engine.max_batch", cfg.engine.max_batch, 1)
+
+    t1 = time.perf_counter()
+    with _CompileTimer() as ct:
+        try:
+            metrics, run_plan = run_grid(streams, idx, params, seeds, max_replicas=plan.max_replicas,
+                                         max_batch=mb, log=_log, per_request=True, **opts, **_launch_args(cfg, store))
+        except MemoryError_ as e:
+            raise SweepError(f"{e} (or set engine.max_batch)") from None
+        except ChunkError as e:
+            raise SweepError(str(e)) from None
+    t_sim = time.perf_counter() - t1
+    timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": run_plan.calls,
+              "memory_estimate_bytes": run_plan.memory_bytes, "programs": len(run_plan.groups),
+              "devices": run_plan.devices, "chunks": run_plan.chunks, "chunks_resumed": run_plan.chunks_resumed}
+    return metrics, idx, workloads, timing
+
+
+def _launch_args(cfg, store) -> dict:
+    """``launch.*`` as :func:`cacheresearch.shell.chunks.run_grid` arguments (validated)."""
+    la = cfg.get("launch") or LaunchConf()
+    parts = _integer("launch.parts", la.parts, 1)
+    part = _integer("launch.part", la.part, 0)
+    if part >= parts:
+        raise SweepError(f"launch.part={part} must be below launch.parts={parts}")
+    devices = None if la.devices is None else _integer("launch.devices", la.devices, 1)
+    if devices is not None and devices > jax.local_device_count():
+        raise SweepError(f"launch.devices={devices}: this process has {jax.local_device_count()} local devices")
+    return dict(store=store, part=part, parts=parts, devices=devices,
+                progress=None if la.progress is None else bool(la.progress))
+
+
+def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
+    """The results as an xarray Dataset (dims = list-valued grid keys, coordinates as given)."""
+    shape, dims = plan.shape, plan.dims
+    coords = {d: np.asarray(plan.coords[d]) for d in dims}
+
+    def grid(a, dtype):
+        return (dims, np.asarray(a).astype(dtype).reshape(shape))
+
+    inp = np.asarray([w["input_tokens"] for w in workloads], dtype=np.int64)
+    nreq = np.asarray([w["n_requests"] for w in workloads], dtype=np.int64)
+    data = {
+        "token_hit_rate": grid(metrics.token_hit_rate, np.float64),
+        "request_hit_rate": grid(metrics.request_hit_rate, np.float64),
+        "hit_tokens": grid(combine_limbs(metrics.hit_tokens_hi, metrics.hit_tokens_lo), np.int64),
+        "input_tokens": grid(inp[idx], np.int64),
+        "requests_hit": grid(metrics.requests_hit, np.int64),
+        "n_requests": grid(nreq[idx], np.int64),
+        "ttft_p50_s": grid(np.asarray(metrics.ttft_p50_ms) / 1000.0, np.float64),
+        "ttft_p90_s": grid(np.asarray(metrics.ttft_p90_ms) / 1000.0, np.float64),
+        "ttft_p99_s": grid(np.asarray(metrics.ttft_p99_ms) / 1000.0, np.float64),
+        "ttft_mean_s": grid(np.asarray(metrics.ttft_mean_ms) / 1000.0, np.float64),
+        "load_imbalance": grid(metrics.load_imbalance, np.float64),
+        "utilisation_max": grid(np.max(np.asarray(metrics.utilisation), axis=-1), np.float64),
+        "prefix_copies": grid(metrics.prefix_copies, np.float64),
+        "overflow_share": grid(metrics.overflow_share, np.float64),
+        "queue_overflow": grid(metrics.queue_overflow, np.int64),
+    }
+    if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
+        data.update({
+            "tpot_mean_s": grid(np.asarray(metrics.tpot_mean_ms) / 1000.0, np.float64),
+            "e2e_p50_s": grid(np.asarray(metrics.e2e_p50_ms) / 1000.0, np.float64),
+            "e2e_p90_s": grid(np.asarray(metrics.e2e_p90_ms) / 1000.0, np.float64),
+            "e2e_p99_s": grid(np.asarray(metrics.e2e_p99_ms) / 1000.0, np.float64),
+            "preemptions": grid(metrics.preemptions, np.int64),
+            "kv_util_mean": grid(metrics.kv_util_mean, np.float64),
+            "kv_util_max": grid(metrics.kv_util_max, np.float64),
+            "queue_len_mean": grid(metrics.queue_len_mean, np.float64),
+            "throughput_tps": grid(metrics.throughput_tps, np.float64),
+            "dropped": grid(metrics.dropped, np.int64),
+            "engine_steps": grid(metrics.steps, np.int64),
+        })
+    if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
+        cells = list(plan.cells())
+        rules = [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells]
+        try:
+            pdata, plabels, pattrs = prefix_variables(cells, rules, metrics.hit_tokens, idx,
+                                                      [w["groups"] for w in workloads], dims, shape,
+                                                      pricing=str(cfg.output.pricing))
+        except ValueError as e:
+            raise SweepError(f"output.pricing: {e}") from None
+        data.update(pdata)
+        coords["prefix"] = np.asarray(plabels)
+    ds = xr.Dataset(data, coords=coords)
+    for v, (ln, u) in PREFIX_DOCS.items():
+        if v in ds:
+            ds[v].attrs.update(long_name=ln, units=u)
+    if "prefix" in ds.coords:
+        ds.attrs.update(pattrs)
+    long = {
+        "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
+        "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
+        "hit_tokens": ("input tokens served from cache (exact)", "tokens"),
+        "input_tokens": ("input tokens of the workload", "tokens"),
+        "requests_hit": ("requests with at least one hit block", "requests"),
+        "n_requests": ("requests in the workload", "requests"),
+        "ttft_p50_s": ("time to first token, median (queueing wait + prefill of the uncached suffix)", "s"),
+        "ttft_p90_s": ("time to first token, 90th percentile (nearest rank)", "s"),
+        "ttft_p99_s": ("time to first token, 99th percentile (nearest rank)", "s"),
+        "ttft_mean_s": ("time to first token, mean", "s"),
+        "load_imbalance": ("load imbalance: max / mean of replica work (busy time)", "1"),
+        "utilisation_max": ("busiest replica's utilisation: busy time / run horizon", "1"),
+        "prefix_copies": ("replicas holding a request's whole routing prefix at arrival, mean (NaN unless "
+                          "engine.match)", "replicas"),
+        "overflow_share": ("share of requests with a cached prefix sent to a replica holding less of it "
+                           "(NaN unless engine.match)", "1"),
+        "queue_overflow": ("dispatches that found every tracked queue slot in flight (raise engine.queue_slots)",
+                           "requests"),
+        "tpot_mean_s": ("time per output token after the first, mean (vllm replica)", "s"),
+        "e2e_p50_s": ("arrival to last token, median (vllm replica)", "s"),
+        "e2e_p90_s": ("arrival to last token, 90th percentile (vllm replica)", "s"),
+        "e2e_p99_s": ("arrival to last token, 99th percentile (vllm replica)", "s"),
+        "preemptions": ("preemptions by recompute (the KV pool could not hold an allocation)", "preemptions"),
+        "kv_util_mean": ("KV blocks in use (pinned + working) / capacity, time average, mean over replicas", "1"),
+        "kv_util_max": ("most KV blocks in use / capacity on any replica", "1"),
+        "queue_len_mean": ("waiting requests per replica, time average", "requests"),
+        "throughput_tps": ("output tokens per second over the run", "tokens/s"),
+        "dropped": ("requests not served: waiting queue full (engine.queue_slots) or larger than the pool", "requests"),
+        "engine_steps": ("engine steps of all replicas", "steps"),
+    }
+    for v, (ln, u) in long.items():
+        if v in ds:
+            ds[v].attrs.update(long_name=ln, units=u)
+    coord_doc = {
+        "policy": ("cache policy", None),
+        "capacity_blocks": ("cache capacity per replica", "blocks"),
+        "ttl_s": ("time to live", "s"),
+        "replicas": ("number of replicas", None),
+        "router": ("router", None),
+        "layout": ("prompt layout", None),
+        "rate_per_s": ("arrival rate (load level)", "requests/s"),
+        "hot_share": ("extra traffic share of the hot tenant", "1"),
+        "arrival": ("arrival process", None),
+        "salt": ("cache salt: who may share a cached block", None),
+        "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
+                 None),
+        **{k: (f"{k}: {d.doc}", d.unit) for k, d in KNOB_DECLS.items()},  # router / speed knobs, as declared
+    }
+    for d in dims:
+        ln, u = coord_doc.get(d, (d, None))
+        ds[d].attrs["long_name"] = ln
+        if u:
+            ds[d].attrs["units"] = u
+
+    desc = []
+    wk = list({_workload_key(plan, c): None for c in plan.cells()})
+    for k, w in zip(wk, workloads):
+        d = dict(w["describe"])
+        if plan.source == "fleet":
+            d.update(layout=k[0], seed=k[1])
+        elif plan.source == "design":
+            d.update(seed=k[0])
+        elif plan.source == "tenant":
+            d.update(layout=k[0], seed=k[1], **dict(zip(TENANT_GRID_KEYS, k[2:])))
+        desc.append(d)
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    ds.attrs.update(
+        title=f"cacheresearch sweep: {cfg.name}",
+        experiment=str(cfg.name),
+        description=str(cfg.description or ""),
+        config=cfg_yaml,
+        workload_source=plan.source,
+        workload=json.dumps(desc),
+        workload_n_requests=np.asarray([d["n_requests"] for d in desc], dtype=np.int64),
+        workload_total_blocks=np.asarray([d["total_blocks"] for d in desc], dtype=np.int64),
+        workload_distinct_keys=np.asarray([d["distinct_keys"] for d in desc], dtype=np.int64),
+        n_configs=int(np.prod(shape, dtype=np.int64)),
+        n_streams=len(workloads),
+        max_replicas=int(plan.max_replicas),
+        replica_scheduler=_scheduler(cfg),
+        base=json.dumps({k: v for k, v in plan.base.items()}),
+        cacheresearch_version=__version__,
+        jax_version=jax.__version__,
+        jax_backend=jax.default_backend(),
+        build_time_s=float(timing["build_s"]),
+        simulate_time_s=float(timing["simulate_s"]),
+        compile_time_s=float(timing["compile_s"]),
+        n_compiled_calls=int(timing["batches"]),
+        wall_time_s=float(timing.get("wall_s", 0.0)),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    return ds
+
+
+def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks: bool = False) -> xr.Dataset | None:
+    """Validate ``cfg``, simulate the grid and (when ``write``) write the outputs into ``output_dir``.
+
+    ``chunks``: run as chunk files in ``output_dir/chunks`` (skip those already there, refuse a changed
+    configuration; ``launch.part``/``launch.parts``: one slice of the grid; :mod:`cacheresearch.shell.chunks`).
+    Returns None when other parts of a multi-part run still have configurations to run."""
+    t0 = time.perf_counter()
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.structured(cfg)
+    if str(cfg.get("kind", "grid")) != "grid":  # a study (cacheresearch.studies): its own dims and outputs
+        from cacheresearch import studies
+
+        try:
+            ds = studies.run_study(cfg)
+        except studies.StudyError as e:
+            raise SweepError(str(e)) from None
+        if write:
+            if output_dir is None:
+                raise ValueError("output_dir is required when write=True")
+            write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
+        return ds
+    plan = make_plan(cfg)
+    store = _chunk_store(cfg, output_dir) if chunks else None
+    metrics, idx, workloads, timing = simulate_plan(cfg, plan, store=store)
+    if metrics is None:  # a part of a multi-part run; the last part to finish combines
+        return None
+    timing["wall_s"] = time.perf_counter() - t0
+    ds = to_dataset(cfg, plan, metrics, idx, workloads, timing)
+    ds.attrs.update(devices=int(timing["devices"]), chunks=int(timing["chunks"]),
+                    chunks_resumed=int(timing["chunks_resumed"]))
+    if write:
+        if output_dir is None:
+            raise ValueError("output_dir is required when write=True")
+        write_outputs(ds, output_dir, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+    return ds
+
+
+def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: str = "token_hit_rate") -> str:
+    """``results.nc``, ``summary.txt`` and (optionally) ``figure.png`` in ``output_dir``; returns the summary."""
+    from cacheresearch.shell import report
+    if "study_kind" in ds.attrs:  # datasets of cacheresearch.studies summarize and plot themselves
+        from cacheresearch import studies
+
+        return studies.write_outputs(ds, output_dir, figure=figure)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / RESULT_FILE, lambda p: ds.to_netcdf(p, engine="h5netcdf"))  # never a partial file
+    text = report.summarize(ds, variable)
+    write_atomic(out / SUMMARY_FILE, lambda p: p.write_text(text + "\n", encoding="utf-8"))
+    if figure:
+        fig = report.plot(ds, variable)
+        write_atomic(out / FIGURE_FILE, lambda p: report.save_figure(fig, p))
+    return text
+
+
+def _input_files(cfg) -> dict:
+    """{path: [bytes, sha256]} of the input files the configuration names (trace, fitted model)."""
+    import hashlib  # noqa: PLC0415
+
+    out = {}
+    for key in ("trace.path", "workload.fitted.path"):
+        v = OmegaConf.select(cfg, key)
+        if v is None:
+            continue
+        path = _resolve_path(str(v))
+        if path.is_file():
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[str(v)] = [path.stat().st_size, h.hexdigest()]
+    return out
+
+
+def _chunk_store(cfg, root):
+    """The chunk files of run directory ``root``, checked against ``cfg`` (:mod:`cacheresearch.shell.chunks`)."""
+    if root is None:
+        raise ValueError("chunks=True needs an output directory")
+    if str(cfg.launch.resume) == "fresh" and int(cfg.launch.parts) > 1:
+        raise SweepError("launch.resume=fresh with launch.parts > 1 would let each part discard the others' "
+                         f"chunks: remove {Path(root) / 'chunks'} first, then run the parts")
+    conf = OmegaConf.to_container(cfg, resolve=True)
+    conf["input_files"] = _input_files(cfg)  # a trace edited in place is another configuration
+    try:
+        store = ChunkStore(root, conf, __version__, resume=str(cfg.launch.resume), log=_log)
+        store.open()
+    except ChunkError as e:
+        raise SweepError(str(e)) from None
+    return store
+
+
+# ------------------------------------------------------------------------------ entry points
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """The composed configuration for ``overrides`` (Hydra's compose API; no run directory)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="cacheresearch.sweep"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def run_experiment(overrides: list[str] | tuple[str, ...], output_dir: str | Path) -> xr.Dataset:
+    """Run an experiment in-process: ``run_experiment(["experiment=seed_fleet", "seeds=2"], "out")``.
+
+    Same outputs as the command line (``results.nc``, ``summary.txt``, ``figure.png`` in
+    ``output_dir``); returns the dataset. ``hydra.*`` overrides are not accepted here.
+    """
+    bad = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
+    if bad:
+        raise SweepError(f"run_experiment takes the output directory as an argument; drop {bad}")
+    cfg = compose_config(overrides)
+    return run(cfg, output_dir)
+
+
+def notebook_dataset(reduced: list[str], env: str = "CACHERESEARCH_RESULTS") -> tuple[xr.Dataset, Path]:
+    """A notebook's dataset: the run named by ``$CACHERESEARCH_RESULTS`` (a run directory or a
+    ``results.nc``), else a reduced in-process run (``reduced`` overrides) in a temporary directory.
+
+    Returns the dataset and the directory its figures go to.
+    """
+    import os  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from cacheresearch.shell import report  # noqa: PLC0415
+
+    results = os.environ.get(env)
+    if results:
+        return report.load(results), Path(results) if Path(results).is_dir() else Path(results).parent
+    name = next((o.split("=", 1)[1] for o in reduced if o.startswith("experiment=")), "run")
+    out_dir = Path(tempfile.mkdtemp(prefix=f"{name}_"))
+    ds = run_experiment(reduced, out_dir)
+    print(f"reduced run ({' '.join(o for o in reduced if not o.startswith('experiment='))}) in {out_dir}")
+    print(f"full run: python -m cacheresearch.sweep experiment={name}")
+    return ds, out_dir
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    launch = cfg.launch
+    try:
+        parts = _integer("launch.parts", launch.parts, 1)
+        if launch.dir is not None:
+            out = str(launch.dir)
+        elif parts > 1 and hc.mode == RunMode.MULTIRUN:
+            out = hc.sweep.dir  # every job of the multirun meets in the sweep directory
+        elif parts > 1:
+            raise SweepError("launch.parts > 1 outside a multirun needs launch.dir=DIR (one directory for all parts)")
+        else:
+            out = hc.runtime.output_dir
+        ds = run(cfg, out, write=False, chunks=bool(launch.chunks))
+        if ds is None:
+            print(f"part {int(launch.part) + 1} of {parts} done; the part that finishes last writes "
+                  f"{Path(out) / RESULT_FILE} (or rerun without launch.part to finish)")
+            return
+        text = write_outputs(ds, out, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+    except SweepError as e:
+        print(f"cacheresearch.shell.sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(text)
+    print(f"\nwrote {Path(out) / RESULT_FILE}, {SUMMARY_FILE}, {FIGURE_FILE if cfg.output.figure else ''}".rstrip(", "))
+
+
+if __name__ == "__main__":
+    main()
