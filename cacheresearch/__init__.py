@@ -1,5 +1,6 @@
 """cacheresearch: JAX-vectorized Monte Carlo research toolkit for LLM prefix and prompt caching."""
 
+from cacheresearch.cache.policies import POLICIES
 from cacheresearch.engine import (
     LATENCY_PRESETS,
     Metrics,
@@ -14,11 +15,10 @@ from cacheresearch.engine import (
     stack_params,
     stack_streams,
 )
-from cacheresearch.cache.policies import POLICIES
 from cacheresearch.routers import PRESETS as ROUTER_PRESETS
 from cacheresearch.routers import ROUTERS, VIEWS
-from cacheresearch.workload.synthetic import llmd_workload, tenant_workload
 from cacheresearch.workload import Workload, WorkloadError
+from cacheresearch.workload.synthetic import llmd_workload, tenant_workload
 
 __all__ = [
     "Metrics",

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from cacheresearch.core.params import KNOBS, LATENCY_PRESETS, Params, make_params, resolve_router, stack_params  # noqa: F401
 from cacheresearch.core.simulate import (  # noqa: F401  (re-exported)
-    Metrics, Static, check_bounds, combine_limbs, default_window, request_bits, simulate, simulate_grid,
+    Metrics,
+    Static,
+    check_bounds,
+    combine_limbs,
+    default_window,
+    request_bits,
+    simulate,
+    simulate_grid,
     static_options,
 )
 from cacheresearch.core.stream import Stream, StreamShape, compile_stream, pad_stream, stack_streams, stream_shape  # noqa: F401

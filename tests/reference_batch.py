@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 import numpy as np
-
 from reference_fleet import route_one
 
 TICKS_PER_MS = 100

@@ -43,7 +43,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-
 from reference import drop_expired, policy_limits, touch
 
 __all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes"]

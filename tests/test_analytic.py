@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from cacheresearch.analysis import analytic as an
 from cacheresearch.engine import compile_stream, make_params, simulate
 from cacheresearch.routers import prefix_hash_u64
+from cacheresearch.workload import Workload
 from cacheresearch.workload.synthetic import prefix_poisson_workload
 from cacheresearch.workload.trace import load_mooncake
-from cacheresearch.workload import Workload
 
 rates = st.floats(1e-6, 10.0, allow_nan=False)
 ttls = st.floats(1e-3, 1e4, allow_nan=False)

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-
-from cacheresearch.studies.audit import audit_statistics, merge_workloads, probe_workload
-from cacheresearch.shell.sweep import run
-from cacheresearch.workload.synthetic import tenant_workload
 from omegaconf import OmegaConf
+
+from cacheresearch.shell.sweep import run
+from cacheresearch.studies.audit import audit_statistics, merge_workloads, probe_workload
+from cacheresearch.workload.synthetic import tenant_workload
 
 PROBE = dict(n_trials=6, prompt_tokens=64, prefix_fraction=0.5, victim_requests=2, start_ms=1000,
              trial_gap_ms=1000, victim_gap_ms=50, probe_delay_ms=100, output_tokens=4, block_tokens=16, seed=3)

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_batch import reference_batch
 
 from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, simulate
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.workload.synthetic import tenant_workload
-from reference_batch import reference_batch
 
 
 def _run(w, *, R, router="round_robin", seed=0, S=8, Q=64, **kn):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from cacheresearch import bench
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
 from cacheresearch.analysis.mrc import route_requests
+from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent

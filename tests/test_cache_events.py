@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import HYP, R_MAX, padded_stream, tree_workloads
+from test_fleet import OPTS, assert_fleet_equal, engine_and_reference, tenant_prefix_workload, with_outputs
 
 from cacheresearch.engine import make_params, simulate
 from cacheresearch.workload.keys import rekey_after
-from test_engine import HYP, R_MAX, padded_stream, tree_workloads
-from test_fleet import OPTS, assert_fleet_equal, engine_and_reference, tenant_prefix_workload, with_outputs
 
 
 @settings(HYP, max_examples=60)

@@ -19,15 +19,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import reference_fleet
+from test_fleet import assert_fleet_equal, engine_and_reference, tenant_prefix_workload
+
 from cacheresearch.core.params import KNOB_DECLS, KNOBS, PARAM_DTYPES, Params, make_params
 from cacheresearch.routers import (
-    CACHE_ROUTERS, LOAD_FREE_ROUTERS, PRESETS, REGISTRY, ROUTER_DEFAULTS, ROUTERS, Knob, Registry, Router,
+    CACHE_ROUTERS,
+    LOAD_FREE_ROUTERS,
+    PRESETS,
+    REGISTRY,
+    ROUTER_DEFAULTS,
+    ROUTERS,
+    Knob,
+    Registry,
+    Router,
     markdown_table,
 )
 from cacheresearch.workload import Workload
-from test_fleet import assert_fleet_equal, engine_and_reference, tenant_prefix_workload
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "routers.md"
 

@@ -17,7 +17,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from test_chunks import ROOT, env
 
 SCRIPT = r"""
@@ -25,7 +24,7 @@ import json, os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import jax, numpy as np
 from cacheresearch.core.run import simulate_cells
-from cacheresearch.core.simulate import RATIO_FIELDS
+from cacheresearch.metrics.core import RATIO_FIELDS
 from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.workload.synthetic import tenant_workload
 
@@ -119,8 +118,9 @@ def test_exact_sums_and_host_ratios():
     import jax
     import jax.numpy as jnp
 
-    from cacheresearch.core.simulate import _sum_limbs, combine_limbs
     from cacheresearch.engine import compile_stream, make_params, simulate
+    from cacheresearch.metrics.core import combine_limbs
+    from cacheresearch.metrics.core import sum_limbs as _sum_limbs
     from cacheresearch.workload.synthetic import tenant_workload
 
     rng = np.random.default_rng(0)

@@ -8,9 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from cacheresearch.studies.diagnostics import block_hits, token_lcp
 from cacheresearch.shell.sweep import run, write_outputs
-from cacheresearch.workload.synthetic import fleet_workload
+from cacheresearch.studies.diagnostics import block_hits, token_lcp
 
 FIX = Path(__file__).parent / "fixtures"
 TINY = dict(n_tenants=3, system_tokens=64, doc_tokens=48, user_tokens=16, n_requests=120, block_tokens=16,

@@ -15,7 +15,6 @@ programs and then only runs them.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import jax
@@ -24,7 +23,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference import reference_simulate
 
+from cacheresearch.core.stream import StreamShape, pad_stream
 from cacheresearch.engine import (
     combine_limbs,
     compile_stream,
@@ -34,10 +35,8 @@ from cacheresearch.engine import (
     stack_params,
     stack_streams,
 )
-from cacheresearch.core.stream import StreamShape, pad_stream
-from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload, WorkloadError
-from reference import reference_simulate
+from cacheresearch.workload.trace import load_mooncake
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mini_mooncake.jsonl"
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_fleet import reference_fleet
+from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
 from cacheresearch.engine import compile_stream, make_params, request_bits, simulate, simulate_grid, stack_params
 from cacheresearch.routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from cacheresearch.workload import Workload
-from reference_fleet import reference_fleet
-from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
 OPTS = dict(max_replicas=R_MAX, max_instances=3, queue_slots=N_MAX + 1, match=True, index=True, stale=True,
             routers_compiled=tuple(ROUTERS))  # one program for every test here

@@ -3,6 +3,8 @@
 import pytest
 
 from cacheresearch.replica import hardware as hw
+
+
 def test_llama3_8b_h100_by_hand():
     # 2 (K, V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes = 131,072 bytes per token
     assert hw.kv_bytes_per_token("llama3_8b") == 2 * 32 * 8 * 128 * 2 == 131_072

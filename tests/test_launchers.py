@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import xarray as xr
+from test_chunks import ROOT, SMALL, assert_same_results, env
 
 from cacheresearch.shell.sweep import compose_config, run
-from test_chunks import ROOT, SMALL, assert_same_results, env
 
 LAUNCHERS = {
     "joblib": ("hydra_plugins.hydra_joblib_launcher", ["hydra.launcher.n_jobs=2"]),

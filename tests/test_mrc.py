@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_engine import FIXTURE, R_MAX, padded_stream, tree_workloads
 
 from cacheresearch.analysis import mrc
 from cacheresearch.engine import combine_limbs, make_params, simulate
-from cacheresearch.workload.trace import load_mooncake
 from cacheresearch.workload import Workload
-from test_engine import FIXTURE, R_MAX, padded_stream, tree_workloads
+from cacheresearch.workload.trace import load_mooncake
 
 CURVE_SETTINGS = settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

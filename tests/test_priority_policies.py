@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import reference_simulate
+from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
+from test_stream import L_R, N_R, long_run_workloads
 
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.engine import make_params, simulate
 from cacheresearch.workload import Workload
-from reference import reference_simulate
-from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
-from test_stream import L_R, N_R, long_run_workloads
 
 PRIORITY = ("lfu", "length_aware")
 

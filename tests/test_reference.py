@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from cacheresearch.workload.trace import load_mooncake
-from cacheresearch.workload import Workload
 from reference import check_prefix_closed, reference_simulate
+
+from cacheresearch.workload import Workload
+from cacheresearch.workload.trace import load_mooncake
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mini_mooncake.jsonl"
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import reference_simulate
+from reference_fleet import reference_fleet, ring_nodes, route_one
 
 from cacheresearch.routers import prefix_hash_u64
 from cacheresearch.workload import Workload
-from reference import reference_simulate
-from reference_fleet import reference_fleet, ring_nodes, route_one
 
 A, B, C, D, E, X = 1, 2, 3, 4, 5, 99
 

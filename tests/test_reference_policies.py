@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from cacheresearch.workload.trace import load_mooncake
-from cacheresearch.workload import Workload
 from reference import S3FIFOCache, check_prefix_closed, reference_simulate
+
+from cacheresearch.workload import Workload
+from cacheresearch.workload.trace import load_mooncake
 
 A, B, C, D, E, F, X, Y, Z = 1, 2, 3, 4, 5, 6, 90, 91, 92
 P, Q, K = 10, 11, 12

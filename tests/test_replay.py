@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import FIXTURE, HYP, R_MAX, tree_workloads
+from test_stream import long_run_workloads
 
 from cacheresearch.backends.numba_cache import replay_grid
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params
 from cacheresearch.workload.trace import load_mooncake
-from test_engine import FIXTURE, HYP, R_MAX, tree_workloads
-from test_stream import long_run_workloads
 
 CONFIGS = st.lists(st.tuples(st.sampled_from(["lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded"]),
                              st.integers(0, 300), st.integers(0, 40), st.integers(1, R_MAX),

@@ -5,6 +5,7 @@ import inspect
 import numpy as np
 import pytest
 
+from cacheresearch.workload import MAX_ARRIVAL_MS
 from cacheresearch.workload.keys import reference_block_keys
 from cacheresearch.workload.synthetic import (
     _tenant_parts,
@@ -13,7 +14,6 @@ from cacheresearch.workload.synthetic import (
     tenant_probabilities,
     tenant_workload,
 )
-from cacheresearch.workload import MAX_ARRIVAL_MS, Workload
 
 # Arrival tests: one 16-token prefix block per request and no query, so nothing per request is hashed.
 CHEAP = dict(n_tenants=4, prefix_tokens=16, query_tokens=0)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from test_engine import assert_same_metrics
 
 import cacheresearch.core.run as run_mod
 from cacheresearch.core.run import MemoryError_, simulate_cells
 from cacheresearch.engine import compile_stream, make_params, simulate
 from cacheresearch.workload.synthetic import tenant_workload
-from test_engine import assert_same_metrics
 
 FIELDS_PER_CELL = ("hit_tokens_hi", "hit_tokens_lo", "requests_hit", "occupancy", "max_occupancy",
                    "ttft_p50_ms", "ttft_p99_ms", "busy_ms", "queue_overflow")

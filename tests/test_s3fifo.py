@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from cacheresearch.engine import compile_stream, make_params, simulate
-from cacheresearch.workload import Workload
 from reference import reference_simulate
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_stream import unchained_workloads
+
+from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.workload import Workload
 
 
 def check(w, stream, capacity, replicas, router, seed=0):

@@ -3,12 +3,12 @@ requests with different salts never share a block, and requests with the same sa
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_routing_workload import _parts, _prompt
 
 from cacheresearch.workload.keys import reference_block_keys, salt_values
 from cacheresearch.workload.synthetic import fleet_workload, tenant_workload
-
-from test_routing_workload import _parts, _prompt
 
 SHARE = dict(n_tenants=3, prefix_tokens=37, users_per_tenant=2, user_tokens=21, query_tokens=20,
              rate_per_s=2.0, duration_s=15.0, seed=5, system_tokens=19)

@@ -13,13 +13,23 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_fleet import reference_fleet
+from test_engine import (
+    HYP,
+    LRU,
+    R_MAX,
+    assert_matches_reference,
+    config_kwargs,
+    key_of,
+    padded_stream,
+    run_engine,
+    tree_workloads,
+)
+from test_fleet import OPTS, assert_fleet_equal
 
 from cacheresearch.core.stream import compile_stream, default_chunk_runs, run_structure
 from cacheresearch.engine import make_params, request_bits, simulate
 from cacheresearch.workload import Workload
-from test_engine import HYP, LRU, R_MAX, assert_matches_reference, config_kwargs, key_of, padded_stream, run_engine, tree_workloads
-from reference_fleet import reference_fleet
-from test_fleet import OPTS, assert_fleet_equal
 
 N_R, L_R = 16, 240  # long-run workloads: up to 16 requests of up to 240 blocks
 

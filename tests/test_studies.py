@@ -18,8 +18,8 @@ import pytest
 import xarray as xr
 
 from cacheresearch.analysis import analytic as an
-from cacheresearch.studies import fixed_units, ratio_interval, refresh_units
 from cacheresearch.shell.sweep import SweepError, run_experiment
+from cacheresearch.studies import fixed_units, ratio_interval, refresh_units
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import xarray as xr
 import yaml
+from reference import reference_simulate
 
 from cacheresearch import __version__
-from cacheresearch.shell import report
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
+from cacheresearch.shell import report
 from cacheresearch.shell.sweep import SweepError, compose_config, make_plan, run_experiment
 from cacheresearch.workload.synthetic import fleet_workload
 from cacheresearch.workload.trace import load_mooncake
-from reference import reference_simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "mini_mooncake.jsonl"

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from cacheresearch.workload import Workload
 from cacheresearch.workload.keys import reference_block_keys
 from cacheresearch.workload.synthetic import (
     _design_parts,
@@ -13,7 +14,6 @@ from cacheresearch.workload.synthetic import (
     fleet_workload,
     tenant_probabilities,
 )
-from cacheresearch.workload import Workload
 
 FLEET_N = 160
 

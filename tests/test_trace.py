@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cacheresearch.workload import Workload
 from cacheresearch.workload.trace import (
     ORACLE_GENERAL_DTYPE,
     TraceError,
@@ -19,7 +20,6 @@ from cacheresearch.workload.trace import (
     save_mooncake,
     write_oracle_general,
 )
-from cacheresearch.workload import Workload
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mini_mooncake.jsonl"
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

@@ -25,9 +25,9 @@ import numpy as np
 
 from cacheresearch.analysis.mrc import route_requests_many
 from cacheresearch.cache.policies import POLICIES
+from cacheresearch.core.stream import compile_stream
 from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
 from cacheresearch.workload import Workload
-from cacheresearch.core.stream import compile_stream
 
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES"]
 

@@ -138,10 +138,9 @@ import numpy as np
 
 from cacheresearch import __version__
 from cacheresearch.analysis import mrc
-from cacheresearch.workload import synthetic, trace
 from cacheresearch.backends.numba_cache import replay_grid
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
-from cacheresearch.workload import Workload
+from cacheresearch.workload import Workload, synthetic, trace
 
 __all__ = [
     "Bench",

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from cacheresearch.cache.policies import PRIORITY_IDS, S3FIFO_ID
-from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
-from cacheresearch.core.simulate import Metrics, Static, nested_fn, check_bounds, check_stream, finalize, static_options
+from cacheresearch.core.simulate import Metrics, Static, check_bounds, check_stream, finalize, nested_fn, static_options
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
+from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 
 __all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
            "available_memory_bytes", "MemoryError_"]

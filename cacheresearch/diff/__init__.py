@@ -43,8 +43,6 @@ import sys
 import zlib
 from pathlib import Path
 
-import numpy as np
-
 from cacheresearch.workload.keys import reference_block_keys
 
 __all__ = ["tokenize", "diff_tokens", "diff_keys", "main"]

@@ -43,9 +43,9 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from cacheresearch.workload import Workload
 from cacheresearch.fit import laws as L
 from cacheresearch.fit.structure import request_structure
+from cacheresearch.workload import Workload
 
 __all__ = ["fit_workload", "sample_workload", "naive_workload", "MODEL_VERSION", "STEP_CLASSES", "count_ppf",
            "fit_length_count_copula"]

@@ -208,8 +208,8 @@ def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
     (the engine's numba backend; the engine's token accounting)."""
     import jax  # noqa: PLC0415
 
-    from cacheresearch.core.params import make_params  # noqa: PLC0415
     from cacheresearch.backends.numba_cache import replay_grid  # noqa: PLC0415
+    from cacheresearch.core.params import make_params  # noqa: PLC0415
 
     ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
     m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))

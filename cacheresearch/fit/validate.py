@@ -19,8 +19,8 @@ import numpy as np
 
 from cacheresearch.analysis.analytic import block_key_rates, che_hit_ratios, workload_duration_s
 from cacheresearch.analysis.mrc import hit_curve
-from cacheresearch.core.params import make_params
 from cacheresearch.backends.numba_cache import replay_grid
+from cacheresearch.core.params import make_params
 from cacheresearch.workload import Workload
 
 __all__ = ["capacity_grid", "capacity_hit_rates", "ttl_hit_rates", "analytic_hit_rates", "working_set"]

@@ -25,10 +25,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cacheresearch.replica.pool import PoolState, extend, init_pool, leading_hit, pin, release, evict_lru
 from cacheresearch.cache.store import evict, init_store, stored_len
-from cacheresearch.routers import FleetView, RequestView, ring_positions, route
 from cacheresearch.core.views import init_sync, probe
+from cacheresearch.replica.pool import PoolState, evict_lru, extend, init_pool, leading_hit, pin, release
+from cacheresearch.routers import FleetView, RequestView, ring_positions, route
 
 __all__ = ["TICKS_PER_MS", "Replica", "init_replica", "step_ticks", "replica_step", "simulate_vllm"]
 

@@ -46,11 +46,30 @@ program. The compiled rules are all evaluated and the chosen one selected: each 
 from __future__ import annotations
 
 from cacheresearch.routers.common import (
-    Context, FleetView, RequestView, argmax_rot, argmin_rot, clamp30, mix32, mul32, prefix_hash_u64, ring_positions,
+    Context,
+    FleetView,
+    RequestView,
+    argmax_rot,
+    argmin_rot,
+    clamp30,
+    mix32,
+    mul32,
+    prefix_hash_u64,
+    ring_positions,
     scale_bits,
 )
 from cacheresearch.routers.presets import PRESETS
-from cacheresearch.routers.registry import REGISTRY, Knob, Registry, Router, markdown_table, register, register_knobs, route, router_id
+from cacheresearch.routers.registry import (
+    REGISTRY,
+    Knob,
+    Registry,
+    Router,
+    markdown_table,
+    register,
+    register_knobs,
+    route,
+    router_id,
+)
 from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
 
 # every rule registers itself on import (ids fix the order, not this list)

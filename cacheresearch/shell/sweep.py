@@ -77,19 +77,27 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from cacheresearch import __version__
-from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
-from cacheresearch.core.simulate import SCHEDULERS
-from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
-from cacheresearch.core.run import MemoryError_, simulate_cells
-from cacheresearch.core.stream import run_structure
-from cacheresearch.engine import KNOBS, combine_limbs, compile_stream, make_params, resolve_router, stack_params, static_options
-from cacheresearch.metrics.prefix import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
 from cacheresearch.cache.policies import INF, POLICIES, policy_spec
-from cacheresearch.routers import CACHE_ROUTERS, PRESETS, ROUTERS
+from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
+from cacheresearch.core.run import MemoryError_
+from cacheresearch.core.simulate import SCHEDULERS
+from cacheresearch.core.stream import run_structure
+from cacheresearch.engine import (
+    KNOBS,
+    combine_limbs,
+    compile_stream,
+    make_params,
+    resolve_router,
+    stack_params,
+    static_options,
+)
+from cacheresearch.metrics.prefix import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
+from cacheresearch.routers import PRESETS, ROUTERS
+from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
+from cacheresearch.workload import Workload, WorkloadError
 from cacheresearch.workload.keys import SALT_MODES
 from cacheresearch.workload.synthetic import design_workload, fleet_workload, tenant_workload
 from cacheresearch.workload.trace import TraceError, load_trace
-from cacheresearch.workload import Workload, WorkloadError
 
 __all__ = [
     "SweepConfig",

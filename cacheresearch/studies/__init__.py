@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from omegaconf import OmegaConf
@@ -73,9 +72,9 @@ from cacheresearch.analysis.analytic import (
     ttl_refresh_hit_diurnal,
     ttl_refresh_hit_gamma,
 )
+from cacheresearch.analysis.pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
-from cacheresearch.analysis.pricing import PRESETS, Pricing, advise_ttl, daily_cost_uncached_usd, daily_cost_usd, preset
 from cacheresearch.workload.synthetic import design_workload, prefix_poisson_workload
 
 __all__ = [
