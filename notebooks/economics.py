@@ -34,6 +34,7 @@
 import numpy as np
 
 from cacheresearch import studies
+from cacheresearch.studies.base import fig as figure
 from cacheresearch.shell import report
 from cacheresearch.analysis.analytic import break_even_hit_rate, cost_multiplier, ttl_refresh_hit
 from cacheresearch.shell.sweep import notebook_dataset
@@ -88,7 +89,7 @@ else:
 # dotted line is the uncached cost.
 
 # %%
-fig = studies._fig(7.5, 4.5)
+fig = figure(7.5, 4.5)
 ax = fig.subplots()
 x = ds.requests_per_hour.values
 ax.plot(x, ds.daily_cost_uncached_usd, "k:", label="uncached")

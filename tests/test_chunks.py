@@ -102,7 +102,11 @@ def test_changed_config_is_refused_or_started_afresh(tmp_path, capsys):
 
 def test_edited_input_file_is_another_configuration(tmp_path):
     """The chunk store checks the input files a configuration names (size and sha256), not only their path."""
-    from cacheresearch.shell.sweep import _chunk_store
+    from cacheresearch.shell.pipeline import PipelineError
+    from cacheresearch.shell.sweep import _chunk_stores
+
+    def _chunk_store(cfg, root):
+        return _chunk_stores(cfg, root)(0)
 
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n')
@@ -111,7 +115,7 @@ def test_edited_input_file_is_another_configuration(tmp_path):
     _chunk_store(compose_config(over), tmp_path / "run")  # unchanged: accepted
     with trace.open("a") as f:
         f.write('{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n')
-    with pytest.raises(SweepError, match="input_files"):
+    with pytest.raises(PipelineError, match="input_files"):
         _chunk_store(compose_config(over), tmp_path / "run")
     with pytest.raises(SweepError, match="fresh with launch.parts > 1"):
         _chunk_store(compose_config(over + ["launch.resume=fresh", "launch.parts=2"]), tmp_path / "run")
@@ -183,3 +187,48 @@ def test_kill_and_resume_is_identical(tmp_path, reference):
         ds = ds.load()
     assert ds.attrs["chunks_resumed"] >= len(done) and ds.attrs["chunks"] == 16
     assert_same_results(ds, reference)
+
+
+# a small study (kind: economics): 2 TTL policies x 10 runs (3 rates and 2 arrival processes x 2 seeds) = 20 cells
+STUDY = ["experiment=economics", "seeds=2", "study.requests_per_hour=[6,60]", "study.sim.target_requests=1500",
+         "study.sim.prefixes=20", "study.sim.max_duration_s=86400", "output.figure=false"]
+
+
+def test_study_kill_and_resume_is_identical(tmp_path):
+    """Every study runs through the chunked pipeline: a study process killed with SIGKILL once a chunk file
+    exists leaves no results.nc; the rerun resumes the finished chunks and equals an uninterrupted run."""
+    reference = run(compose_config(STUDY), tmp_path / "ref", chunks=False)
+    out = tmp_path / "OUT"
+    cmd = [sys.executable, "-m", "cacheresearch.sweep", *STUDY, "engine.max_batch=1", "launch.progress=false",
+           f"hydra.run.dir={out}"]
+    cache = tmp_path / "jax_cache"
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((out / chunks.CHUNK_DIR).glob("chunk-*.nc")) and p.poll() is None:
+            assert time.monotonic() < deadline, "no chunk file within 240 s"
+            time.sleep(0.005)
+        assert p.poll() is None, "the study finished before it could be killed (" + p.stderr.read().decode()[-500:] + ")"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL
+    done = sorted((out / chunks.CHUNK_DIR).glob("chunk-*.nc"))
+    assert 1 <= len(done) < 20 and not (out / "results.nc").exists()
+    r = subprocess.run(cmd, cwd=ROOT, env=env(cache), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with xr.open_dataset(out / "results.nc", engine="h5netcdf") as ds:
+        ds = ds.load()
+    assert ds.attrs["study_kind"] == "economics"
+    assert ds.attrs["chunks_resumed"] >= len(done) and ds.attrs["chunks"] == 20
+    assert_same_results(ds, reference)
+
+
+def test_study_refuses_a_changed_configuration(tmp_path):
+    """A study's chunk files belong to its configuration: another one is refused, naming the key."""
+    run(compose_config(STUDY + ["study.sim.enabled=true"]), tmp_path, chunks=True)
+    with pytest.raises(SweepError, match="requests_per_hour"):
+        run(compose_config([o for o in STUDY if "requests_per_hour" not in o] + ["study.requests_per_hour=[6]"]),
+            tmp_path, chunks=True)

@@ -179,4 +179,6 @@ def test_sweep_schema_keys_come_from_the_declarations():
 
 
 def test_docs_table_is_up_to_date():
-    assert DOCS.read_text() == markdown_table(), "regenerate: python -m cacheresearch.routers docs/routers.md"
+    from cacheresearch.core.params import LATENCY_KNOBS
+
+    assert DOCS.read_text() == markdown_table(extra_knobs=LATENCY_KNOBS), "regenerate: python -m cacheresearch.routers docs/routers.md"

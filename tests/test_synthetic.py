@@ -9,7 +9,7 @@ from cacheresearch.workload import Workload
 from cacheresearch.workload.keys import reference_block_keys
 from cacheresearch.workload.synthetic import (
     _design_parts,
-    _fleet_parts,
+    fleet_parts,
     design_workload,
     fleet_workload,
     tenant_probabilities,
@@ -64,7 +64,7 @@ def test_fleet_stable_sharing_structure(stable):
 
 
 def test_fleet_stable_keys_match_reference_of_the_full_prompt(stable):
-    parts = _fleet_parts(
+    parts = fleet_parts(
         n_tenants=8, system_tokens=1200, doc_tokens=800, user_tokens=60, n_requests=FLEET_N,
         tenant_law="uniform", zipf_s=1.0, layout="stable", rate_per_s=None, seed=1, vocab_size=128_256,
     )
@@ -81,7 +81,7 @@ def test_fleet_timestamp_top_shares_nothing(stamped, stable):
     assert np.unique(w.keys).size == w.total_blocks
     assert not np.isin(w.keys, stable.keys).any()
     np.testing.assert_array_equal(w.tenant, stable.tenant)  # same draws, only the layout differs
-    parts = _fleet_parts(
+    parts = fleet_parts(
         n_tenants=8, system_tokens=1200, doc_tokens=800, user_tokens=60, n_requests=FLEET_N,
         tenant_law="uniform", zipf_s=1.0, layout="timestamp_top", rate_per_s=None, seed=1, vocab_size=128_256,
     )
@@ -110,7 +110,7 @@ def test_fleet_other_block_size_and_leftover_prefix_tokens():
     off = ~np.eye(60, dtype=bool)
     assert np.all(common[same & off] == 2)  # block 2 mixes prefix leftovers and user tokens
     assert np.all(common[~same] == 1)  # block 1 = system tokens 32..39 + tenant doc tokens
-    parts = _fleet_parts(
+    parts = fleet_parts(
         n_tenants=3, system_tokens=40, doc_tokens=30, user_tokens=50, n_requests=60, tenant_law="uniform",
         zipf_s=1.0, layout="stable", rate_per_s=None, seed=3, vocab_size=128_256,
     )

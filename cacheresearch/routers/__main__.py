@@ -8,10 +8,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cacheresearch.core.params import LATENCY_KNOBS
 from cacheresearch.routers.registry import markdown_table
 
 if __name__ == "__main__":
-    text = markdown_table()
+    text = markdown_table(extra_knobs=LATENCY_KNOBS)
     if len(sys.argv) > 1:
         Path(sys.argv[1]).write_text(text)
     else:

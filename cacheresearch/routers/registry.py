@@ -342,15 +342,12 @@ def _path(module: str) -> str:
 def markdown_table(registry: Registry | None = None, presets: dict | None = None, extra_knobs=None) -> str:
     """``docs/routers.md``: the routers, their knobs, the presets and each rule in full, from the registry.
 
-    ``extra_knobs``: knobs declared outside the registry, listed after its own (default, for
-    :data:`REGISTRY`: the replica speed, :data:`cacheresearch.core.params.LATENCY_KNOBS`).
+    ``extra_knobs``: knobs declared outside the registry, listed after its own (for :data:`REGISTRY`:
+    the replica speed, :data:`cacheresearch.core.params.LATENCY_KNOBS`, which the caller passes: the
+    registry does not import the core that builds on it).
     """
     reg = REGISTRY if registry is None else registry
     presets = PRESETS if presets is None else presets
-    if extra_knobs is None and registry is None:
-        from cacheresearch.core.params import LATENCY_KNOBS  # noqa: PLC0415  (core.params builds on this module)
-
-        extra_knobs = LATENCY_KNOBS
     extra_knobs = tuple(extra_knobs or ())
     yes = lambda b: "yes" if b else ""  # noqa: E731
     out = [

@@ -32,7 +32,7 @@ import numpy as np
 import xarray as xr
 
 from cacheresearch.core.run import available_memory_bytes, cell_order, plan_cells
-from cacheresearch.core.simulate import Metrics
+from cacheresearch.metrics.core import Metrics
 
 __all__ = ["CHUNK_DIR", "ChunkError", "ChunkStore", "RunInfo", "assemble", "done_cells", "fingerprint",
            "part_cells", "plan_line", "progress_bar", "run_grid", "write_atomic"]
@@ -93,10 +93,10 @@ def part_cells(order: np.ndarray, part: int, parts: int) -> np.ndarray:
 class ChunkStore:
     """The chunk files of one run directory (``root/chunks``)."""
 
-    def __init__(self, root, config: dict, version: str, *, resume: str = "auto", log=None):
+    def __init__(self, root, config: dict, version: str, *, resume: str = "auto", log=None, subdir: str | None = None):
         if resume not in ("auto", "fresh"):
             raise ChunkError(f"launch.resume must be 'auto' or 'fresh', got {resume!r}")
-        self.dir = Path(root) / CHUNK_DIR
+        self.dir = Path(root) / CHUNK_DIR / (subdir or "")  # a study's later batches: chunks/call-K
         self.config, self.key = fingerprint(config, version)
         self.resume = resume
         self._log = log or (lambda msg: None)

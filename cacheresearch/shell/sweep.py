@@ -76,10 +76,9 @@ import xarray as xr
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from cacheresearch import __version__
+from cacheresearch import __version__, studies
 from cacheresearch.cache.policies import INF, POLICIES, policy_spec
 from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
-from cacheresearch.core.run import MemoryError_
 from cacheresearch.core.simulate import SCHEDULERS
 from cacheresearch.core.stream import run_structure
 from cacheresearch.engine import (
@@ -93,7 +92,9 @@ from cacheresearch.engine import (
 )
 from cacheresearch.metrics.prefix import PREFIX_DOCS, prefix_groups, prefix_variables, ttl_combos
 from cacheresearch.routers import PRESETS, ROUTERS
-from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
+from cacheresearch.shell.pipeline import FIGURE_FILE, RESULT_FILE, SUMMARY_FILE, PipelineError, chunk_stores, run_study
+from cacheresearch.shell.pipeline import write_outputs as _write_outputs
+from cacheresearch.studies.base import Cells, Study
 from cacheresearch.workload import Workload, WorkloadError
 from cacheresearch.workload.keys import SALT_MODES
 from cacheresearch.workload.synthetic import design_workload, fleet_workload, tenant_workload
@@ -124,7 +125,6 @@ GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefi
 LAYOUTS = ("stable", "timestamp_top")
 SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
 ARRIVALS = ("poisson", "bursty", "diurnal")
-RESULT_FILE, SUMMARY_FILE, FIGURE_FILE = "results.nc", "summary.txt", "figure.png"
 
 
 class SweepError(ValueError):
@@ -694,34 +694,6 @@ def describe_workload(w: Workload) -> dict:
 
 
 # ------------------------------------------------------------------------------ the run
-class _CompileTimer:
-    """Sums JAX's compile-time events (tracing, lowering, backend compile) while active."""
-
-    EVENTS = (
-        "/jax/core/compile/jaxpr_trace_duration",
-        "/jax/core/compile/jaxpr_to_mlir_module_duration",
-        "/jax/core/compile/backend_compile_duration",
-    )
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def _listener(self, event, duration, **kwargs):
-        if event in self.EVENTS:
-            self.seconds += float(duration)
-
-    def __enter__(self):
-        jax.monitoring.register_event_duration_secs_listener(self._listener)
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            jax.monitoring.unregister_event_duration_listener(self._listener)
-        except Exception:  # noqa: BLE001 - older JAX: leave the (inactive) listener registered
-            pass
-        return False
-
-
 def router_knobs(cfg, cell: dict) -> tuple[str, dict]:
     """(rule or preset, knobs) of a cell: a ``fleet.variants`` entry expands to its router and knobs;
     explicit knobs (``fleet.knobs``, ``grid.*``) override the variant's."""
@@ -775,11 +747,10 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def simulate_plan(cfg, plan: Plan, store=None):
-    """Build the streams and run the grid as chunks (:func:`cacheresearch.shell.chunks.run_grid`; ``store``: the
-    chunk files to resume from and write to). Returns (metrics as NumPy [G], or None while other parts of
-    a multi-part run have cells left; stream index [G]; workload summaries (``describe``, ``input_tokens``,
-    ``n_requests``); timings)."""
+def grid_cells(cfg, plan: Plan):
+    """Generator: build the streams, yield the grid's cells (:class:`~cacheresearch.studies.base.Cells`),
+    receive their metrics. Returns (metrics as NumPy [G]; stream index [G]; workload summaries
+    (``describe``, ``input_tokens``, ``n_requests``); timings)."""
     cells = list(plan.cells())
     t0 = time.perf_counter()
     wkeys: dict[tuple, int] = {}
@@ -814,26 +785,38 @@ def simulate_plan(cfg, plan: Plan, store=None):
     st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)
     opts.update(match=st_all.match, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
-    G = len(cells)
-    mb = None if cfg.engine.max_batch is None else _integer("engine.max_batch", cfg.engine.max_batch, 1)
-
-    t1 = time.perf_counter()
-    with _CompileTimer() as ct:
-        try:
-            metrics, run_plan = run_grid(streams, idx, params, seeds, max_replicas=plan.max_replicas,
-                                         max_batch=mb, log=_log, per_request=True, **opts, **_launch_args(cfg, store))
-        except MemoryError_ as e:
-            raise SweepError(f"{e} (or set engine.max_batch)") from None
-        except ChunkError as e:
-            raise SweepError(str(e)) from None
-    t_sim = time.perf_counter() - t1
-    timing = {"build_s": t_build, "simulate_s": t_sim, "compile_s": ct.seconds, "batches": run_plan.calls,
-              "memory_estimate_bytes": run_plan.memory_bytes, "programs": len(run_plan.groups),
-              "devices": run_plan.devices, "chunks": run_plan.chunks, "chunks_resumed": run_plan.chunks_resumed}
+    metrics = yield Cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
+                          options=dict(per_request=True, **opts))
+    timing = {"build_s": t_build, "simulate_s": 0.0, "compile_s": 0.0, "batches": 0}
     return metrics, idx, workloads, timing
 
 
-def _launch_args(cfg, store) -> dict:
+def grid_study(cfg):
+    """The ``grid`` study: every ``grid.*`` key given as a list is an axis; one dataset over them."""
+    t0 = time.perf_counter()
+    plan = make_plan(cfg)
+    metrics, idx, workloads, timing = yield from grid_cells(cfg, plan)
+    timing["wall_s"] = time.perf_counter() - t0
+    return to_dataset(cfg, plan, metrics, idx, workloads, timing)
+
+
+def _summarize_grid(ds: xr.Dataset) -> str:
+    from cacheresearch.shell import report  # noqa: PLC0415
+
+    return report.summarize(ds, str(ds.attrs.get("output_variable", "token_hit_rate")))
+
+
+def _plot_grid(ds: xr.Dataset):
+    from cacheresearch.shell import report  # noqa: PLC0415
+
+    return report.plot(ds, str(ds.attrs.get("output_variable", "token_hit_rate")))
+
+
+GRID = studies.register(Study("grid", grid_study, _summarize_grid, _plot_grid, SweepConfig,
+                              "a product grid over the grid.* keys given as lists (routing, replay, ...)"))
+
+
+def _launch_args(cfg) -> dict:
     """``launch.*`` as :func:`cacheresearch.shell.chunks.run_grid` arguments (validated)."""
     la = cfg.get("launch") or LaunchConf()
     parts = _integer("launch.parts", la.parts, 1)
@@ -843,8 +826,57 @@ def _launch_args(cfg, store) -> dict:
     devices = None if la.devices is None else _integer("launch.devices", la.devices, 1)
     if devices is not None and devices > jax.local_device_count():
         raise SweepError(f"launch.devices={devices}: this process has {jax.local_device_count()} local devices")
-    return dict(store=store, part=part, parts=parts, devices=devices,
+    return dict(part=part, parts=parts, devices=devices,
                 progress=None if la.progress is None else bool(la.progress))
+
+
+#: long names and units of the grid dataset's variables
+GRID_VAR_DOCS = {
+    "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
+    "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
+    "hit_tokens": ("input tokens served from cache (exact)", "tokens"),
+    "input_tokens": ("input tokens of the workload", "tokens"),
+    "requests_hit": ("requests with at least one hit block", "requests"),
+    "n_requests": ("requests in the workload", "requests"),
+    "ttft_p50_s": ("time to first token, median (queueing wait + prefill of the uncached suffix)", "s"),
+    "ttft_p90_s": ("time to first token, 90th percentile (nearest rank)", "s"),
+    "ttft_p99_s": ("time to first token, 99th percentile (nearest rank)", "s"),
+    "ttft_mean_s": ("time to first token, mean", "s"),
+    "load_imbalance": ("load imbalance: max / mean of replica work (busy time)", "1"),
+    "utilisation_max": ("busiest replica's utilisation: busy time / run horizon", "1"),
+    "prefix_copies": ("replicas holding a request's whole routing prefix at arrival, mean (NaN unless "
+                      "engine.match)", "replicas"),
+    "overflow_share": ("share of requests with a cached prefix sent to a replica holding less of it "
+                       "(NaN unless engine.match)", "1"),
+    "queue_overflow": ("dispatches that found every tracked queue slot in flight (raise engine.queue_slots)",
+                       "requests"),
+    "tpot_mean_s": ("time per output token after the first, mean (vllm replica)", "s"),
+    "e2e_p50_s": ("arrival to last token, median (vllm replica)", "s"),
+    "e2e_p90_s": ("arrival to last token, 90th percentile (vllm replica)", "s"),
+    "e2e_p99_s": ("arrival to last token, 99th percentile (vllm replica)", "s"),
+    "preemptions": ("preemptions by recompute (the KV pool could not hold an allocation)", "preemptions"),
+    "kv_util_mean": ("KV blocks in use (pinned + working) / capacity, time average, mean over replicas", "1"),
+    "kv_util_max": ("most KV blocks in use / capacity on any replica", "1"),
+    "queue_len_mean": ("waiting requests per replica, time average", "requests"),
+    "throughput_tps": ("output tokens per second over the run", "tokens/s"),
+    "dropped": ("requests not served: waiting queue full (engine.queue_slots) or larger than the pool", "requests"),
+    "engine_steps": ("engine steps of all replicas", "steps"),
+}
+
+
+#: long names and units of the grid dataset's coordinates (the seed's depends on the source)
+GRID_COORD_DOCS = {
+    "policy": ("cache policy", None),
+    "capacity_blocks": ("cache capacity per replica", "blocks"),
+    "ttl_s": ("time to live", "s"),
+    "replicas": ("number of replicas", None),
+    "router": ("router", None),
+    "layout": ("prompt layout", None),
+    "rate_per_s": ("arrival rate (load level)", "requests/s"),
+    "hot_share": ("extra traffic share of the hot tenant", "1"),
+    "arrival": ("arrival process", None),
+    "salt": ("cache salt: who may share a cached block", None),
+}
 
 
 def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
@@ -905,51 +937,11 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
             ds[v].attrs.update(long_name=ln, units=u)
     if "prefix" in ds.coords:
         ds.attrs.update(pattrs)
-    long = {
-        "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
-        "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
-        "hit_tokens": ("input tokens served from cache (exact)", "tokens"),
-        "input_tokens": ("input tokens of the workload", "tokens"),
-        "requests_hit": ("requests with at least one hit block", "requests"),
-        "n_requests": ("requests in the workload", "requests"),
-        "ttft_p50_s": ("time to first token, median (queueing wait + prefill of the uncached suffix)", "s"),
-        "ttft_p90_s": ("time to first token, 90th percentile (nearest rank)", "s"),
-        "ttft_p99_s": ("time to first token, 99th percentile (nearest rank)", "s"),
-        "ttft_mean_s": ("time to first token, mean", "s"),
-        "load_imbalance": ("load imbalance: max / mean of replica work (busy time)", "1"),
-        "utilisation_max": ("busiest replica's utilisation: busy time / run horizon", "1"),
-        "prefix_copies": ("replicas holding a request's whole routing prefix at arrival, mean (NaN unless "
-                          "engine.match)", "replicas"),
-        "overflow_share": ("share of requests with a cached prefix sent to a replica holding less of it "
-                           "(NaN unless engine.match)", "1"),
-        "queue_overflow": ("dispatches that found every tracked queue slot in flight (raise engine.queue_slots)",
-                           "requests"),
-        "tpot_mean_s": ("time per output token after the first, mean (vllm replica)", "s"),
-        "e2e_p50_s": ("arrival to last token, median (vllm replica)", "s"),
-        "e2e_p90_s": ("arrival to last token, 90th percentile (vllm replica)", "s"),
-        "e2e_p99_s": ("arrival to last token, 99th percentile (vllm replica)", "s"),
-        "preemptions": ("preemptions by recompute (the KV pool could not hold an allocation)", "preemptions"),
-        "kv_util_mean": ("KV blocks in use (pinned + working) / capacity, time average, mean over replicas", "1"),
-        "kv_util_max": ("most KV blocks in use / capacity on any replica", "1"),
-        "queue_len_mean": ("waiting requests per replica, time average", "requests"),
-        "throughput_tps": ("output tokens per second over the run", "tokens/s"),
-        "dropped": ("requests not served: waiting queue full (engine.queue_slots) or larger than the pool", "requests"),
-        "engine_steps": ("engine steps of all replicas", "steps"),
-    }
-    for v, (ln, u) in long.items():
+    for v, (ln, u) in GRID_VAR_DOCS.items():
         if v in ds:
             ds[v].attrs.update(long_name=ln, units=u)
     coord_doc = {
-        "policy": ("cache policy", None),
-        "capacity_blocks": ("cache capacity per replica", "blocks"),
-        "ttl_s": ("time to live", "s"),
-        "replicas": ("number of replicas", None),
-        "router": ("router", None),
-        "layout": ("prompt layout", None),
-        "rate_per_s": ("arrival rate (load level)", "requests/s"),
-        "hot_share": ("extra traffic share of the hot tenant", "1"),
-        "arrival": ("arrival process", None),
-        "salt": ("cache salt: who may share a cached block", None),
+        **GRID_COORD_DOCS,
         "seed": ("seed (router PRNG key)" if plan.source == "trace" else "seed (workload draw and router PRNG key)",
                  None),
         **{k: (f"{k}: {d.doc}", d.unit) for k, d in KNOB_DECLS.items()},  # router / speed knobs, as declared
@@ -1001,58 +993,39 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
 
 
 def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks: bool = False) -> xr.Dataset | None:
-    """Validate ``cfg``, simulate the grid and (when ``write``) write the outputs into ``output_dir``.
+    """Validate ``cfg``, run its study (``kind``; ``grid`` by default) through the pipeline
+    (:mod:`cacheresearch.shell.pipeline`) and (when ``write``) write the outputs into ``output_dir``.
 
     ``chunks``: run as chunk files in ``output_dir/chunks`` (skip those already there, refuse a changed
     configuration; ``launch.part``/``launch.parts``: one slice of the grid; :mod:`cacheresearch.shell.chunks`).
     Returns None when other parts of a multi-part run still have configurations to run."""
-    t0 = time.perf_counter()
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg)
-    if str(cfg.get("kind", "grid")) != "grid":  # a study (cacheresearch.studies): its own dims and outputs
-        from cacheresearch import studies
-
-        try:
-            ds = studies.run_study(cfg)
-        except studies.StudyError as e:
-            raise SweepError(str(e)) from None
-        if write:
-            if output_dir is None:
-                raise ValueError("output_dir is required when write=True")
-            write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
-        return ds
-    plan = make_plan(cfg)
-    store = _chunk_store(cfg, output_dir) if chunks else None
-    metrics, idx, workloads, timing = simulate_plan(cfg, plan, store=store)
-    if metrics is None:  # a part of a multi-part run; the last part to finish combines
+    try:
+        study = studies.get(str(cfg.get("kind", "grid") or "grid"))
+    except studies.StudyError as e:
+        raise SweepError(str(e)) from None
+    store_of = _chunk_stores(cfg, output_dir) if chunks else None
+    mb = None if cfg.engine.max_batch is None else _integer("engine.max_batch", cfg.engine.max_batch, 1)
+    try:
+        ds = run_study(study, cfg, store_of=store_of, max_batch=mb, launch=_launch_args(cfg), log=_log)
+    except (PipelineError, studies.StudyError) as e:
+        raise SweepError(str(e)) from None
+    if ds is None:  # a part of a multi-part run; the last part to finish combines
         return None
-    timing["wall_s"] = time.perf_counter() - t0
-    ds = to_dataset(cfg, plan, metrics, idx, workloads, timing)
-    ds.attrs.update(devices=int(timing["devices"]), chunks=int(timing["chunks"]),
-                    chunks_resumed=int(timing["chunks_resumed"]))
     if write:
         if output_dir is None:
             raise ValueError("output_dir is required when write=True")
-        write_outputs(ds, output_dir, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+        write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
     return ds
 
 
-def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: str = "token_hit_rate") -> str:
-    """``results.nc``, ``summary.txt`` and (optionally) ``figure.png`` in ``output_dir``; returns the summary."""
-    from cacheresearch.shell import report
-    if "study_kind" in ds.attrs:  # datasets of cacheresearch.studies summarize and plot themselves
-        from cacheresearch import studies
-
-        return studies.write_outputs(ds, output_dir, figure=figure)
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / RESULT_FILE, lambda p: ds.to_netcdf(p, engine="h5netcdf"))  # never a partial file
-    text = report.summarize(ds, variable)
-    write_atomic(out / SUMMARY_FILE, lambda p: p.write_text(text + "\n", encoding="utf-8"))
-    if figure:
-        fig = report.plot(ds, variable)
-        write_atomic(out / FIGURE_FILE, lambda p: report.save_figure(fig, p))
-    return text
+def write_outputs(ds: xr.Dataset, output_dir, *, figure: bool = True, variable: str | None = None) -> str:
+    """``results.nc``, ``summary.txt`` and (optionally) ``figure.png`` in ``output_dir`` (each atomically);
+    returns the summary. ``variable``: the grid's summary variable (default: the run's ``output.variable``)."""
+    if variable is not None:
+        ds.attrs["output_variable"] = str(variable)
+    return _write_outputs(ds, output_dir, studies.get(str(ds.attrs.get("study_kind", "grid"))), figure=figure)
 
 
 def _input_files(cfg) -> dict:
@@ -1074,8 +1047,9 @@ def _input_files(cfg) -> dict:
     return out
 
 
-def _chunk_store(cfg, root):
-    """The chunk files of run directory ``root``, checked against ``cfg`` (:mod:`cacheresearch.shell.chunks`)."""
+def _chunk_stores(cfg, root):
+    """The chunk files of run directory ``root`` per batch of cells, checked against ``cfg``
+    (:mod:`cacheresearch.shell.chunks`, :func:`cacheresearch.shell.pipeline.chunk_stores`)."""
     if root is None:
         raise ValueError("chunks=True needs an output directory")
     if str(cfg.launch.resume) == "fresh" and int(cfg.launch.parts) > 1:
@@ -1083,12 +1057,7 @@ def _chunk_store(cfg, root):
                          f"chunks: remove {Path(root) / 'chunks'} first, then run the parts")
     conf = OmegaConf.to_container(cfg, resolve=True)
     conf["input_files"] = _input_files(cfg)  # a trace edited in place is another configuration
-    try:
-        store = ChunkStore(root, conf, __version__, resume=str(cfg.launch.resume), log=_log)
-        store.open()
-    except ChunkError as e:
-        raise SweepError(str(e)) from None
-    return store
+    return chunk_stores(root, conf, __version__, resume=str(cfg.launch.resume), log=_log)
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -1157,7 +1126,7 @@ def main(cfg: DictConfig) -> None:
             print(f"part {int(launch.part) + 1} of {parts} done; the part that finishes last writes "
                   f"{Path(out) / RESULT_FILE} (or rerun without launch.part to finish)")
             return
-        text = write_outputs(ds, out, figure=bool(cfg.output.figure), variable=str(cfg.output.variable))
+        text = write_outputs(ds, out, figure=bool(cfg.output.figure))
     except SweepError as e:
         print(f"cacheresearch.shell.sweep: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -58,14 +58,15 @@ import xarray as xr
 from scipy import stats
 
 from cacheresearch.analysis.pricing import preset
-from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.studies import base as SB
+from cacheresearch.studies.base import Cells, Study, StudyError, common_attrs, seeds, study_cfg
 from cacheresearch.workload import Workload
 from cacheresearch.workload.keys import SALT_MODES, block_keys_jit, salt_values, to_uint64
 from cacheresearch.workload.synthetic import tenant_workload
 
 __all__ = ["ISOLATION_DEFAULTS", "AUDIT_DEFAULTS", "isolation_study", "audit_study", "audit_statistics",
-           "merge_workloads", "probe_workload", "register"]
+           "merge_workloads", "probe_workload", "STUDIES"]
 
 DAY = 86_400.0
 
@@ -73,15 +74,11 @@ DAY = 86_400.0
 
 
 def _err(msg: str):
-    from cacheresearch.studies import StudyError  # noqa: PLC0415 - studies imports this module at its end
-
     return StudyError(msg)
 
 
 def _cfg(cfg, defaults: dict) -> dict:
-    from cacheresearch.studies import _study_cfg  # noqa: PLC0415
-
-    return _study_cfg(cfg, defaults)
+    return study_cfg(cfg, defaults)
 
 
 def _list(name, v, options=None, *, positive=False, integer=False, unit=False) -> list:
@@ -230,21 +227,15 @@ def audit_statistics(ttft_hit, ttft_miss, *, trials: int = 250, alpha: float = 0
 
 
 def _run(streams, idx, params, seeds, max_replicas: int):
-    m, _ = simulate_cells(streams, np.asarray(idx), params, np.asarray(seeds, np.uint32), max_replicas=max_replicas,
-                          per_request=True)
-    return m
+    return (yield Cells(streams, idx, params, seeds, max_replicas=max_replicas))
 
 
 def _attrs(cfg, kind, t0, extra):
-    from cacheresearch.studies import _common_attrs  # noqa: PLC0415
-
-    return _common_attrs(cfg, kind, t0, extra)
+    return common_attrs(cfg, kind, t0, extra)
 
 
 def _seeds(cfg):
-    from cacheresearch.studies import _seeds as s  # noqa: PLC0415
-
-    return s(cfg)
+    return seeds(cfg)
 
 
 # ------------------------------------------------------------------------------ isolation
@@ -297,7 +288,7 @@ def isolation_study(cfg) -> xr.Dataset:
         raise _err(f"study: {e}") from None
     cells = [(k, j) for k in range(len(streams)) for j in range(len(routers))]
     ts = time.perf_counter()
-    m = _run(streams, [k for k, _ in cells], [params[j] for _, j in cells],
+    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells],
              [seeds[k % len(seeds)] for k, _ in cells], R)
     t_sim = time.perf_counter() - ts
     shape = (len(salts), len(rates), len(seeds), len(routers))
@@ -349,9 +340,8 @@ def isolation_study(cfg) -> xr.Dataset:
 
 
 def summarize_isolation(ds) -> str:
-    from cacheresearch.studies import _header, _pct, _table, _usd  # noqa: PLC0415
 
-    out = _header(ds)
+    out = SB.header(ds)
     sc = json.loads(ds.attrs["scenario"])
     out.append(f"scenario: {sc['n_tenants']} organisations x {sc['users_per_tenant']} users; a {sc['system_tokens']}-"
                f"token system prompt shared by all, {sc['prefix_tokens']} tokens per organisation, "
@@ -363,17 +353,16 @@ def summarize_isolation(ds) -> str:
         for rt in ds.router.values:
             for s in ds.salt.values:
                 c = m.sel(rate_per_s=r, router=rt, salt=s)
-                rows.append([f"{r:g}", str(rt), str(s), _pct(float(c.token_hit_rate)),
+                rows.append([f"{r:g}", str(rt), str(s), SB.pct(float(c.token_hit_rate)),
                              f"{float(c.ttft_p50_s):.3f} s", f"{float(c.ttft_p99_s):.3f} s",
-                             _usd(float(c.usd_per_day)), f"{float(c.cost_multiplier):.3f}"])
-    out += ["", _table(rows)]
+                             SB.usd(float(c.usd_per_day)), f"{float(c.cost_multiplier):.3f}"])
+    out += ["", SB.table(rows)]
     return "\n".join(out)
 
 
 def plot_isolation(ds):
-    from cacheresearch.studies import _fig  # noqa: PLC0415
 
-    fig = _fig(12, 4)
+    fig = SB.fig(12, 4)
     axes = fig.subplots(1, 3)
     m = ds.mean("seed")
     xs = np.arange(ds.sizes["salt"])
@@ -465,7 +454,7 @@ def audit_study(cfg) -> xr.Dataset:
         raise _err(f"study: {e}") from None
     cells = [(k, j) for k in range(len(streams)) for j in range(len(routers))]
     ts = time.perf_counter()
-    m = _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [keys[k][4] for k, _ in cells], R)
+    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [keys[k][4] for k, _ in cells], R)
     t_sim = time.perf_counter() - ts
     # pool seeds: one cell = (salt, router, rate, fraction, victims)
     dims = ("salt", "router", "rate_per_s", "prefix_fraction", "victim_requests")
@@ -523,10 +512,9 @@ def audit_study(cfg) -> xr.Dataset:
 
 
 def summarize_audit(ds) -> str:
-    from cacheresearch.studies import _header, _table  # noqa: PLC0415
 
     a = ds.attrs
-    out = _header(ds)
+    out = SB.header(ds)
     out.append(f"Gu et al.'s audit on the simulated fleet: {a['probes_per_procedure']} probes per procedure per cell "
                f"(power: experiments of {a['trials']} + {a['trials']}), prompt {a['prompt_tokens']} tokens, "
                f"{a['replicas']} replicas; background load from other tenants")
@@ -541,7 +529,7 @@ def summarize_audit(ds) -> str:
                                      f"{float(c.audit_auc_ci_low):.3f}-{float(c.audit_auc_ci_high):.3f}",
                                      f"{float(c.audit_power):.2f}", f"{float(c.audit_ks_p):.2g}",
                                      f"{float(c.probe_hit_share_hit):.2f}/{float(c.probe_hit_share_miss):.2f}"])
-    out += ["", _table(rows)]
+    out += ["", SB.table(rows)]
     for s in ds.salt.values:
         x = ds.sel(salt=s)
         out.append(f"salt={s}: AUC {float(x.audit_auc.min()):.3f}-{float(x.audit_auc.max()):.3f}, power "
@@ -550,9 +538,8 @@ def summarize_audit(ds) -> str:
 
 
 def plot_audit(ds):
-    from cacheresearch.studies import _fig  # noqa: PLC0415
 
-    fig = _fig(11, 4.5)
+    fig = SB.fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)
     flat = ds.stack(cell=("router", "rate_per_s", "prefix_fraction", "victim_requests"))
     xs = np.arange(flat.sizes["cell"])
@@ -573,8 +560,7 @@ def plot_audit(ds):
     return fig
 
 
-def register(studies: dict, summaries: dict, plots: dict) -> None:
-    """Add this module's studies to :mod:`cacheresearch.studies`' tables."""
-    studies.update(isolation=isolation_study, audit=audit_study)
-    summaries.update(isolation=summarize_isolation, audit=summarize_audit)
-    plots.update(isolation=plot_isolation, audit=plot_audit)
+STUDIES = [
+    Study("isolation", isolation_study, summarize_isolation, plot_isolation, SB.defaults_class("IsolationDefaults", ISOLATION_DEFAULTS)),
+    Study("audit", audit_study, summarize_audit, plot_audit, SB.defaults_class("AuditDefaults", AUDIT_DEFAULTS)),
+]

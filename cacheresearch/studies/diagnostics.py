@@ -39,33 +39,26 @@ import numpy as np
 import xarray as xr
 
 from cacheresearch.analysis.pricing import preset
-from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.studies import base as SB
+from cacheresearch.studies.base import Cells, Study, StudyError
 from cacheresearch.workload.keys import rekey_after
-from cacheresearch.workload.synthetic import _fleet_parts, fleet_workload
+from cacheresearch.workload.synthetic import fleet_parts, fleet_workload
 
 __all__ = ["VOLATILE_DEFAULTS", "EVENTS_DEFAULTS", "GRANULARITY_DEFAULTS", "volatile_study", "events_study",
-           "granularity_study", "token_lcp", "block_hits", "register"]
+           "granularity_study", "token_lcp", "block_hits", "STUDIES"]
 
 DAY = 86_400.0
 POSITIONS = {"none": "stable", "top": "timestamp_top", "after_system": "timestamp_after_system",
              "after_documents": "timestamp_after_docs", "end": "timestamp_end"}
 
 
-def _studies():
-    from cacheresearch import studies  # noqa: PLC0415 - studies imports this module at its end
-
-    return studies
-
-
 def _err(msg):
-    return _studies().StudyError(msg)
+    return StudyError(msg)
 
 
 def _run(streams, idx, params, seeds, R):
-    m, _ = simulate_cells(streams, np.asarray(idx), params, np.asarray(seeds, np.uint32), max_replicas=R,
-                          per_request=True)
-    return m
+    return (yield Cells(streams, idx, params, seeds, max_replicas=R))
 
 
 def _fleet_args(c: dict) -> dict:
@@ -91,16 +84,15 @@ VOLATILE_DEFAULTS = dict(
 
 
 def volatile_study(cfg) -> xr.Dataset:
-    s = _studies()
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, VOLATILE_DEFAULTS)
+    c = SB.study_cfg(cfg, VOLATILE_DEFAULTS)
     fl = _fleet_args(c["fleet"])
     pos = list(c["positions"])
     bad = [p for p in pos if p not in POSITIONS]
     if bad or not pos:
         raise _err(f"study.positions: unknown {bad}; choose from {list(POSITIONS)}")
     routers = list(c["routers"])
-    seeds = s._seeds(cfg)
+    seeds = SB.seeds(cfg)
     try:
         pr = preset(str(c["pricing"]))
     except ValueError as e:
@@ -125,7 +117,7 @@ def volatile_study(cfg) -> xr.Dataset:
         raise _err(f"study: {e}") from None
     cells = [(k, j) for k in range(len(streams)) for j in range(len(routers))]
     ts = time.perf_counter()
-    m = _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [seeds[k % len(seeds)] for k, _ in cells], R)
+    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [seeds[k % len(seeds)] for k, _ in cells], R)
     t_sim = time.perf_counter() - ts
     shape = (len(pos), len(seeds), len(routers))
     names = ("token_hit_rate", "cost_multiplier", "usd_per_day", "ttft_p50_s", "ttft_p99_s")
@@ -144,7 +136,7 @@ def volatile_study(cfg) -> xr.Dataset:
         out["ttft_p99_s"][ix] = float(np.asarray(m.ttft_p99_ms[g])) / 1000.0
     ds = xr.Dataset({v: (("position", "seed", "router"), a) for v, a in out.items()},
                     coords={"position": pos, "seed": seeds, "router": routers})
-    s._doc(ds, {
+    SB.doc(ds, {
         "token_hit_rate": ("token hit rate", "1"),
         "cost_multiplier": (f"input cost relative to uncached under {pr.name}: h r + (1 - h) w", "1"),
         "usd_per_day": (f"input cost per day under {pr.name} (hits at the read price, misses at the write price)",
@@ -152,15 +144,14 @@ def volatile_study(cfg) -> xr.Dataset:
         "ttft_p50_s": ("time to first token, median", "s"), "ttft_p99_s": ("time to first token, p99", "s"),
     })
     ds["position"].attrs["long_name"] = "where the volatile token sits (none: no volatile token)"
-    ds.attrs.update(s._common_attrs(cfg, "volatile", t0, dict(
+    ds.attrs.update(SB.common_attrs(cfg, "volatile", t0, dict(
         fleet=json.dumps(fl), replicas=R, capacity_blocks=int(c["capacity_blocks"]), pricing=pr.name,
         pricing_source=pr.source, simulate_time_s=t_sim)))
     return ds
 
 
 def summarize_volatile(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    out = SB.header(ds)
     f = json.loads(ds.attrs["fleet"])
     out.append(f"fleet prompt: {f['system_tokens']}-token system prompt + {f['doc_tokens']}-token tenant document + "
                f"{f['user_tokens']} user tokens ({f['n_tenants']} tenants, {f['block_tokens']}-token blocks); "
@@ -170,14 +161,14 @@ def summarize_volatile(ds) -> str:
     for p in ds.position.values:
         for r in ds.router.values:
             x = m.sel(position=p, router=r)
-            rows.append([str(p), str(r), s._pct(float(x.token_hit_rate)), f"{float(x.cost_multiplier):.3f}",
-                         s._usd(float(x.usd_per_day)), f"{float(x.ttft_p50_s):.3f} s", f"{float(x.ttft_p99_s):.3f} s"])
-    out += ["", s._table(rows)]
+            rows.append([str(p), str(r), SB.pct(float(x.token_hit_rate)), f"{float(x.cost_multiplier):.3f}",
+                         SB.usd(float(x.usd_per_day)), f"{float(x.ttft_p50_s):.3f} s", f"{float(x.ttft_p99_s):.3f} s"])
+    out += ["", SB.table(rows)]
     return "\n".join(out)
 
 
 def plot_volatile(ds):
-    fig = _studies()._fig(11, 4.2)
+    fig = SB.fig(11, 4.2)
     ax1, ax2 = fig.subplots(1, 2)
     m = ds.mean("seed")
     xs = np.arange(ds.sizes["position"])
@@ -211,9 +202,8 @@ EVENTS = ("none", "version_upgrade", "replica_restart")
 
 
 def events_study(cfg) -> xr.Dataset:
-    s = _studies()
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, EVENTS_DEFAULTS)
+    c = SB.study_cfg(cfg, EVENTS_DEFAULTS)
     fl = _fleet_args(c["fleet"])
     evs = list(c["events"])
     bad = [e for e in evs if e not in EVENTS]
@@ -222,7 +212,7 @@ def events_study(cfg) -> xr.Dataset:
     if "none" not in evs:
         evs = ["none"] + evs  # the baseline of the recovery time
     routers = list(c["routers"])
-    seeds = s._seeds(cfg)
+    seeds = SB.seeds(cfg)
     R = int(c["replicas"])
     T = float(c["event_s"])
     win = float(c["window_s"])
@@ -255,7 +245,7 @@ def events_study(cfg) -> xr.Dataset:
                 raise _err(f"study: {err}") from None
             cells.append((k, j))
     ts = time.perf_counter()
-    m = _run(streams, [k for k, _ in cells], params, [seeds[k % len(seeds)] for k, _ in cells], R)
+    m = yield from _run(streams, [k for k, _ in cells], params, [seeds[k % len(seeds)] for k, _ in cells], R)
     t_sim = time.perf_counter() - ts
     W = int(np.ceil(horizon / win))
     tw = (np.arange(W) + 0.5) * win
@@ -286,7 +276,7 @@ def events_study(cfg) -> xr.Dataset:
          "hit_rate_after_event": (("event", "router"), np.nanmean(mean[:, :, first_after:], axis=-1)),
          "hit_rate_before_event": (("event", "router"), np.nanmean(mean[:, :, :first_after], axis=-1))},
         coords={"event": evs, "seed": seeds, "router": routers, "time_s": tw})
-    s._doc(ds, {
+    SB.doc(ds, {
         "hit_rate_window": ("token hit rate of the requests arriving in the window (the recovery curve)", "1"),
         "hit_rate_window_mean": ("token hit rate per window, mean over seeds", "1"),
         "recovery_s": (f"time from the event to the end of the first window whose hit rate is within {tol:g} of the "
@@ -295,15 +285,14 @@ def events_study(cfg) -> xr.Dataset:
         "hit_rate_before_event": ("token hit rate of the windows before the event (mean over windows)", "1"),
     })
     ds["time_s"].attrs.update(long_name="window centre", units="s")
-    ds.attrs.update(s._common_attrs(cfg, "events", t0, dict(
+    ds.attrs.update(SB.common_attrs(cfg, "events", t0, dict(
         fleet=json.dumps(fl), event_s=T, window_s=win, tolerance=tol, replicas=R,
         capacity_blocks=int(c["capacity_blocks"]), restart_replica=0, simulate_time_s=t_sim)))
     return ds
 
 
 def summarize_events(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    out = SB.header(ds)
     out.append(f"cache events at {ds.attrs['event_s']:g} s: a version upgrade re-keys every later request; a replica "
                f"restart flushes replica 0 ({ds.attrs['replicas']} replicas x {ds.attrs['capacity_blocks']} blocks); "
                f"windows of {ds.attrs['window_s']:g} s")
@@ -314,14 +303,14 @@ def summarize_events(ds) -> str:
             x = ds.sel(event=e, router=r)
             low = float(np.nanmin(x.hit_rate_window_mean.values[k0:]))
             rv = float(x.recovery_s)
-            rows.append([str(e), str(r), s._pct(float(x.hit_rate_before_event)), s._pct(float(x.hit_rate_after_event)),
-                         s._pct(low), "n/a" if not np.isfinite(rv) else f"{rv:.0f} s"])
-    out += ["", s._table(rows)]
+            rows.append([str(e), str(r), SB.pct(float(x.hit_rate_before_event)), SB.pct(float(x.hit_rate_after_event)),
+                         SB.pct(low), "n/a" if not np.isfinite(rv) else f"{rv:.0f} s"])
+    out += ["", SB.table(rows)]
     return "\n".join(out)
 
 
 def plot_events(ds):
-    fig = _studies()._fig(11, 4.2)
+    fig = SB.fig(11, 4.2)
     axes = fig.subplots(1, ds.sizes["router"], squeeze=False)[0]
     for j, r in enumerate(ds.router.values):
         ax = axes[j]
@@ -388,7 +377,7 @@ def block_hits(lcp_tokens, input_tokens, block: int) -> np.ndarray:
 def _fleet_prompts(spec: dict, seed: int):
     a = dict(spec)
     a.pop("kind")
-    parts = _fleet_parts(n_tenants=a["n_tenants"], system_tokens=a["system_tokens"], doc_tokens=a["doc_tokens"],
+    parts = fleet_parts(n_tenants=a["n_tenants"], system_tokens=a["system_tokens"], doc_tokens=a["doc_tokens"],
                          user_tokens=a["user_tokens"], n_requests=a["n_requests"], tenant_law="uniform", zipf_s=1.0,
                          layout="stable", rate_per_s=None, seed=seed, vocab_size=128_256)
     prompts = [np.concatenate([parts["system"], parts["docs"][t], parts["user"][i]])
@@ -427,13 +416,12 @@ def _trace_rows(path: str, max_requests, blocks: list[int]):
 
 
 def granularity_study(cfg) -> xr.Dataset:
-    s = _studies()
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, {**GRANULARITY_DEFAULTS, "workloads": {}})
+    c = SB.study_cfg(cfg, {**GRANULARITY_DEFAULTS, "workloads": {}})
     if not c["workloads"]:
         c["workloads"] = dict(GRANULARITY_DEFAULTS["workloads"])
-    blocks = s._positive_list("study.block_sizes", c["block_sizes"], integer=True)
-    seeds = s._seeds(cfg)
+    blocks = SB.positive_list("study.block_sizes", c["block_sizes"], integer=True)
+    seeds = SB.seeds(cfg)
     names = list(c["workloads"])
     if c["trace_path"]:
         names.append("mooncake_trace")
@@ -481,7 +469,7 @@ def granularity_study(cfg) -> xr.Dataset:
              "hit_tokens_radix": (("workload",), token_hit),
              "input_tokens": (("workload",), inputs)},
             coords={"workload": names, "block_tokens": blocks})
-    s._doc(ds, {
+    SB.doc(ds, {
         "token_hit_rate_radix": ("token hit rate with token-granular (radix) matching, one unbounded cache", "1"),
         "token_hit_rate_blocks": ("token hit rate with block hashing (whole blocks only), one unbounded cache", "1"),
         "lost_tokens_share": ("share of the radix hit tokens that block hashing loses (NaN: not measurable)", "1"),
@@ -491,15 +479,14 @@ def granularity_study(cfg) -> xr.Dataset:
         "hit_tokens_radix": ("hit tokens with token-granular matching", "tokens"),
         "input_tokens": ("input tokens", "tokens"),
     })
-    ds.attrs.update(s._common_attrs(cfg, "granularity", t0, dict(
+    ds.attrs.update(SB.common_attrs(cfg, "granularity", t0, dict(
         workloads=json.dumps(c["workloads"]), trace_path=str(c["trace_path"]) if c["trace_path"] else "",
         seeds=len(seeds))))
     return ds
 
 
 def summarize_granularity(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    out = SB.header(ds)
     out.append("hit tokens lost to block hashing vs token-granular (radix) matching; one unbounded cache; both capped "
                "at input - 1 tokens")
     rows = [["workload", "radix"] + [f"B={int(b)}" for b in ds.block_tokens.values]]
@@ -513,18 +500,18 @@ def summarize_granularity(ds) -> str:
             if not np.isfinite(h):
                 cells.append("n/m")
             elif np.isfinite(lo):
-                cells.append(f"{s._pct(h)} (-{s._pct(lo)})")
+                cells.append(f"{SB.pct(h)} (-{SB.pct(lo)})")
             else:
-                cells.append(f"{s._pct(h)} (<= -{s._pct(ub)})")
-        rows.append([str(w), s._pct(float(x.token_hit_rate_radix))] + cells)
-    out += ["", s._table(rows), "",
+                cells.append(f"{SB.pct(h)} (<= -{SB.pct(ub)})")
+        rows.append([str(w), SB.pct(float(x.token_hit_rate_radix))] + cells)
+    out += ["", SB.table(rows), "",
             "cells: block-hashed token hit rate (share of the radix hit lost); n/m = not measurable (a Mooncake trace "
             "has 512-token hash ids only: no tokens, no finer blocks); <= = upper bound"]
     return "\n".join(out)
 
 
 def plot_granularity(ds):
-    fig = _studies()._fig(7.5, 4.5)
+    fig = SB.fig(7.5, 4.5)
     ax = fig.subplots()
     for i, w in enumerate(ds.workload.values):
         x = ds.sel(workload=w)
@@ -550,13 +537,11 @@ CAPACITY_DEFAULTS = dict(models=None, gpus=None, tps=[1, 2, 4, 8], kv_dtypes=["b
 def capacity_study(cfg) -> xr.Dataset:
     """KV blocks per replica for every (model, GPU, TP, KV dtype) preset (:mod:`cacheresearch.replica.hardware`)."""
     from cacheresearch.replica import hardware as hw  # noqa: PLC0415
-
-    s = _studies()
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, CAPACITY_DEFAULTS)
+    c = SB.study_cfg(cfg, CAPACITY_DEFAULTS)
     models = list(c["models"] or hw.MODELS)
     gpus = list(c["gpus"] or hw.GPUS)
-    tps = s._positive_list("study.tps", c["tps"], integer=True)
+    tps = SB.positive_list("study.tps", c["tps"], integer=True)
     dts = list(c["kv_dtypes"])
     bt = int(c["block_tokens"])
     shape = (len(models), len(gpus), len(tps), len(dts))
@@ -580,10 +565,10 @@ def capacity_study(cfg) -> xr.Dataset:
                      "kv_tokens": (("model", "gpu", "tp", "kv_dtype"), blocks * bt),
                      "kv_bytes_per_token": (("model", "tp", "kv_dtype"), per_tok)},
                     coords={"model": models, "gpu": gpus, "tp": tps, "kv_dtype": dts})
-    s._doc(ds, {"kv_blocks": (f"KV blocks of {bt} tokens per replica (NaN: the weights do not fit)", "blocks"),
+    SB.doc(ds, {"kv_blocks": (f"KV blocks of {bt} tokens per replica (NaN: the weights do not fit)", "blocks"),
                 "kv_tokens": ("KV tokens per replica", "tokens"),
                 "kv_bytes_per_token": ("KV bytes per token on each GPU of the replica", "bytes")})
-    ds.attrs.update(s._common_attrs(cfg, "capacity", t0, dict(
+    ds.attrs.update(SB.common_attrs(cfg, "capacity", t0, dict(
         block_tokens=bt, gpu_memory_utilization=float(c["gpu_memory_utilization"]),
         model_sources=json.dumps({m: hw.MODELS[m].source for m in models if m in hw.MODELS}),
         gpu_sources=json.dumps({g: hw.GPUS[g].source for g in gpus if g in hw.GPUS}))))
@@ -591,8 +576,7 @@ def capacity_study(cfg) -> xr.Dataset:
 
 
 def summarize_capacity(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    out = SB.header(ds)
     out.append(f"KV blocks of {ds.attrs['block_tokens']} tokens per replica at gpu_memory_utilization "
                f"{ds.attrs['gpu_memory_utilization']:g} (budget = utilisation x memory - weights / tp); '-' = the "
                "weights do not fit")
@@ -602,12 +586,12 @@ def summarize_capacity(ds) -> str:
             for d in ds.kv_dtype.values:
                 v = ds.kv_blocks.sel(model=m, gpu=g, kv_dtype=d).values
                 rows.append([str(m), str(g), str(d)] + ["-" if not np.isfinite(x) else f"{int(x):,}" for x in v])
-    out += ["", s._table(rows)]
+    out += ["", SB.table(rows)]
     return "\n".join(out)
 
 
 def plot_capacity(ds):
-    fig = _studies()._fig(8, 4.5)
+    fig = SB.fig(8, 4.5)
     ax = fig.subplots()
     x = ds.kv_tokens.sel(tp=ds.tp.values[0])
     labels, vals = [], []
@@ -624,10 +608,9 @@ def plot_capacity(ds):
     return fig
 
 
-def register(studies: dict, summaries: dict, plots: dict) -> None:
-    """Add this module's studies to :mod:`cacheresearch.studies`' tables."""
-    studies.update(volatile=volatile_study, events=events_study, granularity=granularity_study,
-                   capacity=capacity_study)
-    summaries.update(volatile=summarize_volatile, events=summarize_events, granularity=summarize_granularity,
-                     capacity=summarize_capacity)
-    plots.update(volatile=plot_volatile, events=plot_events, granularity=plot_granularity, capacity=plot_capacity)
+STUDIES = [
+    Study("volatile", volatile_study, summarize_volatile, plot_volatile, SB.defaults_class("VolatileDefaults", VOLATILE_DEFAULTS)),
+    Study("events", events_study, summarize_events, plot_events, SB.defaults_class("EventsDefaults", EVENTS_DEFAULTS)),
+    Study("granularity", granularity_study, summarize_granularity, plot_granularity, SB.defaults_class("GranularityDefaults", GRANULARITY_DEFAULTS)),
+    Study("capacity", capacity_study, summarize_capacity, plot_capacity, SB.defaults_class("CapacityDefaults", CAPACITY_DEFAULTS)),
+]

@@ -43,10 +43,12 @@ from scipy import stats
 
 from cacheresearch.fit import fit_workload, naive_workload, sample_workload, tree_stats
 from cacheresearch.fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
+from cacheresearch.studies import base as S
+from cacheresearch.studies.base import Study
 from cacheresearch.workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
 
 __all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "ttl_trace_study",
-           "load_fit_trace", "model_from_file", "register"]
+           "load_fit_trace", "model_from_file", "STUDIES"]
 
 FIT_DEFAULTS = dict(
     trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
@@ -70,7 +72,7 @@ def _resolve(p: str) -> Path:
 def load_fit_trace(tc: dict):
     """``(workload, fit keyword arguments)`` of a trace setting ``{path, format, block_tokens,
     max_requests}``: Bailian traces bring their sessions, parents and types."""
-    from cacheresearch.studies import StudyError
+    from cacheresearch.studies.base import StudyError
 
     if not tc.get("path"):
         raise StudyError("study.trace.path (or trace.path) is required: a Mooncake or Bailian JSONL trace")
@@ -125,12 +127,11 @@ def _trace_cfg(cfg, c: dict) -> dict:
 
 
 def fit_study(cfg) -> xr.Dataset:
-    from cacheresearch import studies as S
 
     t0 = time.perf_counter()
-    c = S._study_cfg(cfg, FIT_DEFAULTS)
-    seeds = S._seeds(cfg)
-    ttls = S._positive_list("study.ttl_s", c["ttl_s"])
+    c = S.study_cfg(cfg, FIT_DEFAULTS)
+    seeds = S.seeds(cfg)
+    ttls = S.positive_list("study.ttl_s", c["ttl_s"])
     tc = _trace_cfg(cfg, c)
     w, extra = load_fit_trace(tc)
     tf = time.perf_counter()
@@ -171,7 +172,7 @@ def fit_study(cfg) -> xr.Dataset:
     data["hit_rate_analytic_ttl"] = (("ttl_s",), ttl_an)
     ds = xr.Dataset(data, coords={"capacity_blocks": caps, "ttl_s": np.asarray(ttls), "seed": np.asarray(seeds)})
     ds = ds.assign_coords(capacity_share=("capacity_blocks", caps / working_set(w)))
-    S._doc(ds, {
+    S.doc(ds, {
         "hit_rate_trace": ("token hit rate of the trace's replay, one leaf-first LRU cache", "1"),
         "hit_rate_trace_ttl": ("token hit rate of the trace's replay, one TTL cache refreshed on hit", "1"),
         "hit_rate_fitted": ("token hit rate of samples of the fitted model, mean over seeds", "1"),
@@ -190,7 +191,7 @@ def fit_study(cfg) -> xr.Dataset:
                 "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
                                      for k in cm["session_by_kind"]]}
             for t, cm in comps.items()}
-    ds.attrs.update(S._common_attrs(cfg, "fit", t0, dict(
+    ds.attrs.update(S.common_attrs(cfg, "fit", t0, dict(
         trace=str(w.name), trace_format=str(w.meta.get("format", "")), trace_requests=int(w.n_requests),
         working_set_blocks=working_set(w), block_tokens=int(w.block_tokens), fit_time_s=fit_s,
         fitted_model=json.dumps(model), fitted_laws=json.dumps(laws), trace_tree_stats=json.dumps(tree_stats(w)),
@@ -199,10 +200,9 @@ def fit_study(cfg) -> xr.Dataset:
 
 
 def summarize_fit(ds) -> str:
-    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
-    out = _header(ds)
+    out = S.header(ds)
     out.append(f"trace {a['trace']} ({a['trace_format']}, {a['trace_requests']:,} requests, working set "
                f"{a['working_set_blocks']:,} blocks of {a['block_tokens']} tokens); fit {a['fit_time_s']:.1f} s; "
                f"{a['seeds']} sample seed(s)")
@@ -213,23 +213,23 @@ def summarize_fit(ds) -> str:
     rows = [hdr]
     for i, cb in enumerate(ds.capacity_blocks.values):
         x = ds.isel(capacity_blocks=i)
-        r = [f"{int(cb):,}", f"{float(x.capacity_share):.2f}", _pct(x.hit_rate_trace),
-             f"{_pct(x.hit_rate_fitted)} [{_pct(x.hit_rate_fitted_ci_low)}, {_pct(x.hit_rate_fitted_ci_high)}]",
-             _pct(x.hit_rate_analytic)]
+        r = [f"{int(cb):,}", f"{float(x.capacity_share):.2f}", S.pct(x.hit_rate_trace),
+             f"{S.pct(x.hit_rate_fitted)} [{S.pct(x.hit_rate_fitted_ci_low)}, {S.pct(x.hit_rate_fitted_ci_high)}]",
+             S.pct(x.hit_rate_analytic)]
         if has_naive:
-            r.append(_pct(x.hit_rate_naive))
+            r.append(S.pct(x.hit_rate_naive))
         rows.append(r)
-    out += ["", "LRU (leaf-first, one replica): token hit rate", _table(rows), ""]
+    out += ["", "LRU (leaf-first, one replica): token hit rate", S.table(rows), ""]
     rows = [["TTL (s, refresh)", "trace", "fitted [95% CI]", "analytic"] + (["naive"] if has_naive else [])]
     for i, tt in enumerate(ds.ttl_s.values):
         x = ds.isel(ttl_s=i)
-        r = [f"{float(tt):g}", _pct(x.hit_rate_trace_ttl),
-             f"{_pct(x.hit_rate_fitted_ttl)} [{_pct(x.hit_rate_fitted_ttl_ci_low)}, {_pct(x.hit_rate_fitted_ttl_ci_high)}]",
-             _pct(x.hit_rate_analytic_ttl)]
+        r = [f"{float(tt):g}", S.pct(x.hit_rate_trace_ttl),
+             f"{S.pct(x.hit_rate_fitted_ttl)} [{S.pct(x.hit_rate_fitted_ttl_ci_low)}, {S.pct(x.hit_rate_fitted_ttl_ci_high)}]",
+             S.pct(x.hit_rate_analytic_ttl)]
         if has_naive:
-            r.append(_pct(x.hit_rate_naive_ttl))
+            r.append(S.pct(x.hit_rate_naive_ttl))
         rows.append(r)
-    out += [_table(rows), ""]
+    out += [S.table(rows), ""]
     line = (f"max |fitted - trace|: capacity {100 * a['max_abs_gap_capacity']:.2f} points, TTL "
             f"{100 * a['max_abs_gap_ttl']:.2f} points (target 3)")
     if has_naive:
@@ -245,9 +245,8 @@ def summarize_fit(ds) -> str:
 
 
 def plot_fit(ds):
-    from cacheresearch.studies import _fig
 
-    fig = _fig(11, 4.5)
+    fig = S.fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)
     x = ds.capacity_blocks.values
     for ax, dim, suf, xl in ((ax1, "capacity_blocks", "", "LRU capacity (blocks)"), (ax2, "ttl_s", "_ttl", "TTL (s)")):
@@ -284,9 +283,8 @@ MOONCAKE_DEFAULTS = dict(
 
 
 def _trace_only(cfg, defaults):
-    from cacheresearch import studies as S
 
-    c = S._study_cfg(cfg, defaults)
+    c = S.study_cfg(cfg, defaults)
     w, _ = load_fit_trace(_trace_cfg(cfg, c))
     return S, c, w
 
@@ -313,8 +311,8 @@ def mooncake_fig9_study(cfg) -> xr.Dataset:
     at_mark = float(rate[min(mark, rate.size - 1)])
     ds = xr.Dataset({"hit_rate": (("capacity_blocks",), rate[pts])},
                     coords={"capacity_blocks": pts, "capacity_tokens": ("capacity_blocks", pts * bt)})
-    S._doc(ds, {"hit_rate": ("token hit rate, one leaf-first LRU cache (exact, every capacity)", "1")})
-    ds.attrs.update(S._common_attrs(cfg, "mooncake_fig9", t0, dict(
+    S.doc(ds, {"hit_rate": ("token hit rate, one leaf-first LRU cache (exact, every capacity)", "1")})
+    ds.attrs.update(S.common_attrs(cfg, "mooncake_fig9", t0, dict(
         trace=str(w.name), trace_requests=int(w.n_requests), block_tokens=bt, working_set_blocks=ws,
         max_hit_rate=mx, mark_tokens=int(c["mark_tokens"]), hit_rate_at_mark=at_mark,
         share_of_max_at_mark=at_mark / mx if mx > 0 else float("nan"), capacity_99pct_blocks=c99,
@@ -323,14 +321,13 @@ def mooncake_fig9_study(cfg) -> xr.Dataset:
 
 
 def summarize_fig9(ds) -> str:
-    from cacheresearch.studies import _header, _pct
 
     a = ds.attrs
-    out = _header(ds)
+    out = S.header(ds)
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests, {a['working_set_blocks']:,} distinct blocks of "
                f"{a['block_tokens']} tokens = {a['working_set_blocks'] * a['block_tokens'] / 1e6:.1f}M tokens)")
-    out.append(f"maximum (unbounded) token hit rate {_pct(a['max_hit_rate'])}; at {a['mark_tokens'] / 1e6:g}M tokens "
-               f"{_pct(a['hit_rate_at_mark'])} = {_pct(a['share_of_max_at_mark'])} of the maximum; 99% of the maximum "
+    out.append(f"maximum (unbounded) token hit rate {S.pct(a['max_hit_rate'])}; at {a['mark_tokens'] / 1e6:g}M tokens "
+               f"{S.pct(a['hit_rate_at_mark'])} = {S.pct(a['share_of_max_at_mark'])} of the maximum; 99% of the maximum "
                f"from {a['capacity_99pct_tokens'] / 1e6:.1f}M tokens ({a['capacity_99pct_blocks']:,} blocks)")
     out.append("published (FAST'25 Fig. 9): a 3M-token cache reaches under half the maximum in most workloads; "
                "about 50M tokens nearly reaches it")
@@ -338,9 +335,8 @@ def summarize_fig9(ds) -> str:
 
 
 def plot_fig9(ds):
-    from cacheresearch.studies import _fig
 
-    fig = _fig(7.5, 4.5)
+    fig = S.fig(7.5, 4.5)
     ax = fig.subplots()
     a = ds.attrs
     ax.plot(ds.capacity_tokens / 1e6, 100 * ds.hit_rate, "C0-")
@@ -363,10 +359,11 @@ FIG10_ROUTERS = {
 }
 
 
-def _engine_rates(S, w, params, *, max_replicas, stateful=False):
+def _engine_rates(w, params, *, max_replicas, stateful=False):
     from cacheresearch.engine import compile_stream
 
-    hits = S._run_engine([compile_stream(w, stateful_singletons=stateful)], params, max_replicas=max_replicas)
+    hits = yield from S.engine_hits([compile_stream(w, stateful_singletons=stateful)], params,
+                                   max_replicas=max_replicas)
     return [_token_rate(w, h[0]) for h in hits]
 
 
@@ -378,7 +375,7 @@ def mooncake_fig10_study(cfg) -> xr.Dataset:
     S, c, w = _trace_only(cfg, MOONCAKE_DEFAULTS)
     bt = int(w.block_tokens)
     R = int(c["nodes"])
-    toks = S._positive_list("study.node_tokens", c["node_tokens"], integer=True)
+    toks = S.positive_list("study.node_tokens", c["node_tokens"], integer=True)
     routers = list(FIG10_ROUTERS)
     local = np.zeros((len(routers), len(toks)))
     glob = np.zeros(len(toks))
@@ -388,41 +385,39 @@ def mooncake_fig10_study(cfg) -> xr.Dataset:
         glob[j] = float(hit_curve(w, max_capacity=cap * R).token_hit_rate[cap * R])
         local[0, j] = float(hit_curve(w, replicas=R, router="round_robin", max_capacity=cap).token_hit_rate[cap])
         ps = [make_params("lru", capacity_blocks=cap, replicas=R, **FIG10_ROUTERS[r]) for r in routers[1:]]
-        local[1:, j] = _engine_rates(S, w, ps, max_replicas=R)
+        local[1:, j] = yield from _engine_rates(w, ps, max_replicas=R)
     t_sim = time.perf_counter() - ts
     ds = xr.Dataset({"hit_rate_local": (("router", "node_tokens"), local), "hit_rate_global": (("node_tokens",), glob),
                      "global_over_local": (("router", "node_tokens"), glob[None, :] / np.where(local > 0, local, np.nan))},
                     coords={"router": routers, "node_tokens": np.asarray(toks)})
-    S._doc(ds, {"hit_rate_local": (f"token hit rate of {R} local LRU caches, by the router that reaches them", "1"),
+    S.doc(ds, {"hit_rate_local": (f"token hit rate of {R} local LRU caches, by the router that reaches them", "1"),
                 "hit_rate_global": (f"token hit rate of one global pool of {R} x node_tokens", "1"),
                 "global_over_local": ("hit-rate ratio global pool / local caches", "1")})
-    ds.attrs.update(S._common_attrs(cfg, "mooncake_fig10", t0, dict(
+    ds.attrs.update(S.common_attrs(cfg, "mooncake_fig10", t0, dict(
         trace=str(w.name), trace_requests=int(w.n_requests), block_tokens=bt, nodes=R, simulate_time_s=t_sim,
         routers=json.dumps(FIG10_ROUTERS))))
     return ds
 
 
 def summarize_fig10(ds) -> str:
-    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
-    out = _header(ds)
+    out = S.header(ds)
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests); {a['nodes']} nodes")
     rows = [["node capacity", "global pool"] + [f"local, {r}" for r in ds.router.values] +
             [f"ratio, {r}" for r in ds.router.values]]
     for nt in ds.node_tokens.values:
         x = ds.sel(node_tokens=nt)
-        rows.append([f"{nt / 1e6:g}M tokens", _pct(x.hit_rate_global)] + [_pct(v) for v in x.hit_rate_local.values]
+        rows.append([f"{nt / 1e6:g}M tokens", S.pct(x.hit_rate_global)] + [S.pct(v) for v in x.hit_rate_local.values]
                     + [f"{float(v):.2f}x" for v in x.global_over_local.values])
-    out.append(_table(rows))
+    out.append(S.table(rows))
     out.append("published (FAST'25 Fig. 10): the global pool raises hit rates 1.38x-2.36x over local caches")
     return "\n".join(out)
 
 
 def plot_fig10(ds):
-    from cacheresearch.studies import _fig
 
-    fig = _fig(7.5, 4.5)
+    fig = S.fig(7.5, 4.5)
     ax = fig.subplots()
     xs = np.arange(ds.sizes["router"])
     for j, nt in enumerate(ds.node_tokens.values):
@@ -453,14 +448,14 @@ def mooncake_table1_study(cfg) -> xr.Dataset:
                 params.append(make_params(p, capacity_blocks=int(float(cap))))
             cells.append((pi, ci))
     ts = time.perf_counter()
-    rates = _engine_rates(S, w, params, max_replicas=1, stateful=any(p in ("lfu", "length_aware") for p in pols))
+    rates = yield from _engine_rates(w, params, max_replicas=1, stateful=any(p in ("lfu", "length_aware") for p in pols))
     t_sim = time.perf_counter() - ts
     out = np.zeros((len(pols), len(caps)))
     for (pi, ci), r in zip(cells, rates):
         out[pi, ci] = r
     ds = xr.Dataset({"hit_rate": (("policy", "capacity"), out)}, coords={"policy": pols, "capacity": caps})
-    S._doc(ds, {"hit_rate": ("token hit rate, one pool (capacity in blocks; inf = unbounded)", "1")})
-    ds.attrs.update(S._common_attrs(cfg, "mooncake_table1", t0, dict(
+    S.doc(ds, {"hit_rate": ("token hit rate, one pool (capacity in blocks; inf = unbounded)", "1")})
+    ds.attrs.update(S.common_attrs(cfg, "mooncake_table1", t0, dict(
         trace=str(w.name), trace_requests=int(w.n_requests), block_tokens=int(w.block_tokens),
         working_set_blocks=working_set(w), simulate_time_s=t_sim)))
     return ds
@@ -471,28 +466,26 @@ TABLE1_PUBLISHED = {"lru": [.51, .51, .50, .48, .40, .30], "lfu": [.51, .51, .49
 
 
 def summarize_table1(ds) -> str:
-    from cacheresearch.studies import _header, _table
 
     a = ds.attrs
-    out = _header(ds)
+    out = S.header(ds)
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests, working set {a['working_set_blocks']:,} blocks)")
     caps = [str(x) for x in ds.capacity.values]
     rows = [["policy"] + caps]
     for p in ds.policy.values:
         rows.append([str(p)] + [f"{float(v):.2f}" for v in ds.hit_rate.sel(policy=p).values])
-    out.append(_table(rows))
+    out.append(S.table(rows))
     if caps == ["inf", "100000", "50000", "30000", "10000", "1000"]:
         rows = [["published (tool&agent trace)"] + caps]
         for p, v in TABLE1_PUBLISHED.items():
             rows.append([p] + [f"{x:.2f}" for x in v])
-        out += ["", _table(rows)]
+        out += ["", S.table(rows)]
     return "\n".join(out)
 
 
 def plot_table1(ds):
-    from cacheresearch.studies import _fig
 
-    fig = _fig(7.5, 4.5)
+    fig = S.fig(7.5, 4.5)
     ax = fig.subplots()
     xs = np.arange(ds.sizes["capacity"])
     for i, p in enumerate(ds.policy.values):
@@ -581,7 +574,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         },
         coords={"root": rows, "option": names, "plan": list(plans)},
     )
-    S._doc(ds, {
+    S.doc(ds, {
         "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (Poisson keys, the trace's window)",
                                        "USD/day"),
         "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
@@ -608,7 +601,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
     io = list(plans).index("oracle")
     adv_p, adv_s = float(tot["predicted"][ia]), float(tot["simulated"][ia])
     wts = a.requests[sh].astype(np.float64)
-    ds.attrs.update(S._common_attrs(cfg, "ttl_trace", t0, dict(
+    ds.attrs.update(S.common_attrs(cfg, "ttl_trace", t0, dict(
         trace=str(w.name), trace_requests=int(w.n_requests), block_tokens=int(w.block_tokens),
         duration_s=a.duration_s, per_day=a.per_day, roots=int(G), shared_roots=int(sh.sum()),
         shared_root_requests=int(a.requests[sh].sum()), options=json.dumps(names),
@@ -629,10 +622,9 @@ def ttl_trace_study(cfg) -> xr.Dataset:
 
 
 def summarize_ttl_trace(ds) -> str:
-    from cacheresearch.studies import _header, _pct, _table
 
     a = ds.attrs
-    out = _header(ds)
+    out = S.header(ds)
     opts = json.loads(a["options"])
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests over {a['duration_s']:,.0f} s, scaled x"
                f"{a['per_day']:.1f} to a day); {a['roots']:,} roots, {a['shared_roots']:,} shared (2+ requests, "
@@ -645,16 +637,16 @@ def summarize_ttl_trace(ds) -> str:
     for p in ds.plan.values:
         x = ds.sel(plan=p)
         pr, si = float(x.total_predicted_usd_per_day), float(x.total_simulated_usd_per_day)
-        rows.append([str(p), usd(pr), usd(si), _pct((pr - si) / si, 2) if si > 0 else "n/a",
+        rows.append([str(p), usd(pr), usd(si), S.pct((pr - si) / si, 2) if si > 0 else "n/a",
                      usd(x.total_steady_usd_per_day)])
     out += ["", "Daily cost by plan (uniform: every root on one option; advised: each root on its predicted cheapest; "
-            "oracle: each root on its replayed cheapest; advised_steady: the long-run advice):", _table(rows)]
+            "oracle: each root on its replayed cheapest; advised_steady: the long-run advice):", S.table(rows)]
     out.append(f"advice saves {usd(a['saving_predicted_usd_per_day'])}/day predicted, "
                f"{usd(a['saving_simulated_usd_per_day'])}/day replayed, over the best uniform option "
                f"({a['best_uniform_predicted']}; replay's best uniform: {a['best_uniform_simulated']}); predicted vs "
-               f"replayed cost of the advice {_pct(a['advised_rel_error'], 2)}; regret vs the oracle "
-               f"{usd(a['regret_usd_per_day'])}/day; advice = oracle on {_pct(a['choice_agreement_shared'])} of the "
-               f"shared roots ({_pct(a['choice_agreement_shared_requests'])} of their requests)")
+               f"replayed cost of the advice {S.pct(a['advised_rel_error'], 2)}; regret vs the oracle "
+               f"{usd(a['regret_usd_per_day'])}/day; advice = oracle on {S.pct(a['choice_agreement_shared'])} of the "
+               f"shared roots ({S.pct(a['choice_agreement_shared_requests'])} of their requests)")
     counts = {k: {o: int(np.sum(ds[k].values[ds.requests.values >= 2] == o)) for o in opts}
               for k in ("advised", "oracle", "advised_steady")}
     out.append("choices on shared roots: " + "; ".join(f"{k} " + ", ".join(f"{o} x{n}" for o, n in v.items())
@@ -670,14 +662,13 @@ def summarize_ttl_trace(ds) -> str:
                        f"{usd(x.cost_simulated_usd_per_day.sel(option=o))}" for o in opts]
                     + [str(x.advised.values), str(x.oracle.values),
                        f"{usd(x.saving_predicted_usd_per_day)} | {usd(x.saving_simulated_usd_per_day)}"])
-    out += ["", f"The {n} busiest shared roots (daily cost per option):", _table(rows)]
+    out += ["", f"The {n} busiest shared roots (daily cost per option):", S.table(rows)]
     return "\n".join(out)
 
 
 def plot_ttl_trace(ds):
-    from cacheresearch.studies import _fig
 
-    fig = _fig(11, 4.5)
+    fig = S.fig(11, 4.5)
     ax1, ax2 = fig.subplots(1, 2)
     sh = ds.requests.values >= 2
     opts = [str(o) for o in ds.option.values]
@@ -704,11 +695,10 @@ def plot_ttl_trace(ds):
     return fig
 
 
-def register(studies: dict, summaries: dict, plots: dict) -> None:
-    """Add this module's study kinds to :mod:`cacheresearch.studies`' tables."""
-    for kind, fn, sm, pl in (("fit", fit_study, summarize_fit, plot_fit),
-                             ("mooncake_fig9", mooncake_fig9_study, summarize_fig9, plot_fig9),
-                             ("mooncake_fig10", mooncake_fig10_study, summarize_fig10, plot_fig10),
-                             ("mooncake_table1", mooncake_table1_study, summarize_table1, plot_table1),
-                             ("ttl_trace", ttl_trace_study, summarize_ttl_trace, plot_ttl_trace)):
-        studies[kind], summaries[kind], plots[kind] = fn, sm, pl
+STUDIES = [
+    Study("fit", fit_study, summarize_fit, plot_fit, S.defaults_class("FitDefaults", FIT_DEFAULTS)),
+    Study("mooncake_fig9", mooncake_fig9_study, summarize_fig9, plot_fig9),
+    Study("mooncake_fig10", mooncake_fig10_study, summarize_fig10, plot_fig10),
+    Study("mooncake_table1", mooncake_table1_study, summarize_table1, plot_table1),
+    Study("ttl_trace", ttl_trace_study, summarize_ttl_trace, plot_ttl_trace),
+]

@@ -211,7 +211,7 @@ def _tokens(rng: np.random.Generator, shape, vocab: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------ fleet
-def _fleet_parts(
+def fleet_parts(
     *, n_tenants, system_tokens, doc_tokens, user_tokens, n_requests, tenant_law, zipf_s, layout,
     rate_per_s, seed, vocab_size,
 ):
@@ -285,7 +285,7 @@ def fleet_workload(
     vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max - n_requests)
     out = _output_tokens(output_tokens, n_requests)
 
-    parts = _fleet_parts(
+    parts = fleet_parts(
         n_tenants=n_tenants, system_tokens=system_tokens, doc_tokens=doc_tokens, user_tokens=user_tokens,
         n_requests=n_requests, tenant_law=tenant_law, zipf_s=zipf_s, layout=layout,
         rate_per_s=rate_per_s, seed=seed, vocab_size=vocab_size,
