@@ -9,8 +9,8 @@ from cacheresearch.workload import Workload
 from cacheresearch.workload.keys import reference_block_keys
 from cacheresearch.workload.synthetic import (
     _design_parts,
-    fleet_parts,
     design_workload,
+    fleet_parts,
     fleet_workload,
     tenant_probabilities,
 )
