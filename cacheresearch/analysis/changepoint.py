@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cacheresearch.metrics.core import hit_tokens
+
 __all__ = ["potential_hits", "window_hit_rates", "change_points", "format_report"]
 
 
@@ -54,7 +56,7 @@ def potential_hits(w) -> np.ndarray:
     starts = w.offsets[:-1][has]
     lead_has = np.minimum.reduceat(unseen_pos, starts)
     lead[has] = np.minimum(lead_has, nb[has])
-    return np.minimum(lead * w.block_tokens, w.input_tokens).astype(np.int64)
+    return hit_tokens(np.asarray(lead, np.int64), w.block_tokens, w.input_tokens, np).astype(np.int64)
 
 
 def window_hit_rates(w, hit_tokens, window_s: float):

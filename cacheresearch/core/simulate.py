@@ -39,7 +39,7 @@ from cacheresearch.cache.store import StoreState, evict, flush, init_store, stor
 from cacheresearch.core.stream import Stream
 from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, sync
 from cacheresearch.metrics.core import LIMB as _LIMB  # noqa: F401
-from cacheresearch.metrics.core import RATIO_FIELDS, Metrics, combine_limbs, finalize  # noqa: F401
+from cacheresearch.metrics.core import RATIO_FIELDS, Metrics, combine_limbs, finalize, hit_tokens  # noqa: F401
 from cacheresearch.metrics.core import add_limbs as _add_limbs
 from cacheresearch.metrics.core import percentile as _pct
 from cacheresearch.metrics.core import sum_limbs as _sum_limbs
@@ -275,8 +275,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         # ---- metrics
         real = last & (req < stream.n_requests)
         inp = stream.input_tokens[req]
-        # min(hit * bt, input) without overflowing int32: past input // bt full blocks it is input
-        hit_tok = jnp.where(hit > inp // bt, inp, hit * bt)
+        hit_tok = hit_tokens(hit, bt, inp)
         tok_hi, tok_lo = _add_limbs(t.tok_hi, t.tok_lo, jnp.where(real, hit_tok, 0))
         t = t._replace(
             tok_hi=tok_hi, tok_lo=tok_lo,
@@ -311,10 +310,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
     srt = jnp.sort(jnp.where(is_real, ttft_req, _LIM))
 
     def pct(p):
-        if not st.queue:
-            return jnp.int32(-1)
-        k = jnp.clip((p * nreal + 99) // 100 - 1, 0, max(N1 - 2, 0))
-        return jnp.where(nreal > 0, srt[k] if N1 > 1 else 0, 0).astype(jnp.int32)
+        return _pct(srt, nreal, p, N1 - 1) if st.queue else jnp.int32(-1)
 
     first_arr = stream.arrival_ms[0]
     last_arr = stream.arrival_ms[jnp.maximum(nreal - 1, 0)]
@@ -385,7 +381,7 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     inp = stream.input_tokens[:N]
     out = stream.output_tokens[:N]
     hit_b = jnp.where(served, c.hit_b[:N], 0)
-    hit_tok = jnp.where(hit_b > inp // bt, inp, hit_b * bt)
+    hit_tok = hit_tokens(hit_b, bt, inp)
     t0 = stream.arrival_ms[0]
     lat = served & (arr - t0 >= params.warmup_ms)
     nl = jnp.sum(lat.astype(jnp.int32))

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Metrics", "RATIO_FIELDS", "combine_limbs", "sum_limbs", "add_limbs", "percentile", "finalize", "LIMB"]
+__all__ = ["Metrics", "RATIO_FIELDS", "combine_limbs", "sum_limbs", "add_limbs", "percentile", "finalize", "LIMB",
+           "hit_tokens"]
 
 LIMB = 20  # token counters: value = hi * 2**20 + lo
 
@@ -202,3 +203,11 @@ def percentile(sorted_vals, count, p, size):
     """Nearest-rank percentile ``p`` of the first ``count`` of ``sorted_vals`` (0 when empty)."""
     k = jnp.clip((p * count + 99) // 100 - 1, 0, max(size - 1, 0))
     return jnp.where(count > 0, sorted_vals[k] if size > 0 else 0, 0).astype(jnp.int32)
+
+
+def hit_tokens(hit_blocks, block_tokens, input_tokens, xp=jnp):
+    """Input tokens served from cache: ``min(hit_blocks * block_tokens, input_tokens)`` (a request's last
+    block may be partial), without overflowing int32: past ``input // block`` full blocks it is the input.
+    ``xp``: ``jnp`` (the engines) or ``np`` (studies on the host)."""
+    return xp.where(hit_blocks > input_tokens // block_tokens, input_tokens, hit_blocks * block_tokens)
+

@@ -43,6 +43,7 @@ from scipy import stats
 
 from cacheresearch.fit import fit_workload, naive_workload, sample_workload, tree_stats
 from cacheresearch.fit.validate import analytic_hit_rates, capacity_grid, capacity_hit_rates, ttl_hit_rates, working_set
+from cacheresearch.metrics.core import hit_tokens
 from cacheresearch.studies import base as S
 from cacheresearch.studies.base import Study
 from cacheresearch.workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
@@ -291,7 +292,7 @@ def _trace_only(cfg, defaults):
 
 def _token_rate(w, hit_blocks) -> float:
     hb = np.asarray(hit_blocks, dtype=np.int64)
-    return float(np.minimum(hb * w.block_tokens, w.input_tokens).sum() / max(int(w.input_tokens.sum()), 1))
+    return float(hit_tokens(np.asarray(hb, np.int64), w.block_tokens, w.input_tokens, np).sum() / max(int(w.input_tokens.sum()), 1))
 
 
 def mooncake_fig9_study(cfg) -> xr.Dataset:
