@@ -345,6 +345,18 @@ def hash_words(words):
 _UNROLL_MAX = 32  # unroll the per-token loop up to this block size; scan over tokens beyond
 
 
+def _mm_arrays(mm_items, n_req: int):
+    """``(item_hash uint32, start int32, length int32)``, each ``[N, M]``, checked."""
+    if len(mm_items) != 3:
+        raise ValueError("mm_items must be (item_hash, start, length)")
+    mm_hash = _u32(mm_items[0])
+    mm_start = jnp.asarray(mm_items[1]).astype(jnp.int32)
+    mm_len = jnp.asarray(mm_items[2]).astype(jnp.int32)
+    if not (mm_hash.ndim == 2 and mm_hash.shape[0] == n_req and mm_hash.shape == mm_start.shape == mm_len.shape):
+        raise ValueError("mm_items arrays must all have shape [N, M]")
+    return mm_hash, mm_start, mm_len
+
+
 def block_keys(
     tokens,
     lengths,
@@ -402,13 +414,7 @@ def block_keys(
     cache_salt = per_request(cache_salt, "cache_salt")
     prompt_embeds = per_request(prompt_embeds, "prompt_embeds")
     if mm_items is not None:
-        if len(mm_items) != 3:
-            raise ValueError("mm_items must be (item_hash, start, length)")
-        mm_hash = _u32(mm_items[0])
-        mm_start = jnp.asarray(mm_items[1]).astype(jnp.int32)
-        mm_len = jnp.asarray(mm_items[2]).astype(jnp.int32)
-        if not (mm_hash.ndim == 2 and mm_hash.shape[0] == n_req and mm_hash.shape == mm_start.shape == mm_len.shape):
-            raise ValueError("mm_items arrays must all have shape [N, M]")
+        mm_hash, mm_start, mm_len = _mm_arrays(mm_items, n_req)
         mm_end = mm_start + mm_len
         mm_start_w = mm_start.astype(jnp.uint32)
         n_mm = mm_hash.shape[1]

@@ -422,10 +422,27 @@ def design_workload(
 
 # ---------------------------------------------------------------------------------- routing
 def mmpp_parameters(burst_ratio: float = 10.0, burst_high_share: float = 0.1, burst_mean_high_s: float = 60.0):
-    """``(burst_low, burst_high, burst_mean_low_s)`` of the two-state MMPP of :func:`tenant_workload`.
+    """``(burst_low, burst_high, burst_mean_low_s)`` of the two-state MMPP of :func:`tenant_workload`
+    (``arrival="bursty"``); the long-run mean rate is 1 (in units of ``rate_per_s``).
 
-    See that function's docstring for the derivation; the long-run mean rate is 1 (in units of
-    ``rate_per_s``).
+    Two-state Markov-modulated Poisson process (MMPP), *not* the gamma renewal process that
+    ``"bursty"`` means in :func:`prefix_poisson_workload`. A low and a high state with Poisson
+    rates ``rate_per_s * burst_low`` and ``rate_per_s * burst_high``; the state is held for an
+    exponential time of mean ``burst_mean_low_s`` / ``burst_mean_high_s``, then switches; the
+    initial state is drawn from the stationary law. The free arguments are ``burst_ratio`` =
+    ``rho`` = ``burst_high / burst_low``, ``burst_high_share`` = ``h``, the long-run fraction of
+    time spent in the high state, and ``burst_mean_high_s``; the rest follows:
+
+    - the stationary probability of the high state of an alternating process is
+      ``m_high / (m_high + m_low)``; setting it to ``h`` gives
+      ``burst_mean_low_s = burst_mean_high_s * (1 - h) / h``;
+    - the long-run mean rate is ``rate_per_s * (h * burst_high + (1 - h) * burst_low)``; setting
+      it to ``rate_per_s`` with ``burst_high = rho * burst_low`` gives
+      ``burst_low = 1 / (1 + h * (rho - 1))`` and ``burst_high = rho * burst_low``.
+
+    Defaults (``rho = 10``, ``h = 0.1``, 60 s): ``burst_low = 1 / 1.9 ~ 0.526``,
+    ``burst_high ~ 5.26``, ``burst_mean_low_s = 540``: a 1-minute burst at 10x the quiet rate
+    about every 10 minutes. ``burst_ratio = 1`` is a Poisson process.
     """
     rho = _float("burst_ratio", burst_ratio, 1.0)
     h = _float("burst_high_share", burst_high_share, 0.0, 1.0, lo_open=True)
@@ -551,37 +568,18 @@ def tenant_workload(
     fresh tokens. Block keys are chained over the whole prompt (only full blocks are keyed), so
     requests of one tenant share the prefix's blocks, requests of one user also the blocks of the
     user context, and nothing after the first block that holds a query token is shared.
-    ``tenant`` is the tenant index.
-
-    Arrivals lie in ``[0, duration_s)`` with long-run mean rate ``rate_per_s`` (requests per second,
-    all tenants together); the tenant of each request is drawn independently of its time.
+    ``tenant`` is the tenant index. Arrivals lie in ``[0, duration_s)`` with long-run mean rate
+    ``rate_per_s`` (all tenants together); each request's tenant is drawn independently of its time.
 
     ``arrival="poisson"``
         Homogeneous Poisson process of rate ``rate_per_s``.
     ``arrival="diurnal"``
-        Inhomogeneous Poisson of rate ``rate_per_s * (1 - diurnal_amplitude * cos(2 pi t /
-        diurnal_period_s))`` (by thinning; the profile of :func:`prefix_arrival_times`, which starts
-        at its trough; the mean is ``rate_per_s`` over whole periods).
+        Inhomogeneous Poisson of rate ``rate_per_s * (1 - diurnal_amplitude * cos(2 pi t / diurnal_period_s))``
+        (thinning; :func:`prefix_arrival_times`' profile, from its trough; mean ``rate_per_s`` over periods).
     ``arrival="bursty"``
         Two-state Markov-modulated Poisson process (MMPP), *not* the gamma renewal process that
-        ``"bursty"`` means in :func:`prefix_poisson_workload`. A low and a high state with Poisson
-        rates ``rate_per_s * burst_low`` and ``rate_per_s * burst_high``; the state is held for an
-        exponential time of mean ``burst_mean_low_s`` / ``burst_mean_high_s``, then switches; the
-        initial state is drawn from the stationary law. The free arguments are ``burst_ratio`` =
-        ``rho`` = ``burst_high / burst_low``, ``burst_high_share`` = ``h``, the long-run fraction of
-        time spent in the high state, and ``burst_mean_high_s``; the rest follows:
-
-        - the stationary probability of the high state of an alternating process is
-          ``m_high / (m_high + m_low)``; setting it to ``h`` gives
-          ``burst_mean_low_s = burst_mean_high_s * (1 - h) / h``;
-        - the long-run mean rate is ``rate_per_s * (h * burst_high + (1 - h) * burst_low)``; setting
-          it to ``rate_per_s`` with ``burst_high = rho * burst_low`` gives
-          ``burst_low = 1 / (1 + h * (rho - 1))`` and ``burst_high = rho * burst_low``.
-
-        Defaults (``rho = 10``, ``h = 0.1``, 60 s): ``burst_low = 1 / 1.9 ~ 0.526``,
-        ``burst_high ~ 5.26``, ``burst_mean_low_s = 540``: a 1-minute burst at 10x the quiet rate
-        about every 10 minutes. ``burst_ratio = 1`` is a Poisson process.
-        (:func:`mmpp_parameters` computes the derived values.)
+        ``"bursty"`` means in :func:`prefix_poisson_workload`: its states, rates and the derivation of
+        its parameters are :func:`mmpp_parameters`'s.
 
     Args:
       n_tenants: tenants, each with its own ``prefix_tokens``-token prefix (random tokens).
@@ -593,32 +591,26 @@ def tenant_workload(
       tenant_law, zipf_s, hot_share: tenant popularity, as :func:`tenant_probabilities`.
       burst_ratio, burst_high_share, burst_mean_high_s: the MMPP of ``arrival="bursty"``.
       diurnal_amplitude, diurnal_period_s: the profile of ``arrival="diurnal"``.
-      block_tokens, seed, vocab_size: as in :func:`fleet_workload`; ``seed`` fixes everything,
-        including the number of requests.
-      output_tokens: non-negative int, or int array ``[n_requests]`` (the request count is random;
-        generate once with the same seed to learn it).
+      block_tokens, seed, vocab_size: as in :func:`fleet_workload`; ``seed`` fixes everything (the count too).
+      output_tokens: non-negative int, or int array ``[n_requests]`` (generate once to learn the count).
       system_tokens: a system prompt of this many tokens, the same for every tenant, before each
         tenant's prefix (0 = none; its tokens come from their own random stream, so the other draws
         are those of ``system_tokens=0``).
       salt: who may share a cached block (:data:`~cacheresearch.workload.keys.SALT_MODES`): ``none``,
         ``per_tenant`` (a vLLM ``cache_salt`` per organisation) or ``per_user`` (one per user); the
-        salt enters the first block's extra keys, so every later key differs too.
-      name: default ``f"tenant-{arrival}"``.
+        salt enters the first block's extra keys (every later key differs); name: default ``tenant-{arrival}``.
 
-    ``arrival_ms = floor(t * 1000)`` (int64, sorted). ``meta`` records every argument, the derived
-    MMPP values (``burst_low``, ``burst_high``, ``burst_mean_low_s``), ``n_requests``,
-    ``tenant0_share`` (tenant 0's probability), ``tenant0_share_realised`` (its fraction of the
-    requests) and ``mean_rate_per_s`` (realised: ``n_requests / duration_s``).
+    ``arrival_ms = floor(t * 1000)`` (int64, sorted). ``meta``: every argument, the derived MMPP values,
+    ``n_requests``, ``tenant0_share`` (probability and ``_realised``), ``mean_rate_per_s`` (realised).
     """
-    n_tenants = _int("n_tenants", n_tenants, 1)
-    prefix_tokens = _int("prefix_tokens", prefix_tokens, 0)
-    system_tokens = _int("system_tokens", system_tokens, 0)
+    n_tenants, users_per_tenant, block_tokens = (_int(k, v, 1) for k, v in (
+        ("n_tenants", n_tenants), ("users_per_tenant", users_per_tenant), ("block_tokens", block_tokens)))
+    prefix_tokens, system_tokens, user_tokens, query_tokens, seed = (_int(k, v, 0) for k, v in (
+        ("prefix_tokens", prefix_tokens), ("system_tokens", system_tokens), ("user_tokens", user_tokens),
+        ("query_tokens", query_tokens), ("seed", seed)))
     salt = _choice("salt", salt, SALT_MODES)
-    users_per_tenant = _int("users_per_tenant", users_per_tenant, 1)
-    user_tokens = _int("user_tokens", user_tokens, 0)
-    query_tokens = _int("query_tokens", query_tokens, 0)
-    rate_per_s = _float("rate_per_s", rate_per_s, 0.0, lo_open=True)
-    duration_s = _float("duration_s", duration_s, 0.0, lo_open=True)
+    rate_per_s, duration_s = (_float(k, v, 0.0, lo_open=True) for k, v in (("rate_per_s", rate_per_s),
+                                                                          ("duration_s", duration_s)))
     if duration_s * 1000.0 > MAX_ARRIVAL_MS:
         raise ValueError(f"duration_s must be at most {MAX_ARRIVAL_MS / 1000:.0f} s (the engine's int32 ms bound)")
     arrival = _choice("arrival", arrival, _ARRIVALS)
@@ -629,8 +621,6 @@ def tenant_workload(
     burst_ratio, burst_high_share, burst_mean_high_s = map(float, (burst_ratio, burst_high_share, burst_mean_high_s))
     diurnal_amplitude = _float("diurnal_amplitude", diurnal_amplitude, 0.0, 1.0)
     diurnal_period_s = _float("diurnal_period_s", diurnal_period_s, 0.0, lo_open=True)
-    block_tokens = _int("block_tokens", block_tokens, 1)
-    seed = _int("seed", seed, 0)
     vocab_size = _int("vocab_size", vocab_size, 1, np.iinfo(np.int32).max)
     if np.ndim(output_tokens) == 0:
         _output_tokens(output_tokens, 1)  # fail before the work (arrays are checked once N is known)
@@ -650,36 +640,15 @@ def tenant_workload(
     arrival_ms = np.floor(parts["t"] * 1000.0).astype(np.int64)
     tenant = parts["tenant"]
     meta = dict(
-        generator="tenant_workload",
-        n_tenants=n_tenants,
-        prefix_tokens=prefix_tokens,
-        system_tokens=system_tokens,
-        salt=salt,
-        users_per_tenant=users_per_tenant,
-        user_tokens=user_tokens,
-        query_tokens=query_tokens,
-        rate_per_s=rate_per_s,
-        duration_s=duration_s,
-        arrival=arrival,
-        tenant_law=tenant_law,
-        zipf_s=zipf_s,
-        hot_share=hot_share,
-        burst_ratio=burst_ratio,
-        burst_high_share=burst_high_share,
-        burst_mean_high_s=burst_mean_high_s,
-        burst_low=burst_low,
-        burst_high=burst_high,
-        burst_mean_low_s=burst_mean_low_s,
-        diurnal_amplitude=diurnal_amplitude,
-        diurnal_period_s=diurnal_period_s,
-        block_tokens=block_tokens,
-        output_tokens=_output_meta(output_tokens),
-        seed=seed,
-        vocab_size=vocab_size,
-        n_requests=n,
-        tenant0_share=float(parts["p"][0]),
-        tenant0_share_realised=float(np.mean(tenant == 0)) if n else 0.0,
-        mean_rate_per_s=n / duration_s,
+        generator="tenant_workload", n_tenants=n_tenants, prefix_tokens=prefix_tokens, system_tokens=system_tokens,
+        salt=salt, users_per_tenant=users_per_tenant, user_tokens=user_tokens, query_tokens=query_tokens,
+        rate_per_s=rate_per_s, duration_s=duration_s, arrival=arrival, tenant_law=tenant_law, zipf_s=zipf_s,
+        hot_share=hot_share, burst_ratio=burst_ratio, burst_high_share=burst_high_share,
+        burst_mean_high_s=burst_mean_high_s, burst_low=burst_low, burst_high=burst_high,
+        burst_mean_low_s=burst_mean_low_s, diurnal_amplitude=diurnal_amplitude, diurnal_period_s=diurnal_period_s,
+        block_tokens=block_tokens, output_tokens=_output_meta(output_tokens), seed=seed, vocab_size=vocab_size,
+        n_requests=n, tenant0_share=float(parts["p"][0]),
+        tenant0_share_realised=float(np.mean(tenant == 0)) if n else 0.0, mean_rate_per_s=n / duration_s,
     )
     return _csr_workload(
         keys, arrival_ms=arrival_ms, input_tokens=system_tokens + prefix_tokens + user_tokens + query_tokens,
