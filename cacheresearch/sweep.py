@@ -1,4 +1,4 @@
-"""The sweep's entry point: ``python -m cacheresearch.sweep experiment=NAME``; the shell is :mod:`cacheresearch.shell`."""
+"""The entry point: ``python -m cacheresearch.sweep experiment=NAME`` (the shell: :mod:`cacheresearch.shell`)."""
 
 from cacheresearch.shell.sweep import SweepError, compose_config, main, run, run_experiment  # noqa: F401
 

@@ -91,7 +91,8 @@ def test_rerun_takes_finished_chunks(tmp_path, reference):
 
 def test_changed_config_is_refused_or_started_afresh(tmp_path, capsys):
     run_small(tmp_path, "engine.max_batch=8")
-    with pytest.raises(SweepError, match=r"another configuration \(cache.capacity_blocks: 400 -> 300\).*launch.resume=fresh"):
+    with pytest.raises(SweepError,
+                       match=r"another configuration \(cache.capacity_blocks: 400 -> 300\).*launch.resume=fresh"):
         run_small(tmp_path, "engine.max_batch=8", "cache.capacity_blocks=300")
     ds = run_small(tmp_path, "engine.max_batch=8", "cache.capacity_blocks=300", "launch.resume=fresh")
     assert ds.attrs["chunks_resumed"] == 0
@@ -169,7 +170,7 @@ def test_kill_and_resume_is_identical(tmp_path, reference):
         while not list((out / chunks.CHUNK_DIR).glob("chunk-*.nc")) and p.poll() is None:
             assert time.monotonic() < deadline, "no chunk file within 240 s"
             time.sleep(0.005)
-        assert p.poll() is None, "the sweep finished before it could be killed (" + p.stderr.read().decode()[-500:] + ")"
+        assert p.poll() is None, "the sweep finished before it could be killed: " + p.stderr.read().decode()[-500:]
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=60)
     finally:
@@ -208,7 +209,7 @@ def test_study_kill_and_resume_is_identical(tmp_path):
         while not list((out / chunks.CHUNK_DIR).glob("chunk-*.nc")) and p.poll() is None:
             assert time.monotonic() < deadline, "no chunk file within 240 s"
             time.sleep(0.005)
-        assert p.poll() is None, "the study finished before it could be killed (" + p.stderr.read().decode()[-500:] + ")"
+        assert p.poll() is None, "the study finished before it could be killed: " + p.stderr.read().decode()[-500:]
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=60)
     finally:

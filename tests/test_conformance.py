@@ -181,4 +181,5 @@ def test_sweep_schema_keys_come_from_the_declarations():
 def test_docs_table_is_up_to_date():
     from cacheresearch.core.params import LATENCY_KNOBS
 
-    assert DOCS.read_text() == markdown_table(extra_knobs=LATENCY_KNOBS), "regenerate: python -m cacheresearch.routers docs/routers.md"
+    assert DOCS.read_text() == markdown_table(extra_knobs=LATENCY_KNOBS), \
+        "regenerate: python -m cacheresearch.routers docs/routers.md"

@@ -43,7 +43,8 @@ def test_volatile_positions(tmp_path):
     ds = run(_cfg("volatile", fleet=TINY, routers=["round_robin"], replicas=1, capacity_blocks=10_000), write=False)
     h = ds.token_hit_rate.squeeze()
     assert float(h.sel(position="top")) == 0.0
-    # after the system prompt only its 4 blocks can hit; at the end nothing is lost (the stamp is past the last full block)
+    # after the system prompt only its 4 blocks can hit; at the end nothing is lost (the stamp is past the last
+    # full block)
     assert 0 < float(h.sel(position="after_system")) < float(h.sel(position="after_documents"))
     assert float(h.sel(position="end")) == pytest.approx(float(h.sel(position="none")), abs=0.01)
     assert float(ds.usd_per_day.sel(position="top").squeeze()) > float(ds.usd_per_day.sel(position="none").squeeze())

@@ -413,7 +413,8 @@ def grid_configs():
             for ttl in ([0, 2000] if policy in ("ttl_refresh", "ttl_fixed") else [None]):
                 for replicas in (1, 3):
                     for router, k in (("round_robin", 80), ("prefix_hash", 2), ("random", 80)):
-                        out.append(config_kwargs(policy, capacity=cap, ttl_ms=ttl, replicas=replicas, router=router, prefix_blocks=k))
+                        out.append(config_kwargs(policy, capacity=cap, ttl_ms=ttl, replicas=replicas, router=router,
+                                                 prefix_blocks=k))
     return out
 
 
@@ -450,7 +451,8 @@ def test_stacked_streams_equal_single_runs(mini, mini_stream):
     keys = jax.random.split(jax.random.key(11), len(cfgs))
     stacked = stack_streams([compile_stream(w) for w in ws])
     grid = simulate_grid(
-        stacked, stack_params([params_of(kw) for kw in cfgs]), keys, max_replicas=R_MAX, per_request=True, stream_axis=True
+        stacked, stack_params([params_of(kw) for kw in cfgs]), keys, max_replicas=R_MAX, per_request=True,
+        stream_axis=True,
     )
     for g, (w, s, kw) in enumerate(zip(ws, alone_streams, cfgs)):
         alone = simulate(s, params_of(kw), keys[g], max_replicas=R_MAX, per_request=True)
@@ -513,7 +515,8 @@ def test_lru_stack_property_and_unbounded_dominates(mini, mini_stream, replicas,
     for ttl_ms in (0, 1000, 60000):
         m = run_engine(mini_stream, config_kwargs("ttl_fixed", ttl_ms=ttl_ms, replicas=replicas, router=router), seed=5)
         assert np.all(np.asarray(m.hit_tokens) <= unb_hits)
-        m = run_engine(mini_stream, config_kwargs("ttl_refresh", ttl_ms=ttl_ms, replicas=replicas, router=router), seed=5)
+        m = run_engine(mini_stream, config_kwargs("ttl_refresh", ttl_ms=ttl_ms, replicas=replicas, router=router),
+                       seed=5)
         assert np.all(np.asarray(m.hit_tokens) <= unb_hits)
 
 

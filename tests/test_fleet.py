@@ -187,7 +187,8 @@ def test_grid_of_routers_is_one_program_and_equals_single_runs():
     for i, p in enumerate(ps):
         one = simulate(stream, p, keys_[i], per_request=True, **OPTS)
         for f in ("replica", "hit_blocks", "ttft_ms", "busy_ms", "ttft_p99_ms"):
-            np.testing.assert_array_equal(np.asarray(getattr(g, f))[i], np.asarray(getattr(one, f)), err_msg=f"{names[i]} {f}")
+            np.testing.assert_array_equal(np.asarray(getattr(g, f))[i], np.asarray(getattr(one, f)),
+                                          err_msg=f"{names[i]} {f}")
 
 
 def test_static_options_are_checked():
@@ -253,7 +254,8 @@ def test_singleton_keys_need_no_state():
 def test_stale_and_approximate_views_match_reference(w, data, router, knobs, replicas):
     """The views, on their own: small lags and small indexes, so syncs and index evictions happen often."""
     w = with_outputs(w, [0] * w.n_requests, data.draw(st.sampled_from([1, 3])))
-    knobs = dict(knobs, view=data.draw(st.sampled_from(["stale", "approximate"])), stale_lag_ms=data.draw(st.integers(0, 8)),
+    knobs = dict(knobs, view=data.draw(st.sampled_from(["stale", "approximate"])),
+                 stale_lag_ms=data.draw(st.integers(0, 8)),
                  index_capacity=data.draw(st.integers(0, 10)), temperature=0.0)
     policy = data.draw(st.sampled_from(["lru", "lru_plain", "ttl_refresh"]))
     kw = dict(knobs, capacity=data.draw(st.integers(0, 20)), ttl_ms=data.draw(st.integers(0, 20)))

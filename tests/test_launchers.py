@@ -34,7 +34,8 @@ def jax_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jax_cache")
 
 
-@pytest.mark.parametrize("launcher", [pytest.param(k, marks=pytest.mark.slow) if k == "ray_local" else k for k in LAUNCHERS])
+@pytest.mark.parametrize("launcher", [pytest.param(k, marks=pytest.mark.slow) if k == "ray_local" else k
+                                      for k in LAUNCHERS])
 def test_two_part_multirun_equals_single_process(launcher, tmp_path, reference, jax_cache):
     plugin, extra = LAUNCHERS[launcher]
     if importlib.util.find_spec(plugin) is None:

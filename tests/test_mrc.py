@@ -56,7 +56,8 @@ def test_curve_equals_engine_on_random_workloads(w, policy, replicas, router, pr
     for cap in sorted({0, 1, 2, 3, 5, 8, w.total_blocks // 3, w.total_blocks}):
         hb, tok, rh, rep = engine_at(stream, w, policy, cap, replicas, router, prefix_blocks, seed)
         ctx = f"capacity {cap}"
-        np.testing.assert_array_equal(rep, mrc.route_requests(w, router, replicas, prefix_blocks=prefix_blocks, key=key))
+        np.testing.assert_array_equal(rep, mrc.route_requests(w, router, replicas, prefix_blocks=prefix_blocks,
+                                                              key=key))
         np.testing.assert_array_equal(curve.hit_blocks_at(cap), hb, err_msg=ctx)
         assert curve.hit_tokens[cap] == tok, ctx
         assert curve.requests_hit[cap] == rh, ctx
@@ -112,7 +113,8 @@ def test_shards_keeps_whole_prefix_trees():
     sub, rate = mrc.shards_sample(w, 0.5, seed=3, unit="root")
     roots = {int(sub.request_keys(i)[0]) for i in range(sub.n_requests)}
     for r in roots:  # every request of a kept root is kept
-        assert sum(1 for k in keys if k[0] == r) == sum(1 for i in range(sub.n_requests) if int(sub.request_keys(i)[0]) == r)
+        n_sub = sum(1 for i in range(sub.n_requests) if int(sub.request_keys(i)[0]) == r)
+        assert sum(1 for k in keys if k[0] == r) == n_sub
     full, _ = mrc.shards_sample(w, 1.0, unit="root")
     assert full.n_requests == w.n_requests and rate == 0.5
 

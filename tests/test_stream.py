@@ -39,7 +39,8 @@ def long_run_workloads(draw, max_requests=N_R, max_len=L_R):
     """A few long chains (system prompts, documents) that requests take whole or cut, then a tail."""
     salt = draw(st.integers(0, 2**64 - 1))
     n_heads = draw(st.integers(1, 3))
-    heads = [[key_of(1000 * h + j, salt) for j in range(draw(st.integers(min(20, max_len), min(150, max_len))))] for h in range(n_heads)]
+    heads = [[key_of(1000 * h + j, salt) for j in range(draw(st.integers(min(20, max_len), min(150, max_len))))]
+             for h in range(n_heads)]
     keys, arrivals, now = [], [], 0
     for i in range(draw(st.integers(2, max_requests))):
         h = heads[draw(st.integers(0, n_heads - 1))]
@@ -54,7 +55,8 @@ def long_run_workloads(draw, max_requests=N_R, max_len=L_R):
 @st.composite
 def unchained_workloads(draw, max_requests=12, pool=10, max_len=8):
     """Keys drawn from a small pool in any order (distinct within a request): no prefix tree."""
-    keys = [draw(st.lists(st.integers(0, pool - 1), unique=True, max_size=max_len)) for _ in range(draw(st.integers(1, max_requests)))]
+    keys = [draw(st.lists(st.integers(0, pool - 1), unique=True, max_size=max_len))
+            for _ in range(draw(st.integers(1, max_requests)))]
     return Workload.from_lists(keys, block_tokens=2)
 
 
@@ -183,7 +185,8 @@ def test_every_block_distinct_matches_reference(capacity):
 def test_long_runs_routers_and_views_match_reference(w, data, router, view, replicas):
     """Cache-reading routers see partial runs in every view (index capacity cuts runs too)."""
     cap = data.draw(st.integers(0, 120))
-    kw = dict(capacity=cap, view=view, index_capacity=data.draw(st.integers(0, 80)), stale_lag_ms=data.draw(st.integers(0, 20)),
+    kw = dict(capacity=cap, view=view, index_capacity=data.draw(st.integers(0, 80)),
+              stale_lag_ms=data.draw(st.integers(0, 20)),
               prefill_tps=1000, decode_us_per_token=100)
     policy = data.draw(st.sampled_from(LRU))
     stream = padded_stream(w, 2, N_R, L_R)

@@ -103,7 +103,8 @@ def test_fleet_determinism_per_seed(stable):
 
 def test_fleet_other_block_size_and_leftover_prefix_tokens():
     # 40 + 30 = 70 prefix tokens: 2 full 32-token blocks, 6 leftover tokens shared per tenant.
-    w = fleet_workload(n_tenants=3, system_tokens=40, doc_tokens=30, user_tokens=50, n_requests=60, block_tokens=32, seed=3)
+    w = fleet_workload(n_tenants=3, system_tokens=40, doc_tokens=30, user_tokens=50, n_requests=60, block_tokens=32,
+                       seed=3)
     assert np.all(w.n_blocks == 120 // 32) and w.block_tokens == 32
     common = _common_prefix_blocks(_matrix(w))
     same = w.tenant[:, None] == w.tenant[None, :]

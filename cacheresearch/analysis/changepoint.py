@@ -151,7 +151,8 @@ def change_points(w, hit_tokens=None, *, window_s: float = 60.0, drop: float = 0
                     depth.append(int(u[0]))
             e["divergence_block"] = float(np.median(depth)) if depth else None
             if e["new_first_share"] >= 0.5 and e["unique_first_share"] >= 0.5:
-                e["cause"] = "volatile first block: a new, unique first-block key per request (timestamp or id at the top)"
+                e["cause"] = ("volatile first block: a new, unique first-block key per request "
+                              "(timestamp or id at the top)")
             elif e["new_first_share"] >= 0.5:
                 e["cause"] = ("deploy: new first-block keys shared across requests (new system prompt, model or "
                               "version)")
@@ -188,8 +189,8 @@ def format_report(rep: dict) -> str:
             lines.append(f"  new first-block key: {100 * e['new_first_share']:.0f}% of requests ({e['new_first_keys']} "
                          f"distinct, the commonest on {100 * e['top_new_first_share']:.0f}%); unique per request: "
                          f"{100 * e['unique_first_share']:.0f}%"
-                         + (f"; old heads diverge at block {e['divergence_block']:g}" if e["divergence_block"] is not None
-                            else ""))
+                         + (f"; old heads diverge at block {e['divergence_block']:g}"
+                            if e["divergence_block"] is not None else ""))
             if e["top_new_first_block_keys"]:
                 lines.append(f"  new first-block keys: {', '.join(e['top_new_first_block_keys'])}")
             lines.append(f"  cause: {e['cause']}")

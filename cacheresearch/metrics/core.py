@@ -43,8 +43,10 @@ class Metrics(NamedTuple):
     busy_ms: jax.Array  # int32 [R_max]: prefill + decode time served
     utilisation: jax.Array  # float64 [R_max]: busy_time / horizon_time
     load_imbalance: jax.Array  # float64: max / mean busy_ms over active replicas (1 when all are 0)
-    prefix_copies: jax.Array  # float64: mean replicas holding a request's whole routing prefix at arrival (NaN unless match)
-    overflow_share: jax.Array  # float64: requests sent away from the replica holding most of their prefix (NaN unless match)
+    # float64: mean replicas holding a request's whole routing prefix at arrival (NaN unless match)
+    prefix_copies: jax.Array
+    # float64: requests sent away from the replica holding most of their prefix (NaN unless match)
+    overflow_share: jax.Array
     queue_overflow: jax.Array  # int32: dispatches that found every queue slot in flight (loads undercount)
     time_overflow: jax.Array  # bool: a finish time saturated at 2**31 - 1 ms
     # per request (empty arrays unless per_request=True)
@@ -56,7 +58,8 @@ class Metrics(NamedTuple):
     replicas_over_bound: jax.Array  # bool: params asked for more replicas than max_replicas (a bug)
     # the vllm replica (core/batch.py; NaN / -1 / 0 with the fcfs replica). Latency metrics leave out
     # requests arriving within warmup_ms of the first arrival and requests never served.
-    tpot_mean_ms: jax.Array  # float64 time per output token after the first (whole ns per request), mean over requests with >= 2
+    # float64 time per output token after the first (whole ns per request), mean over requests with >= 2
+    tpot_mean_ms: jax.Array
     e2e_p50_ms: jax.Array  # int32 arrival to last token
     e2e_p90_ms: jax.Array
     e2e_p99_ms: jax.Array

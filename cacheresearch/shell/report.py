@@ -508,8 +508,8 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
         out.append(f"ordering at the top rate: ours {' < '.join(order_ours)}; published {' < '.join(order_pub)}"
                    f" -> {'same ordering' if [r for r in order_ours if r in pub] == same else 'DIFFERENT ordering'}")
         for r in sub["router"].values:
-            out.append(f"  {str(r):12s} token hit rate {100 * float(sub['token_hit_rate'].sel(router=r, **{x: sub[x].values[-1]})):.1f}% "
-                       f"at the top rate")
+            h = float(sub["token_hit_rate"].sel(router=r, **{x: sub[x].values[-1]}))
+            out.append(f"  {str(r):12s} token hit rate {100 * h:.1f}% at the top rate")
     return "\n".join(out)
 
 
@@ -548,5 +548,6 @@ def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
         ax.set_ylabel(lab)
         ax.grid(True, alpha=0.3)
     axes[0, 0].legend(fontsize="x-small")
-    fig.suptitle(f"{ds.attrs.get('experiment', '')}: {_sel_text(sel)}" + (" (stars: published)" if kind == "llmd_blog" else ""))
+    fig.suptitle(f"{ds.attrs.get('experiment', '')}: {_sel_text(sel)}"
+                 + (" (stars: published)" if kind == "llmd_blog" else ""))
     return fig

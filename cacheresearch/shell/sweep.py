@@ -160,7 +160,7 @@ class FleetWorkloadConf:
 
 @dataclass
 class DesignWorkloadConf:
-    """Arguments of :func:`cacheresearch.workload.synthetic.design_workload` (``seed`` comes from ``seed``/``seeds``)."""
+    """Arguments of :func:`cacheresearch.workload.synthetic.design_workload` (``seed``: from ``seed``/``seeds``)."""
 
     n_tenants: int = 200
     prefix_tokens: int = 10_000
@@ -189,7 +189,8 @@ class TenantWorkloadConf:
     query_tokens: int = 200
     rate_per_s: float = 50_000 / 86_400
     duration_s: float = 86_400.0
-    n_requests: Optional[int] = None  # if set: duration_s = n_requests / rate_per_s (same expected count per load level)
+    # if set: duration_s = n_requests / rate_per_s (same expected count per load level)
+    n_requests: Optional[int] = None
     arrival: str = "poisson"
     tenant_law: str = "uniform"
     zipf_s: float = 1.0
@@ -274,7 +275,8 @@ class ReplicaConf:
 class EngineConf:
     chunk_runs: Optional[int] = None  # runs per scan step (None: chosen from the stream; speed only)
     max_batch: Optional[int] = None  # configurations per compiled call (None: as many as fit in memory)
-    match: Optional[bool] = None  # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
+    # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
+    match: Optional[bool] = None
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
 
 
@@ -568,8 +570,8 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise SweepError(f"replicas {sorted(replicas)} exceed fleet.max_replicas={max_r}")
 
     dims = [k for k in GRID_KEYS if k in coords]
-    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "fitted": ("seed",), "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(
-        source, ())
+    wl_keys = {"fleet": ("layout", "seed"), "design": ("seed",), "fitted": ("seed",),
+               "tenant": ("layout", "seed") + TENANT_GRID_KEYS}.get(source, ())
     return Plan(
         source=source, dims=dims, coords=coords, base=base, max_replicas=max_r,
         workload_dims=[d for d in dims if d in wl_keys],
@@ -650,7 +652,8 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
 
             fc = cfg.workload.fitted
             if fc.path is None:
-                raise SweepError("workload.source=fitted needs workload.fitted.path=FILE (results.nc of experiment=fit)")
+                raise SweepError("workload.source=fitted needs workload.fitted.path=FILE "
+                                 "(results.nc of experiment=fit)")
             path = _resolve_path(str(fc.path))
             if not path.is_file():
                 raise SweepError(f"workload.fitted.path: file not found: {fc.path} (looked at {path})")

@@ -454,7 +454,8 @@ def audit_study(cfg) -> xr.Dataset:
         raise _err(f"study: {e}") from None
     cells = [(k, j) for k in range(len(streams)) for j in range(len(routers))]
     ts = time.perf_counter()
-    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [keys[k][4] for k, _ in cells], R)
+    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [keys[k][4] for k, _ in cells],
+                        R)
     t_sim = time.perf_counter() - ts
     # pool seeds: one cell = (salt, router, rate, fraction, victims)
     dims = ("salt", "router", "rate_per_s", "prefix_fraction", "victim_requests")
@@ -518,7 +519,8 @@ def summarize_audit(ds) -> str:
     out.append(f"Gu et al.'s audit on the simulated fleet: {a['probes_per_procedure']} probes per procedure per cell "
                f"(power: experiments of {a['trials']} + {a['trials']}), prompt {a['prompt_tokens']} tokens, "
                f"{a['replicas']} replicas; background load from other tenants")
-    rows = [["salt", "router", "load/s", "prefix", "victims", "AUC", "AUC 95%", "power", "KS p", "probe hits (hit/miss)"]]
+    rows = [["salt", "router", "load/s", "prefix", "victims", "AUC", "AUC 95%", "power", "KS p",
+             "probe hits (hit/miss)"]]
     for s in ds.salt.values:
         for rt in ds.router.values:
             for r in ds.rate_per_s.values:
@@ -561,6 +563,7 @@ def plot_audit(ds):
 
 
 STUDIES = [
-    Study("isolation", isolation_study, summarize_isolation, plot_isolation, SB.defaults_class("IsolationDefaults", ISOLATION_DEFAULTS)),
+    Study("isolation", isolation_study, summarize_isolation, plot_isolation, SB.defaults_class("IsolationDefaults",
+                                                                                               ISOLATION_DEFAULTS)),
     Study("audit", audit_study, summarize_audit, plot_audit, SB.defaults_class("AuditDefaults", AUDIT_DEFAULTS)),
 ]

@@ -117,7 +117,8 @@ def volatile_study(cfg) -> xr.Dataset:
         raise _err(f"study: {e}") from None
     cells = [(k, j) for k in range(len(streams)) for j in range(len(routers))]
     ts = time.perf_counter()
-    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [seeds[k % len(seeds)] for k, _ in cells], R)
+    m = yield from _run(streams, [k for k, _ in cells], [params[j] for _, j in cells], [seeds[k % len(seeds)] for k,
+                                                                                        _ in cells], R)
     t_sim = time.perf_counter() - ts
     shape = (len(pos), len(seeds), len(routers))
     names = ("token_hit_rate", "cost_multiplier", "usd_per_day", "ttft_p50_s", "ttft_p99_s")
@@ -609,8 +610,11 @@ def plot_capacity(ds):
 
 
 STUDIES = [
-    Study("volatile", volatile_study, summarize_volatile, plot_volatile, SB.defaults_class("VolatileDefaults", VOLATILE_DEFAULTS)),
+    Study("volatile", volatile_study, summarize_volatile, plot_volatile, SB.defaults_class("VolatileDefaults",
+                                                                                           VOLATILE_DEFAULTS)),
     Study("events", events_study, summarize_events, plot_events, SB.defaults_class("EventsDefaults", EVENTS_DEFAULTS)),
-    Study("granularity", granularity_study, summarize_granularity, plot_granularity, SB.defaults_class("GranularityDefaults", GRANULARITY_DEFAULTS)),
-    Study("capacity", capacity_study, summarize_capacity, plot_capacity, SB.defaults_class("CapacityDefaults", CAPACITY_DEFAULTS)),
+    Study("granularity", granularity_study, summarize_granularity, plot_granularity,
+          SB.defaults_class("GranularityDefaults", GRANULARITY_DEFAULTS)),
+    Study("capacity", capacity_study, summarize_capacity, plot_capacity, SB.defaults_class("CapacityDefaults",
+                                                                                           CAPACITY_DEFAULTS)),
 ]

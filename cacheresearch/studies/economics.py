@@ -3,9 +3,10 @@
 Shell-side (xarray, matplotlib): each study builds workloads with
 :func:`~cacheresearch.workload.synthetic.prefix_poisson_workload` (or ``design_workload``), runs them through the
 exact engine (:func:`~cacheresearch.core.run.simulate_cells`, the runner the sweeps use: vmapped over
-streams and configurations, per-request outputs), computes the matching predictions of :mod:`cacheresearch.analysis.analytic` and
-:mod:`cacheresearch.analysis.pricing`, and returns one xarray Dataset. ``python -m cacheresearch.sweep
-experiment=NAME`` reaches them through the experiment config's ``kind`` key:
+streams and configurations, per-request outputs), computes the matching predictions of
+:mod:`cacheresearch.analysis.analytic` and :mod:`cacheresearch.analysis.pricing`, and returns one xarray
+Dataset. ``python -m cacheresearch.sweep experiment=NAME`` reaches them through the experiment config's
+``kind`` key:
 
 ``economics``    the seed's economics printout (break-even hit rates, the requests-per-hour table, the
                  worked example) with the simulated hit rate and cost, with 95% intervals, beside each
@@ -302,7 +303,8 @@ def _economics_estimates(pricings, pols, runs, hits, rph, worked_rph: float, arr
 def _document_economics(ds: xr.Dataset) -> None:
     _doc(ds, {
         "break_even_hit_rate": ("hit rate at which caching costs as much as not caching: (w - 1) / (w - r)", "1"),
-        "hit_rate_analytic": ("steady-state hit rate, Poisson arrivals per prefix (refresh: 1 - exp(-lambda TTL))", "1"),
+        "hit_rate_analytic": ("steady-state hit rate, Poisson arrivals per prefix (refresh: 1 - exp(-lambda TTL))",
+                              "1"),
         "cost_multiplier_analytic": ("cost of the prefix relative to uncached: h r + (1 - h) w", "1x"),
         "daily_cost_usd": ("expected daily cost of the prefix tokens, n_prefixes prefixes at this rate", "USD/day"),
         "daily_cost_uncached_usd": ("daily cost of the prefix tokens without caching", "USD/day"),
@@ -861,8 +863,8 @@ def summarize_economics(ds) -> str:
         s = ds.sel(requests_per_hour=sel[0])
         out.append("")
         out.append(f"Worked example: {a['n_prefixes']} prefixes x {a['prefix_tokens']:,} tokens, "
-                   f"{a['requests_per_day_worked']:,.0f} requests/day, ${a['base_per_mtok_worked']:g} per million input "
-                   f"tokens ({wr:.2f} requests/hour per prefix):")
+                   f"{a['requests_per_day_worked']:,.0f} requests/day, ${a['base_per_mtok_worked']:g} per million "
+                   f"input tokens ({wr:.2f} requests/hour per prefix):")
         out.append(f"  uncached {_usd(s.daily_cost_uncached_usd)}/day")
         for n in names:
             x = s.sel(pricing=n)
@@ -910,7 +912,8 @@ def summarize_ttl(ds) -> str:
     a = ds.attrs
     out.append("")
     out.append(f"lambda x TTL grid over {a['duration_s'] / HOUR:g} h, {a.get('seeds')} seed(s); simulated hit rate "
-               "[95% interval] vs the Poisson formula (refresh 1 - exp(-lambda TTL), fixed lambda TTL / (1 + lambda TTL))")
+               "[95% interval] vs the Poisson formula (refresh 1 - exp(-lambda TTL), "
+               "fixed lambda TTL / (1 + lambda TTL))")
     for arr in ds.arrival.values:
         for pol in ds.policy.values:
             s = ds.sel(arrival=arr, policy=pol)

@@ -99,7 +99,8 @@ def _output_tokens(v, n: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- pieces
-def tenant_probabilities(n_tenants: int, law: str = "uniform", zipf_s: float = 1.0, hot_share: float = 0.0) -> np.ndarray:
+def tenant_probabilities(n_tenants: int, law: str = "uniform", zipf_s: float = 1.0,
+                         hot_share: float = 0.0) -> np.ndarray:
     """Probability of each tenant: ``uniform`` or ``zipf`` (``p_k ∝ (k + 1) ** -zipf_s``, tenant 0
     hottest), mixed with a point mass on tenant 0: ``p = hot_share * e_0 + (1 - hot_share) * p_law``.
     """
@@ -483,7 +484,8 @@ def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, qu
     """Token pieces and per-request draws of :func:`tenant_workload` (shared with the tests).
 
     ``burst`` is ``(burst_low, burst_high, burst_mean_low_s, burst_mean_high_s)``. Returns ``prefix``
-    ``[T, S + P]`` (the shared ``system_tokens``-token system prompt, then the tenant's own tokens), ``user_ctx`` ``[T * U, Ut]`` (row ``t * U + u`` = user ``u`` of tenant ``t``), ``query``
+    ``[T, S + P]`` (the shared ``system_tokens``-token system prompt, then the tenant's own tokens),
+    ``user_ctx`` ``[T * U, Ut]`` (row ``t * U + u`` = user ``u`` of tenant ``t``), ``query``
     ``[N, Q]``, ``tenant`` and ``user`` (``[N]``, the user's row in ``user_ctx``), ``t`` (arrival
     times, float s, sorted) and ``p`` (tenant probabilities).
     """
