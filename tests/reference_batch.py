@@ -82,7 +82,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     N = int(workload.n_requests)
     B = int(workload.block_tokens)
     C = int(capacity_blocks)
-    I = int(instances)
+    I = int(instances)  # noqa: E741
     seqs = min(int(max_num_seqs), int(max_running))
     reps = [_Replica() for _ in range(R)]
     index = [[OrderedDict() for _ in range(R)] for _ in range(I)]
@@ -92,7 +92,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     bits_l = [[0, 0, 0, 0]] * N if bits is None else [[int(x) for x in row] for row in np.asarray(bits).tolist()]
     knobs = dict(chwbl_c_pct=150, cache_threshold_pm=500, balance_abs=32, balance_rel_pct=150,
                  miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
-                 load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16)
+                 load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
+                 gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
+                 gie_load_threshold=128)
     knobs.update(kn)
     ttft = [-1] * N
     fin = [-1] * N
@@ -283,7 +285,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         tree = [len(rp.stored) for rp in reps]
         pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=None, kn=knobs)
+                      active_blocks=active, tree_size=tree, ring=None, kn=knobs,
+                      kv_used=[rp.pinned() + rp.work for rp in reps], capacity=C)
         rep_of[i] = r
         idx = index[u][r]
         for k in reversed(keys):

@@ -441,7 +441,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
                          bits=bits[req], instance=u)
         # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
         fv = FleetView(replicas=replicas, match=mv, queue=reps.wait.count, active_blocks=reps.load_blk,
-                       tree_size=reps.pool.cached)
+                       tree_size=reps.pool.cached, kv_used=reps.pool.pinned + reps.pool.work)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
         copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
