@@ -175,6 +175,8 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     n_stage = np.bincount(stage, minlength=K)
     Q = int(max(n_stage.max(), 1)) + 8
     S = int(min(int(lc["max_running"]), int(base["max_num_seqs"])))
+    seqs_capped = int(base["max_num_seqs"]) > S
+    base["max_num_seqs"] = min(int(base["max_num_seqs"]), S)  # the static bound, stated in the attrs
     ov = float(lc["overhead_ms"])
     warm = int(lc["warmup_stages"])
     if not 0 <= warm < K:
@@ -253,6 +255,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         overhead_note="assumption: fixed gateway / tokenizer / HTTP time added to every TTFT",
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
         stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, max_running=S, queue_slots=Q,
+        max_num_seqs_capped=int(seqs_capped),
         all_stages_drained=int(drained.all()))))
     return ds
 
