@@ -154,3 +154,50 @@ def test_roofline_against_blis():
     assert 39_000 <= q["ctx_ps"] <= 60_000
     assert vllm_scheduler_defaults("h100_80gb")["max_num_seqs"] == 1024
     assert vllm_scheduler_defaults("a100_80gb")["max_num_seqs"] == 256
+
+
+SMALL_IP = """load:
+  type: poisson
+  stages:
+    - rate: 4
+      duration: 3
+    - rate: 8
+      duration: 3
+server:
+  ignore_eos: true
+data:
+  type: shared_prefix
+  shared_prefix:
+    num_groups: 3
+    num_prompts_per_group: 2
+    system_prompt_len: 256
+    question_len: 64
+    output_len: 6
+"""
+
+
+def test_study_on_a_small_benchmark_of_the_series(tmp_path):
+    """The study end to end on its own small files: dims, coordinates, summaries, drained stages."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+
+    ip = _write(tmp_path, "ip.yaml", SMALL_IP)
+    epp = {a: str(BUNDLED / f) for a, f in (("approximate", "epp-estimated-scheduling.yaml"),
+                                           ("load", "epp-load-scheduling.yaml"))}
+    cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="small", seed=1, fleet=dict(replicas=2),
+                                replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                cache=dict(block_tokens=16, capacity_blocks=60),
+                                llmd=dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8)))
+    ds = run_study(cfg)
+    assert dict(ds.sizes) == {"arm": 2, "stage": 2}
+    assert ds.stage_rate.values.tolist() == [4, 8] and ds.stage_warmup.values.tolist() == [True, False]
+    assert bool(ds.stage_drained.all())
+    assert ds.n_requests.values.tolist() == [12, 24]
+    for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s", "token_hit_rate"):
+        assert np.all(np.isfinite(ds[v].values)), v
+    # the summary pools the ladder after the warm-up: here the one stage after it
+    np.testing.assert_allclose(ds.ttft_mean_s_all.values, ds.ttft_mean_s.sel(stage=1).values)
+    np.testing.assert_allclose(ds.ttft_p90_s_all.values, ds.ttft_p90_s.sel(stage=1).values)
+    assert np.all(ds.ttft_p90_s.values >= ds.ttft_mean_s.values * 0.5)
+    assert "published_ttft_p90_s" not in ds  # its own files: no report beside it
