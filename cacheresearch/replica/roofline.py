@@ -11,11 +11,11 @@ and of each KV head group):
 * a fixed per-request overhead (gateway, tokenizer, HTTP; ``overhead_ms``) is an **assumption**, not a
   roofline term, and is added to TTFT by the study, not to the step.
 
-The vllm replica's step model is linear (``step_base_ns + step_prefill_ns p + step_decode_ns d``), so
-:func:`step_coefficients` maps the roofline onto it: ``step_prefill_ns`` takes the attention at a mean
-prefill context and ``step_decode_ns`` the KV read at a mean decode context, both computed from the
-workload's own lengths (``prefill_ctx_tokens``, ``decode_ctx_tokens``), not tuned. (A per-context-token
-term in the replica, when it has one, replaces this mean: ``ctx_ps``.)
+:func:`step_coefficients` maps the roofline onto the vllm replica's step knobs: ``step_base_ns`` (weights),
+``step_prefill_ns`` (a prefill token's matmuls), ``step_ctx_ps`` (KV read per context token of each decoding
+request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a token before it) and
+``step_decode_ns = 0``. The replica adds the terms; a roofline takes their maximum (compute and memory
+overlap), so a step that mixes a large prefill chunk with decodes is charged up to the weight read too much.
 
 **Calibration** (:func:`calibrate`, run once): ``eff_bw`` is the geometric mean over BLIS's published
 coefficients (llm-d's inference simulator ``defaults.yaml``, vLLM v0.8.4; the step presets of
@@ -142,20 +142,21 @@ def blis_check() -> list[dict]:
     return rows
 
 
-def step_coefficients(model: str, gpu: str, tp: int = 1, *, prefill_ctx_tokens: float = 0.0,
-                      decode_ctx_tokens: float = 0.0, kv_dtype: str = "bf16") -> dict:
-    """The vllm replica's ``step_base_ns``, ``step_prefill_ns`` and ``step_decode_ns`` from the roofline
-    (attention at ``prefill_ctx_tokens`` and the KV read at ``decode_ctx_tokens``: the workload's means),
-    plus ``ctx_ps`` (picoseconds per context token of a decoding request) for a replica that has that term."""
+def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf16") -> dict:
+    """The vllm replica's step knobs from the roofline: ``step_base_ns`` (the weight read),
+    ``step_prefill_ns`` (a prefill token's matmuls), ``step_decode_ns`` 0 (decode matmuls are hidden under the
+    memory reads), ``step_ctx_ps`` (the KV read per context token of a decoding request) and
+    ``step_prefill_ctx_fs`` (attention per (prefill token, earlier token) pair)."""
     r = roofline(model, gpu, tp)
-    ctx = r.ctx_token_s(kv_dtype)
+    m = _get(MODELS, model, "model")
+    pair_flops = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim / r.tp
     return dict(step_base_ns=int(round(r.base_s() * 1e9)),
-                step_prefill_ns=int(round(r.prefill_token_s(prefill_ctx_tokens) * 1e9)),
-                step_decode_ns=int(round(ctx * float(decode_ctx_tokens) * 1e9)),
-                ctx_ps=int(round(ctx * 1e12)),
+                step_prefill_ns=int(round(r.prefill_token_s(0.0) * 1e9)),
+                step_decode_ns=0,
+                step_ctx_ps=int(round(r.ctx_token_s(kv_dtype) * 1e12)),
+                step_prefill_ctx_fs=int(round(pair_flops / (r._peak().flops * r.eff_flops) * 1e15)),
                 source=f"roofline {model} on {tp} x {gpu}: eff_bw {r.eff_bw:.3f}, eff_flops {r.eff_flops:.3f} "
-                f"(calibrated on BLIS); prefill context {prefill_ctx_tokens:.0f}, decode context "
-                f"{decode_ctx_tokens:.0f} tokens")
+                "(calibrated once on BLIS's coefficients)")
 
 
 def vllm_scheduler_defaults(gpu: str) -> dict:

@@ -26,6 +26,7 @@ Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -158,16 +159,13 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     seed = int(lc["seed"] if lc["seed"] is not None else _get(cfg, "seed", 0))
     w = shared_prefix_workload(ip, block_tokens=bt, seed=seed, stage_gap_s=float(lc["stage_gap_s"]),
                                max_requests_per_stage=lc["max_requests_per_stage"])
-    d = ip.data
     sched = vllm_scheduler_defaults(gpu)
     knobs = dict(_get(cfg, "fleet.knobs", {}) or {})
     knobs = {k: v for k, v in (OmegaConf.to_container(knobs) if not isinstance(knobs, dict) else knobs).items()
              if v is not None}
-    P = d.system_prompt_len + d.question_len
-    step = step_coefficients(model, gpu, tp, prefill_ctx_tokens=P / 2, decode_ctx_tokens=P + d.output_len / 2)
+    step = step_coefficients(model, gpu, tp)
     base = dict(max_num_seqs=sched["max_num_seqs"], max_num_batched_tokens=sched["max_num_batched_tokens"],
-                step_base_ns=step["step_base_ns"], step_prefill_ns=step["step_prefill_ns"],
-                step_decode_ns=step["step_decode_ns"])
+                **{k: v for k, v in step.items() if k.startswith("step_")})
     base.update(knobs)
     stream = compile_stream(w, stateful_singletons=True)
     stage = w.meta["stage"]
@@ -200,6 +198,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         m = simulate(stream, p, jax.random.key(seed), max_replicas=R, scheduler="vllm", max_running=S,
                      queue_slots=Q)
         run_vars["wall_s"][i] = time.perf_counter() - t1
+        print(f"llmd_benchmark: arm {a} done in {run_vars['wall_s'][i]:.0f} s", file=sys.stderr, flush=True)
         ttft = np.asarray(m.ttft_ms).astype(np.float64)
         e2e = np.asarray(m.e2e_ms).astype(np.float64)
         hit = np.asarray(m.hit_tokens).astype(np.float64)
