@@ -3,7 +3,8 @@
 Block by block, with dicts and lists: no runs, no vectors. The semantics (docs/fleet_semantics.md, "The
 vllm replica"):
 
-* time in 10-microsecond ticks; a request arriving at ``t`` ms arrives at tick ``100 t``;
+* time in integer picoseconds (Python ints: no horizon); a request arriving at ``t`` ms arrives at
+  ``t * 10**9`` ps;
 * before each arrival every replica runs the steps that start at or before it (its clock); a request
   joins its replica's waiting queue; an idle replica's clock moves to the arrival;
 * a step: (1) release the requests that finished at the previous step (their pins go; blocks whose
@@ -17,8 +18,11 @@ vllm replica"):
   preempted, waiting requests are admitted FCFS while budget, ``max_num_seqs`` and the pool allow: the
   prefix hit (leading cached blocks, at most ``floor((input - 1) / B)``) is taken now, every key of the
   prompt is pinned, the first chunk is computed; (4) unpinned cached blocks are evicted, lowest stamp
-  first, whenever the blocks held exceed the capacity; (5) the step takes ``ceil((base + prefill_ns *
-  prefill tokens + decode_ns * decode tokens) / 10 us)`` ticks (at least one); a request whose prefill
+  first, whenever the blocks held exceed the capacity; (5) the step takes :func:`step_time_ps`
+  picoseconds (at least one): ``1000 (base_ns + prefill_ns * prefill tokens + decode_ns * decoding
+  requests) + ctx_ps * (sum over decoding requests of input + generated tokens) + ceil(prefill_ctx_fs *
+  pairs / 1000)``, ``pairs`` = sum over prefill chunks of ``t c + t (t + 1) / 2`` (``t`` tokens after
+  ``c`` computed: causal attention); a request whose prefill
   completes emits a token at the step's end (its first: TTFT), a decoding one emits one; a request
   with all its output tokens finishes at the step's end.
 * A request's computed full prompt blocks are cached (visible to lookups and routers) from the step
@@ -33,8 +37,14 @@ from collections import OrderedDict, deque
 import numpy as np
 from reference_fleet import route_one
 
-TICKS_PER_MS = 100
-TICK_NS = 10_000
+PS_PER_MS = 10**9
+
+
+def step_time_ps(*, base_ns, prefill_ns, decode_ns, ctx_ps, prefill_ctx_fs, prefill_tokens, decode_reqs, ctx_tokens,
+                 pairs):
+    """The step-time model in exact integer picoseconds (at least 1)."""
+    ps = 1000 * (base_ns + prefill_ns * prefill_tokens + decode_ns * decode_reqs) + ctx_ps * ctx_tokens
+    return max(ps + _cdiv(prefill_ctx_fs * pairs, 1000), 1)
 
 
 def _cdiv(a, b):
@@ -75,24 +85,27 @@ class _Replica:
 
 def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robin", bits=None,
                     max_num_seqs=256, max_num_batched_tokens=8192, step_base_ns=5_752_705,
-                    step_prefill_ns=17_251, step_decode_ns=5_999, queue_slots=1024, max_running=256,
+                    step_prefill_ns=17_251, step_decode_ns=5_999, step_ctx_ps=0, step_prefill_ctx_fs=0,
+                    queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
     R = int(replicas)
     N = int(workload.n_requests)
     B = int(workload.block_tokens)
     C = int(capacity_blocks)
-    I = int(instances)
+    n_inst = int(instances)
     seqs = min(int(max_num_seqs), int(max_running))
     reps = [_Replica() for _ in range(R)]
-    index = [[OrderedDict() for _ in range(R)] for _ in range(I)]
+    index = [[OrderedDict() for _ in range(R)] for _ in range(n_inst)]
     keys_of = [[int(k) for k in workload.request_keys(i)] for i in range(N)]
     P_of = [int(x) for x in workload.input_tokens]
     O_of = [int(x) for x in workload.output_tokens]
     bits_l = [[0, 0, 0, 0]] * N if bits is None else [[int(x) for x in row] for row in np.asarray(bits).tolist()]
     knobs = dict(chwbl_c_pct=150, cache_threshold_pm=500, balance_abs=32, balance_rel_pct=150,
                  miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
-                 load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16)
+                 load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
+                 gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
+                 gie_load_threshold=128)
     knobs.update(kn)
     ttft = [-1] * N
     fin = [-1] * N
@@ -220,8 +233,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             return
         ptok = sum(q.tok for q in sched if q.pref)
         dtok = sum(1 for q in sched if not q.pref)
-        ns = int(step_base_ns) + int(step_prefill_ns) * ptok + int(step_decode_ns) * dtok
-        dt = max(_cdiv(ns, TICK_NS), 1)
+        ctx = sum(P_of[q.i] + q.d for q in sched if not q.pref)  # a decoding request reads its whole KV
+        pairs = sum(q.tok * (q.c - q.tok) + q.tok * (q.tok + 1) // 2 for q in sched if q.pref)
+        dt = step_time_ps(base_ns=int(step_base_ns), prefill_ns=int(step_prefill_ns), decode_ns=int(step_decode_ns),
+                          ctx_ps=int(step_ctx_ps), prefill_ctx_fs=int(step_prefill_ctx_fs), prefill_tokens=ptok,
+                          decode_reqs=dtok, ctx_tokens=ctx, pairs=pairs)
         rp.clock += dt
         rp.steps += 1
         rp.busy += dt
@@ -253,11 +269,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
 
     for i in range(N):
         now = int(workload.arrival_ms[i])
-        now_t = now * TICKS_PER_MS
+        now_t = now * PS_PER_MS
         advance(now_t)
         keys = keys_of[i]
         n = len(keys)
-        u = i % I
+        u = i % n_inst
         precise = []
         for rp in reps:
             h = 0
@@ -283,7 +299,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         tree = [len(rp.stored) for rp in reps]
         pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=None, kn=knobs)
+                      active_blocks=active, tree_size=tree, ring=None, kn=knobs,
+                      kv_used=[rp.pinned() + rp.work for rp in reps], capacity=C)
         rep_of[i] = r
         idx = index[u][r]
         for k in reversed(keys):
@@ -299,13 +316,16 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         else:
             rp.dropped += 1
     advance(float("inf"))
-    arr_t = [int(a) * TICKS_PER_MS for a in workload.arrival_ms]
-    ttft_ms = [(_cdiv(t - a, TICKS_PER_MS) if f >= 0 else -1) for t, f, a in zip(ttft, fin, arr_t)]
-    e2e_ms = [(_cdiv(f - a, TICKS_PER_MS) if f >= 0 else -1) for f, a in zip(fin, arr_t)]
+    arr_t = [int(a) * PS_PER_MS for a in workload.arrival_ms]
+    ttft_ms = [(_cdiv(t - a, PS_PER_MS) if f >= 0 else -1) for t, f, a in zip(ttft, fin, arr_t)]
+    e2e_ms = [(_cdiv(f - a, PS_PER_MS) if f >= 0 else -1) for f, a in zip(fin, arr_t)]
+    # TPOT per request in whole ns (floored), as the engine's metric
+    tpot_ns = [((f - t) // (1000 * (o - 1)) if f >= 0 and o >= 2 else -1) for t, f, o in zip(ttft, fin, O_of)]
     return dict(
         ttft_ms=np.asarray(ttft_ms, np.int64), e2e_ms=np.asarray(e2e_ms, np.int64), hit_blocks=np.asarray(hit),
         preempted=np.asarray(npre_out), replica=np.asarray(rep_of),
+        ttft_ps=ttft, fin_ps=fin, tpot_ns=tpot_ns,
         preemptions=sum(rp.preempt for rp in reps), steps=sum(rp.steps for rp in reps),
-        dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ticks=[rp.busy for rp in reps],
+        dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ps=[rp.busy for rp in reps],
         kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
     )

@@ -59,6 +59,7 @@ ROUTERS = (
     "kv_cost",
     "weighted_scorers",
     "preble_e2",
+    "gie",
 )
 VIEWS = ("precise", "approximate", "stale")
 
@@ -123,9 +124,43 @@ def _kv_cost_sample(cost, R: int, temperature: float, bits3: int) -> int:
     return R - 1
 
 
+def _ratio16(a: int, b: int) -> int:
+    """``floor(65536 a / b)`` with both shifted right by ``max(0, bitlen(b) - 15)`` (``gie``)."""
+    b = max(int(b), 1)
+    s = max(0, b.bit_length() - 15)
+    return ((int(a) >> s) * 65536) // max(b >> s, 1)
+
+
+def _gie(n, R, m, q, kv_used, capacity, bits1, kn) -> int:
+    """GIE v0.5.1 scorers and max-score picker, in the engine's fixed point (1/65536)."""
+    Sc = 65536
+    qmax, qmin = max(q), min(q)
+    qs = [((qmax - x) * Sc) // (qmax - qmin) if qmax > qmin else Sc for x in q]
+    cap = max(int(capacity), 1)
+    ks = [_ratio16(cap - min(max(int(u), 0), cap), cap) for u in kv_used]
+    mode, W = kn["gie_prefix_mode"], kn["gie_window_blocks"]
+    if mode == 1:
+        total = min(n, W) if W > 0 else n
+        ps = [_ratio16(min(x, total), total) if total > 0 else 0 for x in m]
+    elif mode == 2:
+        hits = [x for x in m if x > 0]
+        lo, hi = (min(hits), max(hits)) if hits else (0, 0)
+        ps = [0 if x <= 0 else (Sc if hi == lo else _ratio16(x - lo, hi - lo)) for x in m]
+    else:
+        ps = [0] * R
+    T = max(kn["gie_load_threshold"], 1)
+    ls = [_ratio16(T - min(x, T), T) // 2 for x in q]
+    score = [kn["gie_prefix_w_pct"] * ps[r] + kn["gie_kv_w_pct"] * ks[r] + kn["gie_queue_w_pct"] * qs[r]
+             + kn["gie_load_w_pct"] * ls[r] for r in range(R)]
+    best = max(score)
+    tied = [r for r in range(R) if score[r] == best]
+    return tied[_scale(bits1, len(tied))]
+
+
 def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, match, queue, active_blocks,
-              tree_size, ring, kn: dict) -> int:
-    """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``."""
+              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1) -> int:
+    """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``.
+    ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks."""
     off = _scale(bits[0], R)
     if router == "random":
         return off
@@ -185,6 +220,8 @@ def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, mat
         if mstar > 0 and n - mstar < mstar:
             return _argmin_rot(a, R, off, eligible=[m[r] == mstar for r in range(R)])
         return _argmin_rot([_clamp30(a[r]) + _clamp30(n - m[r]) for r in range(R)], R, off)
+    if router == "gie":
+        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn)
     raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
 
 
@@ -212,7 +249,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     balance_rel_pct=150, miss_smallest_tree=False, overlap_weight_pct=100, temperature=0.0,
                     prefix_weight_pct=200, load_weight_pct=100, queue_threshold=128, preble_rel_pct=150,
                     preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False,
-                    restart_replica=-1, restart_ms=0) -> dict:
+                    restart_replica=-1, restart_ms=0, gie_prefix_mode=0, gie_prefix_w_pct=100, gie_kv_w_pct=100,
+                    gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0, gie_load_threshold=128) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -232,7 +270,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
     R = int(replicas)
     if R < 1:
         raise ValueError("replicas must be >= 1")
-    I = int(instances)
+    I = int(instances)  # noqa: E741
     if I < 1:
         raise ValueError("instances must be >= 1")
     if int(prefix_blocks) < 1:
@@ -267,6 +305,9 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         overlap_weight_pct=int(overlap_weight_pct), temperature=float(temperature),
         prefix_weight_pct=int(prefix_weight_pct), load_weight_pct=int(load_weight_pct),
         queue_threshold=int(queue_threshold), preble_rel_pct=int(preble_rel_pct), preble_abs=int(preble_abs),
+        gie_prefix_mode=int(gie_prefix_mode), gie_prefix_w_pct=int(gie_prefix_w_pct), gie_kv_w_pct=int(gie_kv_w_pct),
+        gie_queue_w_pct=int(gie_queue_w_pct), gie_window_blocks=int(gie_window_blocks),
+        gie_load_w_pct=int(gie_load_w_pct), gie_load_threshold=int(gie_load_threshold),
     )
     ring = ring_nodes(R, int(vnodes)) if router == "chwbl" else None
     K = int(prefix_blocks)
@@ -353,7 +394,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
             copies.append(sum(1 for r in range(R) if precise[r] >= min(int(prefix_blocks), n)))
         # 6. route
         r = route_one(router, i=i, n=n, prefix_key=prefix_key, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=ring, kn=kn)
+                      active_blocks=active, tree_size=tree, ring=ring, kn=kn,
+                      capacity=2**31 - 1 if capacity is None else capacity)
         assert 0 <= r < R, (router, r)
         out["replica"][i] = r
         # 7. lookup, update, evict (tests/reference.py)

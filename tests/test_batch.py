@@ -129,12 +129,31 @@ def test_refused_with_a_message():
 
 
 def test_step_time_is_exact_integer_arithmetic():
-    from cacheresearch.replica.vllm import step_ticks
+    """The engine's step time (int32 lanes) equals the reference's Python-int picoseconds, past int32."""
+    from reference_batch import step_time_ps
 
-    p = make_params("lru", capacity_blocks=10, step_base_ns=5_752_705, step_prefill_ns=17_251, step_decode_ns=5_999)
-    for pt, dt in [(0, 0), (1, 0), (8192, 255), (131_072, 65_536), (7, 3)]:
-        ns = 5_752_705 + 17_251 * pt + 5_999 * dt
-        assert int(step_ticks(p, np.int32(pt), np.int32(dt))) == -(-ns // 10_000)
+    from cacheresearch.replica.clock import MS_LIM, PS_PER_MS
+    from cacheresearch.replica.vllm import _count, _pairs, step_time
+
+    rng = np.random.default_rng(0)
+    cases = [(5_752_705, 17_251, 5_999, 0, 0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+             (2_000_000_000, 10_000_000, 10_000_000, 100_000_000, 1_000_000_000, 131_072, 65_536, 2**31 - 1,
+              8192, 2**31 - 8193)]
+    for _ in range(40):
+        cases.append((int(rng.integers(0, 2_000_000_001)), int(rng.integers(0, 10_000_001)),
+                      int(rng.integers(0, 10_000_001)), int(rng.integers(0, 100_000_001)),
+                      int(rng.integers(0, 1_000_000_001)), int(rng.integers(0, 131_073)), int(rng.integers(0, 65_537)),
+                      int(rng.integers(0, 2**31)), int(rng.integers(0, 8193)), int(rng.integers(0, 2**28))))
+    for base, pre, dec, ctx, pctx, pt, dt, sctx, tok, c in cases:
+        p = make_params("lru", capacity_blocks=10, step_base_ns=base, step_prefill_ns=pre, step_decode_ns=dec,
+                        step_ctx_ps=ctx, step_prefill_ctx_fs=pctx)
+        got = step_time(p, np.int32(pt), np.int32(dt), _count(np.int32(sctx)), _pairs(np.int32(tok), np.int32(c)))
+        want = step_time_ps(base_ns=base, prefill_ns=pre, decode_ns=dec, ctx_ps=ctx, prefill_ctx_fs=pctx,
+                            prefill_tokens=pt, decode_reqs=dt, ctx_tokens=sctx, pairs=tok * c + tok * (tok + 1) // 2)
+        if want >= MS_LIM * PS_PER_MS:  # past the clock's span: saturated (the replica reports time_overflow)
+            assert int(got.ms) == MS_LIM
+        else:
+            assert int(got.ms) * PS_PER_MS + int(got.ps) == want, (base, pre, dec, ctx, pctx, pt, dt, sctx, tok, c)
 
 
 def test_sweep_with_vllm_replicas(tmp_path):
@@ -154,7 +173,8 @@ def test_sweep_with_vllm_replicas(tmp_path):
     w = tenant_workload(n_tenants=6, prefix_tokens=320, users_per_tenant=5, user_tokens=0, query_tokens=64,
                         rate_per_s=20, duration_s=4, output_tokens=8, block_tokens=16, seed=0)
     s = compile_stream(w, stateful_singletons=True)
-    p = make_params("lru", capacity_blocks=120, replicas=2, router="random", max_num_seqs=8, step_model="qwen3_32b_h100_tp2")
+    p = make_params("lru", capacity_blocks=120, replicas=2, router="random", max_num_seqs=8,
+                    step_model="qwen3_32b_h100_tp2")
     m = simulate(s, p, jax.random.key(0), max_replicas=2, scheduler="vllm", max_running=8, queue_slots=64)
     got = ds["ttft_p90_s"].sel(router="random").values.reshape(-1)[0]
     assert got == pytest.approx(int(m.ttft_p90_ms) / 1000.0)
@@ -170,3 +190,29 @@ def test_cache_routers_equal_reference(router, cap):
     m, bits = _run(w, R=3, router=router, S=6, **kn)
     ref = _ref(w, R=3, router=router, bits=bits, S=6, Q=64, **kn)
     _check(w, m, ref)
+
+
+def test_context_terms_equal_reference():
+    """The per-context-token decode term and the prefill-attention term, under chunking and preemption."""
+    w = _workload(5, 4, 200, 40, 30, 2, 20)
+    kn = dict(capacity_blocks=40, max_num_batched_tokens=48, max_num_seqs=4, step_ctx_ps=37_500,
+              step_prefill_ctx_fs=1_750, step_decode_ns=1_000)
+    m, bits = _run(w, R=2, router="llmd_precise", S=6, **kn)
+    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=6, Q=64, **kn)
+    _check(w, m, ref)
+    assert ref["preemptions"] > 0
+    tp = [t for t in ref["tpot_ns"] if t >= 0]
+    assert float(m.tpot_mean_ms) == pytest.approx(sum(tp) / len(tp) / 1e6, rel=1e-12)
+
+
+def test_clock_past_six_hours_equals_reference():
+    """The int32 10-us clock ended at 5.9 hours; the picosecond clock runs on (here 9 hours, exact)."""
+    w = tenant_workload(n_tenants=3, prefix_tokens=200, query_tokens=40, users_per_tenant=2, rate_per_s=0.004,
+                        duration_s=9 * 3600, output_tokens=30, block_tokens=16, seed=1)
+    assert int(w.arrival_ms[-1]) > 6 * 3600 * 1000
+    kn = dict(capacity_blocks=60, max_num_batched_tokens=64, max_num_seqs=4, step_ctx_ps=40_000)
+    m, bits = _run(w, R=2, router="llmd_precise", **kn)
+    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=8, Q=64, **kn)
+    _check(w, m, ref)
+    assert not bool(m.time_overflow)
+    assert int(np.max(np.asarray(m.e2e_ms))) > 0

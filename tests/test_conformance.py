@@ -105,7 +105,8 @@ def _workload() -> Workload:
 
 #: small thresholds, so that the load branches of the rules are taken too
 _TIGHT = dict(balance_abs=1, balance_rel_pct=120, queue_threshold=4, preble_abs=1, preble_rel_pct=120,
-              cache_threshold_pm=200, chwbl_c_pct=110, vnodes=8)
+              cache_threshold_pm=200, chwbl_c_pct=110, vnodes=8, gie_prefix_mode=1, gie_window_blocks=2,
+              gie_kv_w_pct=200, gie_load_w_pct=150, gie_load_threshold=3)
 
 
 @pytest.mark.parametrize("knobs", ["defaults", "tight"])

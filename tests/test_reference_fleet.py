@@ -411,6 +411,14 @@ def test_route_one_matches_routers_route_on_random_fleets():
         load_weight_pct: jax.Array
         preble_rel_pct: jax.Array
         preble_abs: jax.Array
+        gie_prefix_mode: jax.Array
+        gie_prefix_w_pct: jax.Array
+        gie_kv_w_pct: jax.Array
+        gie_queue_w_pct: jax.Array
+        gie_window_blocks: jax.Array
+        gie_load_w_pct: jax.Array
+        gie_load_threshold: jax.Array
+        capacity: jax.Array
 
     rng = np.random.default_rng(7)
     Rmax, V, S = 6, 16, 200
@@ -426,7 +434,11 @@ def test_route_one_matches_routers_route_on_random_fleets():
             overlap_weight_pct=int(rng.choice([0, 100, 250])), temperature=float(rng.choice([0.0, 0.3, 2.0])),
             queue_threshold=int(rng.choice([1, 5, 128])), prefix_weight_pct=int(rng.choice([0, 200])),
             load_weight_pct=int(rng.choice([0, 100])), preble_rel_pct=int(rng.choice([100, 150])),
-            preble_abs=int(rng.choice([0, 2, 8])),
+            preble_abs=int(rng.choice([0, 2, 8])), gie_prefix_mode=int(rng.integers(0, 3)),
+            gie_prefix_w_pct=int(rng.choice([0, 100, 300])), gie_kv_w_pct=int(rng.choice([0, 100, 200])),
+            gie_queue_w_pct=int(rng.choice([0, 100, 200])), gie_window_blocks=int(rng.choice([0, 2, 5])),
+            gie_load_w_pct=int(rng.choice([0, 100])), gie_load_threshold=int(rng.choice([1, 4, 128])),
+            capacity=int(rng.choice([60, 40_000, 2**31 - 1])),
         )
         m = [int(rng.integers(0, n + 1)) for _ in range(R)]
         q = [int(rng.integers(0, qhi)) for _ in range(R)]
@@ -469,7 +481,7 @@ def test_route_one_matches_routers_route_on_random_fleets():
     for j, (name, (R, n, kn, m, q, a, t, bits, key, s)) in enumerate(rows):
         nodes = ring_nodes(R, kn["vnodes"]) if name == "chwbl" else None
         want = route_one(name, i=s, n=n, prefix_key=key, bits=bits, R=R, match=m, queue=q, active_blocks=a,
-                         tree_size=t, ring=nodes, kn=kn)
+                         tree_size=t, ring=nodes, kn=kn, capacity=kn["capacity"])
         if want != got[j]:
             bad.append((name, s, want, int(got[j])))
     assert not bad, bad[:10]
@@ -477,7 +489,7 @@ def test_route_one_matches_routers_route_on_random_fleets():
 
 @pytest.mark.parametrize("view", ["precise", "approximate", "stale"])
 @pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "power_of_two", "chwbl",
-                                    "cache_aware", "kv_cost", "weighted_scorers", "preble_e2"])
+                                    "cache_aware", "kv_cost", "weighted_scorers", "preble_e2", "gie"])
 def test_invariants_every_router_and_view(router, view):
     w = random_workload(3, n_req=30, spread=400)
     bits = np.random.default_rng(5).integers(0, 2**32, (w.n_requests, 4), dtype=np.uint64).astype(np.uint32)

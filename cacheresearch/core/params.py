@@ -37,6 +37,7 @@ __all__ = [
     "STEP_PRESETS",
     "STEP_KNOBS",
     "DEFAULT_STEP_PRESET",
+    "STEP_TIME_KNOBS",
     "KNOBS",
     "KNOB_DECLS",
     "resolve_router",
@@ -67,8 +68,10 @@ LATENCY_KNOBS: tuple[Knob, ...] = (
          doc="replica time per output token (amortised over the batch)", unit="us"),
 )
 
-#: Step-time presets of the vllm replica (core/batch.py): a step of the running batch takes
-#: ``step_base_ns + step_prefill_ns * prefill tokens + step_decode_ns * decode tokens``. The
+#: Step-time presets of the vllm replica (replica/vllm.py, :func:`~cacheresearch.replica.vllm.step_time`): a step
+#: of the running batch takes ``step_base_ns + step_prefill_ns * prefill tokens + step_decode_ns * decode
+#: requests + step_ctx_ps * (context tokens of the decoding requests) + step_prefill_ctx_fs * (prefill
+#: token x context token pairs)``, exactly, in picoseconds. The BLIS presets are linear (the last two 0). The
 #: coefficients are BLIS's (llm-d's inference simulator, inference-sim/inference-sim ``defaults.yaml``,
 #: ``beta_coeffs`` in microseconds, trained on vLLM v0.8.4), rounded to nanoseconds. They are
 #: assumptions about a deployment, not measurements of one; every number is a knob.
@@ -101,6 +104,8 @@ STEP_PRESETS: dict[str, dict] = {
     ),
 }
 DEFAULT_STEP_PRESET = "llama31_8b_h100_tp1"
+#: The step-time model's coefficients (a preset sets each; absent ones are 0).
+STEP_TIME_KNOBS = ("step_base_ns", "step_prefill_ns", "step_decode_ns", "step_ctx_ps", "step_prefill_ctx_fs")
 
 #: The vllm replica's knobs (core/batch.py): scheduler limits (vLLM's ``max_num_seqs`` and
 #: ``max_num_batched_tokens``; its defaults vary by version and GPU: 256 / 2,048-8,192 on most
@@ -115,7 +120,12 @@ STEP_KNOBS: tuple[Knob, ...] = (
     Knob("step_prefill_ns", STEP_PRESETS[DEFAULT_STEP_PRESET]["step_prefill_ns"], 0, 10_000_000,
          doc="vllm replica: step time per prefill token computed (beta1)", unit="ns"),
     Knob("step_decode_ns", STEP_PRESETS[DEFAULT_STEP_PRESET]["step_decode_ns"], 0, 10_000_000,
-         doc="vllm replica: step time per decode token (beta2)", unit="ns"),
+         doc="vllm replica: step time per decoding request (beta2)", unit="ns"),
+    Knob("step_ctx_ps", 0, 0, 100_000_000, doc="vllm replica: step time per context token of each decoding "
+         "request (its input + the tokens it generated: reading its KV)", unit="ps"),
+    Knob("step_prefill_ctx_fs", 0, 0, 1_000_000_000, doc="vllm replica: step time per (prefill token, context "
+         "token) pair of causal attention (a chunk of t tokens after c computed ones: t c + t (t + 1) / 2 pairs); "
+         "the step's total is rounded up to a picosecond", unit="fs"),
     Knob("warmup_ms", 0, 0, 2**31 - 1, doc="latency metrics leave out requests arriving this long after the "
          "first arrival (warm-up)", unit="ms"),
 )
@@ -228,8 +238,8 @@ def make_params(
     if step_model is not None:
         if step_model not in STEP_PRESETS:
             raise ValueError(f"unknown step-time preset {step_model!r}; choose one of {sorted(STEP_PRESETS)}")
-        for name in ("step_base_ns", "step_prefill_ns", "step_decode_ns"):
-            knobs.setdefault(name, STEP_PRESETS[step_model][name])
+        for name in STEP_TIME_KNOBS:
+            knobs.setdefault(name, STEP_PRESETS[step_model].get(name, 0))
     k = resolve_router(router, prefix_blocks=prefix_blocks, **knobs)
     # integer ranges first, then the float knobs (views are checked when converted)
     for kind in ("int", "float"):

@@ -58,8 +58,8 @@ from cacheresearch.routers import (
 
 _LIM = qm.LIM
 
-__all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options", "check_bounds", "combine_limbs",
-           "default_window", "request_bits", "finalize", "RATIO_FIELDS"]
+__all__ = ["Metrics", "Static", "nested_fn", "check_stream", "simulate", "simulate_grid", "static_options",
+           "check_bounds", "combine_limbs", "default_window", "request_bits", "finalize", "RATIO_FIELDS"]
 
 def request_bits(key: jax.Array, n: int) -> jax.Array:
     """uint32 [n, 4]: each request's random words (column 0: the ``random`` router's draw and the
@@ -163,7 +163,8 @@ def _simulate(stream: Stream, params, key, st: Static):
         store = c.store
         # ---- cache event: replica restart_replica restarts at restart_ms; its cache is flushed first
         prev = stream.arrival_ms[jnp.maximum(req - 1, 0)]
-        boot = first & (params.restart_replica >= 0) & (now >= params.restart_ms) & ((req == 0) | (prev < params.restart_ms))
+        boot = (first & (params.restart_replica >= 0) & (now >= params.restart_ms)
+                & ((req == 0) | (prev < params.restart_ms)))
         store = flush(store, jnp.clip(params.restart_replica, 0, R - 1), base, boot)
         # ---- sync (stale view, before routing)
         sy = sync(c.sync, first, now, base, store.thr[:R], params.stale_lag_ms) if st.stale else c.sync
@@ -356,7 +357,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=jnp.asarray(nreal, jnp.int32),
         busy_time=q.busy_ms, horizon_time=horizon, replicas_active=replicas.astype(jnp.int32),
         copies_sum=t.copies, copies_n=t.copies_n, over_n=t.over_n, over_q=t.over_q,
-        tpot_ticks_hi=z, tpot_ticks_lo=z, tpot_frac_hi=z, tpot_frac_lo=z, tpot_n=z,
+        tpot_ms_hi=z, tpot_ms_lo=z, tpot_ns_hi=z, tpot_ns_lo=z, tpot_n=z,
         output_tokens_hi=z, output_tokens_lo=z, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
         kv_acc=zf, q_acc=zf,
     )
@@ -365,7 +366,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
 def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     """Metrics of a vllm-replica run (core/batch.py) from its final carry: integers, exact sums and the
     replicas' float32 accumulators; the ratio fields are left NaN for :func:`finalize`."""
-    from cacheresearch.replica.vllm import TICKS_PER_MS  # noqa: PLC0415
+    from cacheresearch.replica.clock import t_ceil_ms, t_div, t_sub  # noqa: PLC0415
 
     R = st.max_replicas
     N1 = stream.arrival_ms.shape[0]
@@ -374,10 +375,11 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     nreal = stream.n_requests
     is_real = jnp.arange(N) < nreal
     arr = stream.arrival_ms[:N]
-    arr_t = arr * TICKS_PER_MS
-    served = is_real & (c.fin_t[:N] >= 0)
-    ttft_ms = jnp.where(served, (c.ttft_t[:N] - arr_t + TICKS_PER_MS - 1) // TICKS_PER_MS, -1)
-    e2e_ms = jnp.where(served, (c.fin_t[:N] - arr_t + TICKS_PER_MS - 1) // TICKS_PER_MS, -1)
+    ttft_t = jax.tree.map(lambda x: x[:N], c.ttft_t)
+    fin_t = jax.tree.map(lambda x: x[:N], c.fin_t)
+    served = is_real & (fin_t.ms >= 0)
+    ttft_ms = jnp.where(served, t_ceil_ms(ttft_t) - arr, -1)
+    e2e_ms = jnp.where(served, t_ceil_ms(fin_t) - arr, -1)
     inp = stream.input_tokens[:N]
     out = stream.output_tokens[:N]
     hit_b = jnp.where(served, c.hit_b[:N], 0)
@@ -387,19 +389,18 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     nl = jnp.sum(lat.astype(jnp.int32))
     srt_t = jnp.sort(jnp.where(lat, ttft_ms, _LIM))
     srt_e = jnp.sort(jnp.where(lat, e2e_ms, _LIM))
-    # TPOT per request in whole ns: 1e4 d / k = 1e4 (d // k) + floor(1e4 (d % k) / k), the second term in two
-    # steps of 100 so that nothing passes int32 (k = output tokens - 1 below 2**31 / 100)
+    # TPOT per request in whole ns: (finish - first token) / (output tokens - 1) by exact long division,
+    # whole ms and the ns below (output tokens up to 2,000,001)
     multi = lat & (out >= 2)
-    d = jnp.where(multi, c.fin_t[:N] - c.ttft_t[:N], 0)
-    k = jnp.maximum(out - 1, 1)
-    r100 = (d % k) * 100
-    frac = (r100 // k) * 100 + ((r100 % k) * 100) // k
+    d = t_sub(fin_t, ttft_t)
+    k = jnp.clip(out - 1, 1, 2_000_000)
+    q_ms, q_ns = t_div(jax.tree.map(lambda x: jnp.where(multi, x, 0), d), k)
     nm = jnp.sum(multi.astype(jnp.int32))
     reps = c.reps
     stt = reps.stats
-    last_t = jnp.max(jnp.where(served, c.fin_t[:N], 0))
-    horizon_t = jnp.maximum(jnp.maximum(last_t, arr[jnp.maximum(nreal - 1, 0)] * TICKS_PER_MS) - t0 * TICKS_PER_MS, 1)
-    busy_ms = (stt.busy + TICKS_PER_MS - 1) // TICKS_PER_MS
+    last_ms = jnp.max(jnp.where(served, t_ceil_ms(fin_t), 0))
+    horizon_ms = jnp.maximum(jnp.maximum(last_ms, arr[jnp.maximum(nreal - 1, 0)]) - t0, 1)
+    busy_ms = t_ceil_ms(stt.busy)
     nan = jnp.float32(jnp.nan)
     hr = jnp.clip(jnp.where(served, c.rep_of[:N], 0), 0, R - 1)
     if st.per_request:
@@ -412,8 +413,8 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     hit_hi, hit_lo = _sum_limbs(jnp.where(served, hit_tok, 0))
     inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, inp, 0))
     ttft_hi, ttft_lo = _sum_limbs(jnp.where(lat, ttft_ms, 0))
-    tq_hi, tq_lo = _sum_limbs(jnp.where(multi, d // k, 0))
-    tf_hi, tf_lo = _sum_limbs(jnp.where(multi, frac, 0))
+    tq_hi, tq_lo = _sum_limbs(jnp.where(multi, q_ms, 0))
+    tf_hi, tf_lo = _sum_limbs(jnp.where(multi, q_ns, 0))
     out_hi, out_lo = _sum_limbs(jnp.where(served, out, 0))
     return Metrics(
         token_hit_rate=nan, request_hit_rate=nan,
@@ -438,9 +439,9 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
         **per,
         n_requests=jnp.asarray(nreal, jnp.int32), input_tokens_hi=inp_hi, input_tokens_lo=inp_lo,
         ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=nl,
-        busy_time=stt.busy, horizon_time=horizon_t.astype(jnp.int32), replicas_active=replicas.astype(jnp.int32),
+        busy_time=busy_ms, horizon_time=horizon_ms.astype(jnp.int32), replicas_active=replicas.astype(jnp.int32),
         copies_sum=c.copies, copies_n=c.copies_n, over_n=c.over_n, over_q=c.over_q,
-        tpot_ticks_hi=tq_hi, tpot_ticks_lo=tq_lo, tpot_frac_hi=tf_hi, tpot_frac_lo=tf_lo, tpot_n=nm,
+        tpot_ms_hi=tq_hi, tpot_ms_lo=tq_lo, tpot_ns_hi=tf_hi, tpot_ns_lo=tf_lo, tpot_n=nm,
         output_tokens_hi=out_hi, output_tokens_lo=out_lo, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
         kv_acc=jnp.where(active, stt.kv_acc, 0.0), q_acc=jnp.where(active, stt.q_acc, 0.0),
     )
@@ -576,7 +577,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
     if st is None:
         return
     if np.any(np.asarray(params.instances) > st.max_instances):
-        raise ValueError(f"instances {np.unique(np.asarray(params.instances)).tolist()} above max_instances={st.max_instances}")
+        raise ValueError(f"instances {np.unique(np.asarray(params.instances)).tolist()} above "
+                         f"max_instances={st.max_instances}")
     if np.any(np.asarray(params.vnodes) > st.max_vnodes):
         raise ValueError(f"vnodes above max_vnodes={st.max_vnodes}")
     routers = np.asarray(params.router).reshape(-1)
@@ -616,7 +618,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         if pol - okp:
             raise ValueError(f"the vllm replica's pool is vLLM's leaf-first LRU: policies {list(VLLM_POLICIES)} only")
         if (cache & (views == VIEWS["stale"])).any():
-            raise ValueError("the stale router view is not available with the vllm replica (views precise, approximate)")
+            raise ValueError("the stale router view is not available with the vllm replica "
+                             "(views precise, approximate)")
         if np.any(np.asarray(params.local_load)) or np.any(np.asarray(params.kv_pressure)):
             raise ValueError("local_load and kv_pressure belong to the fcfs replica; the vllm replica pins KV itself")
         if not st.queue:

@@ -48,7 +48,7 @@ class Metrics(NamedTuple):
     # float64: requests sent away from the replica holding most of their prefix (NaN unless match)
     overflow_share: jax.Array
     queue_overflow: jax.Array  # int32: dispatches that found every queue slot in flight (loads undercount)
-    time_overflow: jax.Array  # bool: a finish time saturated at 2**31 - 1 ms
+    time_overflow: jax.Array  # bool: a finish time saturated at 2**31 - 1 ms (fcfs ms, vllm ps clock)
     # per request (empty arrays unless per_request=True)
     hit_blocks: jax.Array  # int32 [N]
     hit_tokens: jax.Array  # int32 [N]
@@ -79,24 +79,24 @@ class Metrics(NamedTuple):
     ttft_sum_hi: jax.Array  # sum of ttft_ms over the requests of the mean
     ttft_sum_lo: jax.Array
     ttft_n: jax.Array  # those requests (fcfs: every real request; vllm: served, past warmup_ms)
-    busy_time: jax.Array  # [R_max] busy time in the replica model's clock (fcfs: ms, = busy_ms; vllm: 10 us ticks)
-    horizon_time: jax.Array  # the run's horizon in that clock (>= 1)
+    busy_time: jax.Array  # [R_max] busy time in ms (= busy_ms; vllm: its exact ps clock rounded up to ms)
+    horizon_time: jax.Array  # the run's horizon in ms (>= 1)
     replicas_active: jax.Array  # replicas of the configuration (clipped to [1, R_max])
     copies_sum: jax.Array  # prefix copies summed over the sampled requests
     copies_n: jax.Array  # sampled requests (those with blocks)
     over_n: jax.Array  # requests sent away from the replica holding most of their prefix
     over_q: jax.Array  # requests with a cached prefix somewhere
     # the vllm replica (0 with the fcfs replica)
-    tpot_ticks_hi: jax.Array  # sum over TPOT requests of floor(decode ticks / (output tokens - 1))
-    tpot_ticks_lo: jax.Array
-    tpot_frac_hi: jax.Array  # sum of the remainders in ns (1e-4 tick), floored: TPOT = whole ns per request
-    tpot_frac_lo: jax.Array
+    tpot_ms_hi: jax.Array  # sum over TPOT requests of the whole ms of (decode time / (output tokens - 1))
+    tpot_ms_lo: jax.Array
+    tpot_ns_hi: jax.Array  # sum of the ns below those ms, floored: TPOT = whole ns per request
+    tpot_ns_lo: jax.Array
     tpot_n: jax.Array  # requests of the TPOT mean (past warmup_ms, >= 2 output tokens)
     output_tokens_hi: jax.Array  # output tokens of the served requests
     output_tokens_lo: jax.Array
     kv_capacity: jax.Array  # KV pool blocks per replica (params.capacity)
-    kv_acc: jax.Array  # float32 [R_max] blocks in use x ticks per replica (core/batch.py Stats; 0 when inactive)
-    q_acc: jax.Array  # float32 [R_max] waiting requests x ticks per replica
+    kv_acc: jax.Array  # float32 [R_max] blocks in use x ms per replica (replica/vllm.py Stats; 0 when inactive)
+    q_acc: jax.Array  # float32 [R_max] waiting requests x ms per replica
 
 
 #: The fields :func:`finalize` computes from the sums (the compiled program leaves them NaN).
@@ -179,16 +179,14 @@ def finalize(m: Metrics, st) -> Metrics:
         overflow_share=f(m.over_n) / at_least_1(m.over_q) if st.match else nan,
     )
     if st.scheduler == "vllm":
-        from cacheresearch.replica.vllm import TICK_NS, TICKS_PER_MS  # noqa: PLC0415
-
         cap = at_least_1(m.kv_capacity)
-        tpot_ns = total(m.tpot_ticks_hi, m.tpot_ticks_lo) * TICK_NS + total(m.tpot_frac_hi, m.tpot_frac_lo)
+        tpot_ns = total(m.tpot_ms_hi, m.tpot_ms_lo) * 1e6 + total(m.tpot_ns_hi, m.tpot_ns_lo)
         out.update(
             tpot_mean_ms=tpot_ns / at_least_1(m.tpot_n) / 1e6,
             kv_util_mean=xp.sum(f(m.kv_acc), axis=-1) / (cap * hz * n_rep),
             kv_util_max=xp.max(f(m.max_occupancy), axis=-1) / cap,
             queue_len_mean=xp.sum(f(m.q_acc), axis=-1) / (hz * n_rep),
-            throughput_tps=total(m.output_tokens_hi, m.output_tokens_lo) / (hz / (TICKS_PER_MS * 1000.0)),
+            throughput_tps=total(m.output_tokens_hi, m.output_tokens_lo) / (hz / 1000.0),
         )
     else:
         out.update(tpot_mean_ms=nan, kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan)

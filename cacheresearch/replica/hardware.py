@@ -78,6 +78,14 @@ MODELS: dict[str, ModelSpec] = {
         "qwen3_8b", 36, 8, 128, 8.2e9, _bf16(8.2e9),
         "Qwen/Qwen3-8B config.json: num_hidden_layers 36, num_key_value_heads 8, head_dim 128; 8.2 B parameters "
         "(model card), BF16 weights"),
+    "qwen3_32b": ModelSpec(
+        "qwen3_32b", 64, 8, 128, 32.8e9, _bf16(32.8e9),
+        "Qwen/Qwen3-32B config.json: num_hidden_layers 64, num_key_value_heads 8, num_attention_heads 64, head_dim "
+        "128; 32.8 B parameters (model card), BF16 weights"),
+    "codellama_34b": ModelSpec(
+        "codellama_34b", 48, 8, 128, 33.7e9, _bf16(33.7e9),
+        "codellama/CodeLlama-34b-Instruct-hf config.json: num_hidden_layers 48, num_key_value_heads 8, hidden_size "
+        "8192 / 64 heads = head_dim 128; 33.7 B parameters (model card), BF16 weights"),
     "mistral_7b": ModelSpec(
         "mistral_7b", 32, 8, 128, 7.25e9, _bf16(7.25e9),
         "mistralai/Mistral-7B-Instruct-v0.3 config.json: num_hidden_layers 32, num_key_value_heads 8, head_dim "

@@ -6,14 +6,15 @@ A component with its own state (:class:`Replica`, one per replica, vmapped) and 
 replica"); the plain-Python reference is ``tests/reference_batch.py`` and the two agree request by
 request (every TTFT, finish time, prefix hit and preemption).
 
-Time is an int32 count of 10-microsecond ticks (a run may span 5.9 hours; a saturated clock sets
-``time_overflow``). A replica's step starts at its clock: it releases the requests that finished at
+Time is exact integer picoseconds in two int32 lanes (:mod:`cacheresearch.replica.clock`: whole ms and
+ps below; 24.8 days, the arrivals' own int32-ms bound; a saturated clock sets ``time_overflow``). A
+replica's step starts at its clock: it releases the requests that finished at
 the previous step, schedules the running batch (each decoding request one token, prefilling ones
 chunks of the token budget ``max_num_batched_tokens``, in admission order; preempting the latest
 admitted requests, by recompute, while the pool cannot hold the allocation), then admits waiting
 requests FCFS while the budget, ``max_num_seqs`` and the pool allow (their prefix is matched and
-pinned now, not at arrival), then advances its clock by the step time ``step_base_ns +
-step_prefill_ns * prefill tokens + step_decode_ns * decode tokens`` (rounded up to a tick). Before
+pinned now, not at arrival), then advances its clock by the step time (:func:`step_time`,
+exact picoseconds). Before
 each arrival every replica runs the steps that start at or before it, so routers see the pools as
 they are at that moment; after the last arrival the replicas drain.
 """
@@ -27,14 +28,24 @@ import jax.numpy as jnp
 
 from cacheresearch.cache.store import evict, init_store, stored_len
 from cacheresearch.core.views import init_sync, probe
+from cacheresearch.replica.clock import (
+    MS_LIM,
+    Time,
+    t_add,
+    t_fs_to_ps,
+    t_le,
+    t_max,
+    t_ms,
+    t_mul,
+    t_scale,
+    t_sum,
+    t_where,
+    t_zero,
+)
 from cacheresearch.replica.pool import PoolState, evict_lru, extend, init_pool, leading_hit, pin, release
 from cacheresearch.routers import FleetView, RequestView, ring_positions, route
 
-__all__ = ["TICKS_PER_MS", "Replica", "init_replica", "step_ticks", "replica_step", "simulate_vllm"]
-
-TICKS_PER_MS = 100  # 10-microsecond ticks
-TICK_NS = 10_000
-LIM = 2**31 - 1
+__all__ = ["Replica", "init_replica", "step_time", "replica_step", "simulate_vllm"]
 
 
 class Slots(NamedTuple):
@@ -62,10 +73,10 @@ class Waiting(NamedTuple):
 
 class Stats(NamedTuple):
     steps: jax.Array  # int32
-    busy: jax.Array  # int32 ticks with a step running
-    kv_acc: jax.Array  # float32 sum of blocks in use x step ticks
+    busy: Time  # time with a step running
+    kv_acc: jax.Array  # float32 sum of blocks in use x step ms
     kv_max: jax.Array  # int32 most blocks in use after scheduling
-    q_acc: jax.Array  # float32 sum of waiting requests x step ticks
+    q_acc: jax.Array  # float32 sum of waiting requests x step ms
     preempt: jax.Array  # int32 preemptions
     dropped: jax.Array  # int32 requests dropped: the waiting ring was full
     rejected: jax.Array  # int32 requests dropped: larger than the whole pool
@@ -78,7 +89,7 @@ class Replica(NamedTuple):
     run: Slots
     nrun: jax.Array  # int32
     wait: Waiting
-    clock: jax.Array  # int32 ticks: when the next step starts (or the last step ended, when idle)
+    clock: Time  # when the next step starts (or the last step ended, when idle)
     load_req: jax.Array  # int32 requests waiting or running
     load_blk: jax.Array  # int32 their blocks
     seen: jax.Array  # bool the clock has been set (a first request arrived)
@@ -95,8 +106,8 @@ def init_replica(K: int, S: int, Q: int, N: int) -> Replica:
         run=Slots(jnp.full(S, N, jnp.int32), zS, zS, zS, zS, zS, zS, zS, fS, fS),
         nrun=z,
         wait=Waiting(jnp.full(Q, N, jnp.int32), jnp.zeros(Q, jnp.int32), jnp.zeros(Q, jnp.int32), z, z),
-        clock=z, load_req=z, load_blk=z, seen=jnp.bool_(False),
-        stats=Stats(z, z, f0, z, f0, z, z, z, jnp.bool_(False), jnp.bool_(False)),
+        clock=t_zero(), load_req=z, load_blk=z, seen=jnp.bool_(False),
+        stats=Stats(z, t_zero(), f0, z, f0, z, z, z, jnp.bool_(False), jnp.bool_(False)),
     )
 
 
@@ -104,19 +115,32 @@ def _ceil_div(a, b):
     return (a + b - 1) // b
 
 
-def _mul_ticks(x, y):
-    """(floor(x * y / TICK_NS), (x * y) mod TICK_NS) exactly in int32 (x: ns >= 0, y: tokens >= 0)."""
-    q, r = x // TICK_NS, x % TICK_NS
-    ry = r * y
-    return q * y + ry // TICK_NS, ry % TICK_NS
+def _count(x) -> Time:
+    """A non-negative int32 count as a wide value (units in ``ms``'s place = 10**9)."""
+    return Time(x // 10**9, x % 10**9)
 
 
-def step_ticks(params, prefill_tokens, decode_tokens):
-    """Step time in ticks: ``ceil((step_base_ns + step_prefill_ns p + step_decode_ns d) / 10 us)``."""
-    h0, l0 = params.step_base_ns // TICK_NS, params.step_base_ns % TICK_NS
-    h1, l1 = _mul_ticks(params.step_prefill_ns, prefill_tokens)
-    h2, l2 = _mul_ticks(params.step_decode_ns, decode_tokens)
-    return h0 + h1 + h2 + _ceil_div(l0 + l1 + l2, TICK_NS)
+def _pairs(tok, c):
+    """Causal-attention pairs of a prefill chunk of ``tok`` tokens after ``c`` computed ones (wide):
+    ``tok c + tok (tok + 1) / 2``."""
+    even = tok % 2 == 0
+    tri = t_mul(jnp.where(even, tok // 2, tok), jnp.where(even, tok + 1, (tok + 1) // 2))
+    return t_add(t_mul(tok, c), tri)
+
+
+def step_time(params, prefill_tokens, decode_reqs, ctx_tokens: Time, pairs: Time) -> Time:
+    """The step-time model, exact picoseconds (at least 1): ``1000 (step_base_ns + step_prefill_ns
+    prefill_tokens + step_decode_ns decode_reqs) + step_ctx_ps ctx_tokens + ceil(step_prefill_ctx_fs pairs
+    / 1000)``. ``ctx_tokens``: the decoding requests' context (input + generated tokens, summed; wide),
+    ``pairs``: the prefill chunks' (prefill token, context token) pairs (wide). The one definition of a
+    step's duration (the decode-stretch closed form sums it)."""
+    lin = t_add(t_add(t_mul(params.step_base_ns, 1000), t_mul(params.step_prefill_ns, prefill_tokens * 1000)),
+                t_mul(params.step_decode_ns, decode_reqs * 1000))
+    ctx = t_scale(ctx_tokens, params.step_ctx_ps)
+    q, r = params.step_prefill_ctx_fs // 1000, params.step_prefill_ctx_fs % 1000  # ceil(q P + r P / 1000)
+    att = t_add(t_scale(pairs, q), t_fs_to_ps(t_scale(pairs, r)))
+    dt = t_add(t_add(lin, ctx), att)
+    return t_where((dt.ms == 0) & (dt.ps == 0), Time(dt.ms, jnp.ones_like(dt.ps)), dt)
 
 
 def _req_runs(stream, req, W: int):
@@ -153,7 +177,7 @@ def _kv(c, pt, d, d0):
 
 def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
     """One engine step of one replica (when ``go``): release, schedule running, admit, advance the clock.
-    Returns (replica, events) with events per slot: (request, first token?, finished?, tick)."""
+    Returns (replica, events) with events per slot: (request, first token?, finished?, end time)."""
     S = rep.run.req.shape[0]
     Q = rep.wait.req.shape[0]
     N = stream.arrival_ms.shape[0] - 1
@@ -306,15 +330,17 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
     fin = sched & (complete | decode) & (d_new >= jnp.maximum(out, 1))
     p_tok = jnp.sum(jnp.where(sched & run.pref, run.tok, 0))
     d_tok = jnp.sum(decode.astype(jnp.int32))
+    ctx = t_sum(_count(jnp.where(decode, stream.input_tokens[run.req] + run.d, 0)))
+    pairs = t_sum(t_where(sched & run.pref, _pairs(run.tok, run.c - run.tok), t_zero(S)))
     stepped = go & jnp.any(sched)
-    dt = jnp.where(stepped, jnp.maximum(step_ticks(params, p_tok, d_tok), 1), 0)
-    over = rep.clock > LIM - dt
-    clock = jnp.where(over, LIM, rep.clock + dt)
+    dt = t_where(stepped, step_time(params, p_tok, d_tok, ctx, pairs), t_zero())
+    clock = t_add(rep.clock, dt)
+    over = clock.ms >= MS_LIM
     used = pool.pinned + pool.work
-    dtf = dt.astype(jnp.float32)
+    dtf = dt.ms.astype(jnp.float32) + dt.ps.astype(jnp.float32) * 1e-9
     stats = stats._replace(
         steps=stats.steps + stepped.astype(jnp.int32),
-        busy=stats.busy + dt,
+        busy=t_add(stats.busy, dt),
         kv_acc=stats.kv_acc + used.astype(jnp.float32) * dtf,
         kv_max=jnp.maximum(stats.kv_max, jnp.where(stepped, used, 0)),
         q_acc=stats.q_acc + wait.count.astype(jnp.float32) * dtf,
@@ -330,7 +356,7 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
                            pinned=sel(pool.pinned, rep.pool.pinned), work=sel(pool.work, rep.pool.work)),
         run=jax.tree.map(sel, run, rep.run), nrun=sel(nrun, rep.nrun),
         wait=wait._replace(head=sel(wait.head, rep.wait.head), count=sel(wait.count, rep.wait.count)),
-        clock=sel(clock, rep.clock), load_req=sel(load_req, rep.load_req), load_blk=sel(load_blk, rep.load_blk),
+        clock=t_where(go, clock, rep.clock), load_req=sel(load_req, rep.load_req), load_blk=sel(load_blk, rep.load_blk),
         seen=rep.seen, stats=jax.tree.map(sel, stats, rep.stats))
     events = (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
     return new, events
@@ -343,8 +369,8 @@ def has_work(rep: Replica):
 class _Carry(NamedTuple):
     reps: Replica  # [R]
     store: object  # approximate index rows (run store)
-    ttft_t: jax.Array  # int32 [N + 1] tick of the first token (-1: none)
-    fin_t: jax.Array  # int32 [N + 1] finish tick (-1: not served)
+    ttft_t: Time  # [N + 1] time of the first token
+    fin_t: Time  # [N + 1] finish time (ms -1: not served)
     hit_b: jax.Array  # int32 [N + 1] prefix hit blocks (last admission)
     npre: jax.Array  # int32 [N + 1] preemptions
     rep_of: jax.Array  # int32 [N + 1] replica
@@ -355,22 +381,25 @@ class _Carry(NamedTuple):
 
 
 def _record(c: _Carry, ev):
-    req, first, fin, tick = ev  # [R, S] each (tick [R])
-    tk = jnp.broadcast_to(tick[:, None], req.shape)
-    N1 = c.ttft_t.shape[0]
+    req, first, fin, tick = ev  # [R, S] each (tick: Time [R])
+    N1 = c.ttft_t.ms.shape[0]
     rf = jnp.where(first, req, N1).reshape(-1)
     rd = jnp.where(fin, req, N1).reshape(-1)
-    return c._replace(ttft_t=c.ttft_t.at[rf].set(tk.reshape(-1), mode="drop"),
-                      fin_t=c.fin_t.at[rd].set(tk.reshape(-1), mode="drop"))
+
+    def put(t: Time, at):
+        return Time(*(x.at[at].set(jnp.broadcast_to(v[:, None], req.shape).reshape(-1), mode="drop")
+                      for x, v in zip(t, tick)))
+
+    return c._replace(ttft_t=put(c.ttft_t, rf), fin_t=put(c.fin_t, rd))
 
 
 def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
-    """Run every replica's steps that start at or before ``now_t`` (all of them when ``now_t`` = LIM)."""
+    """Run every replica's steps that start at or before ``now_t`` (a Time; all of them at MS_LIM ms)."""
     ridx = jnp.arange(R, dtype=jnp.int32)
     active = ridx < jnp.clip(params.replicas, 1, R)
 
     def elig(reps):
-        return active & (has_work(reps) | jnp.any(reps.run.done, axis=1)) & (reps.clock <= now_t)
+        return active & (has_work(reps) | jnp.any(reps.run.done, axis=1)) & t_le(reps.clock, now_t)
 
     def cond(c):
         return jnp.any(elig(c.reps))
@@ -408,7 +437,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     ring = ring_positions(R, st.max_vnodes)
     reps = jax.vmap(lambda _: init_replica(K, S, st.queue_slots, N))(ridx)
     store = init_store(R + V, K, E1, (-1, 0)) if st.index else init_store(1, 1, 1, (-1, 0))
-    neg = jnp.full(N1, -1, jnp.int32)
+    neg = Time(jnp.full(N1, -1, jnp.int32), jnp.zeros(N1, jnp.int32))
     z = jnp.int32(0)
     c0 = _Carry(reps, store, neg, neg, jnp.zeros(N1, jnp.int32), jnp.zeros(N1, jnp.int32),
                 jnp.zeros(N1, jnp.int32), z, z, z, z)
@@ -417,7 +446,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     def step(c: _Carry, req):
         real = req < stream.n_requests  # padding requests (stacked streams) are never routed
         now = stream.arrival_ms[req]
-        now_t = jnp.where(now > LIM // TICKS_PER_MS, LIM, now * TICKS_PER_MS)
+        now_t = t_ms(now)
         c = _advance(c, now_t, stream, params, W, S, R)
         reps = c.reps
         n = stream.n_blocks[req]
@@ -441,7 +470,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
                          bits=bits[req], instance=u)
         # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
         fv = FleetView(replicas=replicas, match=mv, queue=reps.wait.count, active_blocks=reps.load_blk,
-                       tree_size=reps.pool.cached)
+                       tree_size=reps.pool.cached, kv_used=reps.pool.pinned + reps.pool.work)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
         copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
@@ -463,7 +492,8 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             kv = store.kv.at[vrow, tg].set(vals, mode="drop")
             p = stream.n_runs[req]
             lane = jnp.arange(W, dtype=jnp.int32)
-            rq = store.rq.at[vrow, jnp.where(ok, store.cnt[vrow] + lane, E1)].set(stream.entry0[req] + lane, mode="drop")
+            rq_at = jnp.where(ok, store.cnt[vrow] + lane, E1)
+            rq = store.rq.at[vrow, rq_at].set(stream.entry0[req] + lane, mode="drop")
             store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(jnp.where(real, p, 0)),
                                    occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
             store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, real)
@@ -478,7 +508,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
                        npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
         reps = reps._replace(
             wait=w,
-            clock=reps.clock.at[r].set(jnp.where(idle & real, jnp.maximum(reps.clock[r], now_t), reps.clock[r])),
+            clock=t_where((ridx == r) & idle & real, t_max(reps.clock, now_t), reps.clock),
             load_req=reps.load_req + one * room.astype(jnp.int32),
             load_blk=reps.load_blk + one * jnp.where(room, n, 0),
             stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
@@ -486,5 +516,5 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         return c._replace(reps=reps, store=store), None
 
     c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
-    c = _advance(c, jnp.int32(LIM), stream, params, W, S, R)
+    c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R)
     return finish(stream, params, c, st, active, replicas)

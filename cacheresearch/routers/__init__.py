@@ -6,7 +6,7 @@ decision is reproduced exactly by the plain-Python reference (``tests/reference_
 
 One file per rule (``random.py``, ``round_robin.py``, ``prefix_hash.py``, ``least_loaded.py``,
 ``power_of_two.py``, ``chwbl.py``, ``cache_aware.py``, ``kv_cost.py``, ``weighted_scorers.py``,
-``preble_e2.py``): each declares its knobs and registers its rule (:mod:`.registry`), and its
+``preble_e2.py``, ``gie.py``): each declares its knobs and registers its rule (:mod:`.registry`), and its
 docstring states the rule in full. The views and the shared knobs are :mod:`.views`, the helpers
 :mod:`.common`, the named presets :mod:`.presets`. ``docs/routers.md`` is the table of all of them,
 generated from the registry; ``docs/adding_a_router.md`` says how to add one.
@@ -27,6 +27,8 @@ the router *instance* ``u = i mod instances`` that handles it.
                      see the queue model in :mod:`cacheresearch.engine`); with ``local_load`` only
                      those dispatched by instance ``u`` (router instances that do not share load).
 ``active_blocks[r]`` sum of the block counts of those in-flight requests.
+``kv_used[r]``       pool blocks in use by running requests (the vllm replica: pinned + working
+                     blocks, what vLLM's ``gpu_cache_usage_perc`` counts); ``active_blocks`` elsewhere.
 ``tree_size[r]``     blocks in the view: the index's occupancy (approximate) or the replica's
                      true occupancy (precise, stale).
 
@@ -75,6 +77,7 @@ from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_i
 # every rule registers itself on import (ids fix the order, not this list)
 from cacheresearch.routers import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
 from cacheresearch.routers import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
+from cacheresearch.routers import gie  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ROUTERS",

@@ -60,6 +60,7 @@ class FleetView(NamedTuple):
     queue: jax.Array  # int32 [R_max]: in-flight requests
     active_blocks: jax.Array  # int32 [R_max]: blocks of the in-flight requests
     tree_size: jax.Array  # int32 [R_max]: blocks in the view
+    kv_used: jax.Array | None = None  # int32 [R_max]: pool blocks in use (vllm replica); None: active_blocks
 
 
 def prefix_hash_u64(key: int) -> int:
@@ -178,6 +179,12 @@ class Context:
     def a(self):
         """``active_blocks`` (0 on inactive replicas)."""
         return jnp.where(self.active, self.fleet.active_blocks, 0)
+
+    @cached_property
+    def kv_used(self):
+        """Pool blocks in use by running requests (``fleet.kv_used``; ``active_blocks`` when not given)."""
+        kv = self.fleet.active_blocks if self.fleet.kv_used is None else self.fleet.kv_used
+        return jnp.where(self.active, kv, 0)
 
     @cached_property
     def m(self):

@@ -152,6 +152,7 @@ class CacheConf:
     policy: str = "lru"
     capacity_blocks: Optional[int] = None  # blocks per replica (LRU policies)
     ttl_s: Optional[float] = None  # seconds (TTL policies)
+    block_tokens: Optional[int] = None  # vLLM's block size (experiment=llmd_benchmark; grids take the workload's)
 
 
 @dataclass
@@ -228,6 +229,7 @@ class SweepConfig:
     grid: GridConf = field(default_factory=GridConf)
     output: OutputConf = field(default_factory=OutputConf)
     report: Any = None  # {source, published: [{label, select, <var>}], compare: [{dim, baseline, variant}]}
+    llmd: Any = None  # experiment=llmd_benchmark: inference_perf, epp {ARM: FILE}, warmup_stages, ...
 
 
 ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)

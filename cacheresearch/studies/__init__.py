@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import xarray as xr
 
-from cacheresearch.studies import audit, diagnostics, economics, traces
+from cacheresearch.studies import audit, diagnostics, economics, llmd_benchmark, traces
 from cacheresearch.studies.base import Study, StudyError, run_in_memory
 from cacheresearch.studies.economics import fixed_units, ratio_interval, refresh_units
 
@@ -40,7 +40,7 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, diagnostics, traces):
+for _module in (economics, audit, diagnostics, traces, llmd_benchmark):
     for _s in _module.STUDIES:
         register(_s)
 

@@ -1,0 +1,168 @@
+"""A step-time model of a vLLM replica from its hardware: a roofline with two efficiency factors.
+
+One engine step of a ``tp``-way replica (all numbers per GPU; every GPU holds ``1 / tp`` of the weights
+and of each KV head group):
+
+* it reads the weights once: ``base = weight_bytes / tp / (bandwidth * eff_bw)``;
+* a prefill token costs its matmuls and its attention over the ``c`` tokens before it:
+  ``(2 params + 4 layers q_heads head_dim c) / tp / (peak_flops * eff_flops)``;
+* a decoding request reads its whole KV once per step: ``kv_bytes_per_token(tp) / (bandwidth * eff_bw)``
+  per context token (decode matmuls are hidden under the weight read: memory-bound);
+* a fixed per-request overhead (gateway, tokenizer, HTTP; ``overhead_ms``) is an **assumption**, not a
+  roofline term, and is added to TTFT by the study, not to the step.
+
+:func:`step_coefficients` maps the roofline onto the vllm replica's step knobs: ``step_base_ns`` (weights),
+``step_prefill_ns`` (a prefill token's matmuls), ``step_ctx_ps`` (KV read per context token of each decoding
+request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a token before it) and
+``step_decode_ns = 0``. The replica adds the terms; a roofline takes their maximum (compute and memory
+overlap), so a step that mixes a large prefill chunk with decodes is charged up to the weight read too much.
+
+**Calibration** (:func:`calibrate`, run once): ``eff_bw`` is the geometric mean over BLIS's published
+coefficients (llm-d's inference simulator ``defaults.yaml``, vLLM v0.8.4; the step presets of
+:mod:`cacheresearch.core.params`) of ``roofline base / beta0``, ``eff_flops`` that of
+``roofline prefill / beta1`` (attention left out: BLIS does not publish its prompt lengths).
+:func:`blis_check` lists, for every model and GPU BLIS covers here, beta0 and beta1 against the
+calibrated roofline and the relative error; BLIS's beta2 (per decode token) is a regression term with
+no context attached, so it is reported as the context length at which the roofline's KV read equals it.
+
+vLLM's scheduler limits (:func:`vllm_scheduler_defaults`) follow vLLM V1's rule
+(``vllm/engine/arg_utils.py``, ``EngineArgs._set_default_args_v1``, v0.10.x, the OpenAI API server):
+GPUs with at least 70 GiB that are not A100: ``max_num_seqs`` 1024, ``max_num_batched_tokens`` 8192;
+other GPUs: 256 and 2048.
+
+Plain Python; no JAX.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cacheresearch.replica.hardware import GIB, GPUS, MODELS, _get, kv_bytes_per_token
+
+__all__ = ["GpuPeak", "GPU_PEAK", "Q_HEADS", "BLIS", "Roofline", "calibrate", "blis_check", "step_coefficients",
+           "vllm_scheduler_defaults", "EFF"]
+
+
+@dataclass(frozen=True)
+class GpuPeak:
+    flops: float  # dense BF16 FLOP/s
+    bandwidth: float  # HBM bytes/s
+    source: str
+
+
+#: Datasheet peaks (dense BF16 tensor FLOP/s, memory bandwidth) per GPU preset of :mod:`.hardware`.
+GPU_PEAK: dict[str, GpuPeak] = {
+    "h100_80gb": GpuPeak(989.4e12, 3.35e12, "NVIDIA H100 SXM5 datasheet: 989 TFLOPS BF16 dense, 3.35 TB/s"),
+    "h200_141gb": GpuPeak(989.4e12, 4.8e12, "NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 4.8 TB/s"),
+    "a100_80gb": GpuPeak(312e12, 2.039e12, "NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS BF16, 2.039 TB/s"),
+    "a100_40gb": GpuPeak(312e12, 1.555e12, "NVIDIA A100 SXM4 40GB datasheet: 312 TFLOPS BF16, 1.555 TB/s"),
+    "l40s_48gb": GpuPeak(362.05e12, 0.864e12, "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense, 864 GB/s"),
+    "l4_24gb": GpuPeak(121e12, 0.3e12, "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense, 300 GB/s"),
+}
+
+#: Query heads (num_attention_heads of config.json) of the model presets: attention FLOPs.
+Q_HEADS: dict[str, int] = {"llama3_8b": 32, "llama3_70b": 64, "qwen2.5_32b": 40, "qwen3_8b": 32, "mistral_7b": 32,
+                           "qwen3_32b": 64, "codellama_34b": 64}
+
+#: BLIS's published coefficients (beta0 us per step, beta1 us per prefill token, beta2 us per decode token)
+#: for the models and GPUs it covers, as (model preset, gpu preset, tp).
+BLIS: dict[str, tuple[str, str, int, tuple[float, float, float]]] = {
+    "llama31_8b_h100_tp1": ("llama3_8b", "h100_80gb", 1, (5752.705, 17.2509, 5.9991)),
+    "llama31_8b_a100_tp1": ("llama3_8b", "a100_80gb", 1, (16441.53, 47.8374, 18.2056)),
+    "codellama34b_h100_tp1": ("codellama_34b", "h100_80gb", 1, (26595.28, 96.2844, 56.5863)),
+    "llama33_70b_h100_tp4": ("llama3_70b", "h100_80gb", 4, (12601.27, 76.4228, 66.8440)),
+}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    model: str
+    gpu: str
+    tp: int
+    eff_bw: float
+    eff_flops: float
+
+    def _spec(self):
+        return _get(MODELS, self.model, "model"), self._peak()
+
+    def _peak(self) -> GpuPeak:
+        _get(GPUS, self.gpu, "gpu")
+        try:
+            return GPU_PEAK[self.gpu]
+        except KeyError:
+            raise ValueError(f"no roofline peaks for gpu {self.gpu!r}; known: {sorted(GPU_PEAK)}") from None
+
+    def base_s(self) -> float:
+        """Weights read once per step (seconds)."""
+        m, g = self._spec()
+        return m.weight_bytes / self.tp / (g.bandwidth * self.eff_bw)
+
+    def prefill_token_s(self, ctx_tokens: float = 0.0) -> float:
+        """One prefill token at ``ctx_tokens`` of context before it (seconds)."""
+        m, g = self._spec()
+        att = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim * float(ctx_tokens)
+        return (2.0 * m.params + att) / self.tp / (g.flops * self.eff_flops)
+
+    def ctx_token_s(self, kv_dtype: str = "bf16") -> float:
+        """KV read per context token of a decoding request, per step (seconds)."""
+        _, g = self._spec()
+        return kv_bytes_per_token(self.model, kv_dtype=kv_dtype, tp=self.tp) / (g.bandwidth * self.eff_bw)
+
+
+def calibrate() -> dict:
+    """``eff_bw`` and ``eff_flops``: geometric means of roofline / BLIS over :data:`BLIS` (beta0, beta1)."""
+    rb, rf = [], []
+    for model, gpu, tp, (b0, b1, _) in BLIS.values():
+        r = Roofline(model, gpu, tp, 1.0, 1.0)
+        rb.append(r.base_s() / (b0 * 1e-6))
+        rf.append(r.prefill_token_s(0.0) / (b1 * 1e-6))
+    return dict(eff_bw=math.exp(sum(map(math.log, rb)) / len(rb)), eff_flops=math.exp(sum(map(math.log, rf)) / len(rf)))
+
+
+#: The calibrated efficiency factors (computed once at import from :data:`BLIS`).
+EFF = calibrate()
+
+
+def roofline(model: str, gpu: str, tp: int = 1) -> Roofline:
+    return Roofline(model, gpu, int(tp), EFF["eff_bw"], EFF["eff_flops"])
+
+
+def blis_check() -> list[dict]:
+    """Per BLIS case: beta0 / beta1 published vs the calibrated roofline and the relative error; the
+    context at which the roofline's per-token KV read equals beta2."""
+    rows = []
+    for name, (model, gpu, tp, (b0, b1, b2)) in BLIS.items():
+        r = roofline(model, gpu, tp)
+        base_us, pre_us = r.base_s() * 1e6, r.prefill_token_s(0.0) * 1e6
+        rows.append(dict(case=name, model=model, gpu=gpu, tp=tp, beta0_us=b0, roofline_base_us=base_us,
+                         base_err=base_us / b0 - 1, beta1_us=b1, roofline_prefill_us=pre_us,
+                         prefill_err=pre_us / b1 - 1,
+                         beta2_us=b2, beta2_ctx_tokens=b2 * 1e-6 / r.ctx_token_s()))
+    return rows
+
+
+def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf16") -> dict:
+    """The vllm replica's step knobs from the roofline: ``step_base_ns`` (the weight read),
+    ``step_prefill_ns`` (a prefill token's matmuls), ``step_decode_ns`` 0 (decode matmuls are hidden under the
+    memory reads), ``step_ctx_ps`` (the KV read per context token of a decoding request) and
+    ``step_prefill_ctx_fs`` (attention per (prefill token, earlier token) pair)."""
+    r = roofline(model, gpu, tp)
+    m = _get(MODELS, model, "model")
+    pair_flops = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim / r.tp
+    return dict(step_base_ns=int(round(r.base_s() * 1e9)),
+                step_prefill_ns=int(round(r.prefill_token_s(0.0) * 1e9)),
+                step_decode_ns=0,
+                step_ctx_ps=int(round(r.ctx_token_s(kv_dtype) * 1e12)),
+                step_prefill_ctx_fs=int(round(pair_flops / (r._peak().flops * r.eff_flops) * 1e15)),
+                source=f"roofline {model} on {tp} x {gpu}: eff_bw {r.eff_bw:.3f}, eff_flops {r.eff_flops:.3f} "
+                "(calibrated once on BLIS's coefficients)")
+
+
+def vllm_scheduler_defaults(gpu: str) -> dict:
+    """vLLM V1's defaults for the OpenAI API server (v0.10.x ``_set_default_args_v1``): by GPU memory."""
+    g = _get(GPUS, gpu, "gpu")
+    big = g.memory_bytes >= 70 * GIB and "a100" not in g.name
+    return dict(max_num_seqs=1024 if big else 256, max_num_batched_tokens=8192 if big else 2048,
+                source="vLLM V1 (v0.10.x) EngineArgs._set_default_args_v1, OpenAI API server: GPUs of >= 70 GiB "
+                "other than A100: 1024 / 8192; others: 256 / 2048")

@@ -1,0 +1,222 @@
+"""Read a Gateway API Inference Extension ``EndpointPickerConfig`` (the llm-d EPP's scheduler file) into
+the ``gie`` router's knobs.
+
+Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions of the llm-d
+73-capacity benchmark):
+
+* ``prefix-cache-scorer``: estimate mode (default) with ``hashBlockSize`` (bytes, default 64),
+  ``maxPrefixBlocksToMatch`` (default 256) and ``lruCapacityPerServer`` (hashes per pod, default
+  31,250) -> ``view=approximate``, ``gie_prefix_mode=1``; ``mode: cache_tracking`` (llm-d's precise mode,
+  ``indexerConfig.tokenProcessorConfig.blockSize`` tokens, which must equal vLLM's block size) ->
+  ``view=precise``, ``gie_prefix_mode=2``;
+* ``precise-prefix-cache-scorer`` (the later name of cache_tracking): ``indexerConfig`` as above;
+* ``queue-scorer``, ``kv-cache-scorer`` (also ``kv-cache-utilization-scorer``), ``load-aware-scorer``
+  (``threshold``, default 128);
+* ``max-score-picker`` (``maxNumOfEndpoints``), ``random-picker`` (``maxNumOfEndpoints``),
+  ``single-profile-handler``;
+* one ``schedulingProfiles`` entry whose ``plugins`` name the plugins by ``pluginRef`` (a plugin's
+  ``name``, or its ``type`` when it has none) with their ``weight`` (default 1).
+
+The estimate mode hashes prompt *bytes* in ``hashBlockSize``-byte blocks, at most
+``maxPrefixBlocksToMatch`` of them. The simulator's prompts are tokens, so the window becomes
+``ceil(hashBlockSize * maxPrefixBlocksToMatch / (bytes_per_token * block_tokens))`` cache blocks and the
+index capacity ``floor(lruCapacityPerServer * hashBlockSize / (bytes_per_token * block_tokens))`` blocks;
+``bytes_per_token`` is an assumption (default 4: GIE's own comment, "a good guess of average characters
+per token is 4"). An unknown key, plugin type or parameter is an :class:`EppConfigError` naming the file
+and the key.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+__all__ = ["EppConfigError", "GIE_DEFAULTS", "read_epp", "epp_knobs"]
+
+#: GIE v0.5.1 ``prefix`` plugin defaults (``DefaultHashBlockSize``, ``DefaultMaxPrefixBlocks``,
+#: ``DefaultLRUCapacityPerServer``) and llm-d's load-aware threshold.
+GIE_DEFAULTS = dict(hashBlockSize=64, maxPrefixBlocksToMatch=256, lruCapacityPerServer=31_250, threshold=128)
+
+_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles"}
+_INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
+            "kvBlockIndexConfig": {"enableMetrics", "metricsLoggingInterval", "inMemoryConfig", "redisConfig"},
+            "prefixStoreConfig": None, "tokenizersPoolConfig": None, "kvEventsConfig": None}
+_PARAMS = {
+    "single-profile-handler": set(),
+    "prefix-cache-scorer": {"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "mode",
+                            "indexerConfig"},
+    "precise-prefix-cache-scorer": {"indexerConfig", "kvEventsConfig"},
+    "queue-scorer": set(),
+    "kv-cache-scorer": set(),
+    "kv-cache-utilization-scorer": set(),
+    "load-aware-scorer": {"threshold"},
+    "max-score-picker": {"maxNumOfEndpoints"},
+    "random-picker": {"maxNumOfEndpoints"},
+}
+_SCORERS = {"prefix-cache-scorer", "precise-prefix-cache-scorer", "queue-scorer", "kv-cache-scorer",
+            "kv-cache-utilization-scorer", "load-aware-scorer"}
+_PICKERS = {"max-score-picker", "random-picker"}
+
+
+class EppConfigError(ValueError):
+    """An EndpointPickerConfig the reader cannot take (the message names the file and the key)."""
+
+
+def _err(path, key, msg):
+    return EppConfigError(f"{path}: {key}: {msg}")
+
+
+def _pos_int(path, key, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _err(path, key, f"must be an integer >= 1, got {v!r}")
+    return v
+
+
+def read_epp(path) -> dict:
+    """The scheduler of one EPP file: ``{"picker", "scorers": [(type, weight, params)], "file"}``."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise EppConfigError(f"{path}: cannot read: {e}") from None
+    except yaml.YAMLError as e:
+        raise EppConfigError(f"{path}: not YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise _err(path, "(top)", "must be a mapping")
+    for k in doc:
+        if k not in _TOP:
+            raise _err(path, k, f"unknown key; expected {sorted(_TOP)}")
+    if doc.get("kind", "EndpointPickerConfig") != "EndpointPickerConfig":
+        raise _err(path, "kind", f"must be EndpointPickerConfig, got {doc.get('kind')!r}")
+    plugins = doc.get("plugins")
+    if not isinstance(plugins, list) or not plugins:
+        raise _err(path, "plugins", "must be a non-empty list")
+    by_ref = {}
+    for i, p in enumerate(plugins):
+        where = f"plugins[{i}]"
+        if not isinstance(p, dict) or "type" not in p:
+            raise _err(path, where, "each plugin needs a type")
+        for k in p:
+            if k not in ("type", "name", "parameters"):
+                raise _err(path, f"{where}.{k}", "unknown key; expected type, name, parameters")
+        t = p["type"]
+        if t not in _PARAMS:
+            raise _err(path, f"{where}.type", f"unknown plugin {t!r}; known: {sorted(_PARAMS)}")
+        params = p.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise _err(path, f"{where}.parameters", "must be a mapping")
+        for k in params:
+            if k not in _PARAMS[t]:
+                raise _err(path, f"{where}.parameters.{k}", f"unknown parameter of {t}; known: {sorted(_PARAMS[t])}")
+        _check_params(path, where, t, params)
+        ref = p.get("name", t)
+        if ref in by_ref:
+            raise _err(path, f"{where}.name", f"plugin {ref!r} is declared twice")
+        by_ref[ref] = (t, params)
+    profiles = doc.get("schedulingProfiles")
+    if not isinstance(profiles, list) or len(profiles) != 1:
+        raise _err(path, "schedulingProfiles", "must list exactly one profile (single-profile-handler)")
+    prof = profiles[0]
+    if not isinstance(prof, dict) or not isinstance(prof.get("plugins"), list):
+        raise _err(path, "schedulingProfiles[0].plugins", "must be a list of pluginRef entries")
+    for k in prof:
+        if k not in ("name", "plugins"):
+            raise _err(path, f"schedulingProfiles[0].{k}", "unknown key; expected name, plugins")
+    scorers, picker = [], None
+    for j, e in enumerate(prof["plugins"]):
+        where = f"schedulingProfiles[0].plugins[{j}]"
+        if not isinstance(e, dict) or "pluginRef" not in e:
+            raise _err(path, where, "needs a pluginRef")
+        for k in e:
+            if k not in ("pluginRef", "weight"):
+                raise _err(path, f"{where}.{k}", "unknown key; expected pluginRef, weight")
+        ref = e["pluginRef"]
+        if ref not in by_ref:
+            raise _err(path, f"{where}.pluginRef", f"{ref!r} is not a declared plugin ({sorted(by_ref)})")
+        t, params = by_ref[ref]
+        w = e.get("weight", 1)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 100:
+            raise _err(path, f"{where}.weight", f"must be a number in [0, 100], got {w!r}")
+        if t in _SCORERS:
+            scorers.append((t, float(w), params))
+        elif t in _PICKERS:
+            if picker is not None:
+                raise _err(path, f"{where}.pluginRef", "a profile has one picker")
+            picker = t
+        else:
+            raise _err(path, f"{where}.pluginRef", f"{t} is not a scorer or picker of a profile")
+    if picker is None:
+        picker = "max-score-picker"  # GIE's default picker
+    kinds = [s[0] for s in scorers]
+    for t in set(kinds):
+        if kinds.count(t) > 1:
+            raise _err(path, "schedulingProfiles[0].plugins", f"scorer {t} appears twice")
+    if sum(t in ("prefix-cache-scorer", "precise-prefix-cache-scorer") for t in kinds) > 1:
+        raise _err(path, "schedulingProfiles[0].plugins", "one prefix scorer per profile")
+    return dict(file=str(path), picker=picker, scorers=scorers)
+
+
+def _check_params(path, where, t, params):
+    for k in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "threshold", "maxNumOfEndpoints"):
+        if k in params:
+            _pos_int(path, f"{where}.parameters.{k}", params[k])
+    if "mode" in params and params["mode"] not in ("estimate", "cache_tracking"):
+        raise _err(path, f"{where}.parameters.mode", f"must be estimate or cache_tracking, got {params['mode']!r}")
+    ic = params.get("indexerConfig")
+    if ic is not None:
+        if not isinstance(ic, dict):
+            raise _err(path, f"{where}.parameters.indexerConfig", "must be a mapping")
+        for k, v in ic.items():
+            if k not in _INDEXER:
+                raise _err(path, f"{where}.parameters.indexerConfig.{k}", f"unknown key; known: {sorted(_INDEXER)}")
+            allowed = _INDEXER[k]
+            if allowed is not None and isinstance(v, dict):
+                for k2 in v:
+                    if k2 not in allowed:
+                        raise _err(path, f"{where}.parameters.indexerConfig.{k}.{k2}",
+                                   f"unknown key; known: {sorted(allowed)}")
+        tpc = ic.get("tokenProcessorConfig") or {}
+        if "blockSize" in tpc:
+            _pos_int(path, f"{where}.parameters.indexerConfig.tokenProcessorConfig.blockSize", tpc["blockSize"])
+
+
+def _pct(w: float) -> int:
+    return int(round(100 * w))
+
+
+def epp_knobs(spec: dict, *, block_tokens: int, bytes_per_token: float = 4.0) -> dict:
+    """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
+    ``block_tokens``-token blocks."""
+    path = spec["file"]
+    if spec["picker"] == "random-picker":
+        if spec["scorers"]:
+            raise _err(path, "schedulingProfiles[0].plugins", "random-picker ignores scorers; list none")
+        return dict(router="random")
+    kn = dict(router="gie", gie_prefix_mode=0, gie_prefix_w_pct=0, gie_kv_w_pct=0, gie_queue_w_pct=0,
+              gie_load_w_pct=0, view="precise")
+    for t, w, params in spec["scorers"]:
+        if t == "queue-scorer":
+            kn["gie_queue_w_pct"] = _pct(w)
+        elif t in ("kv-cache-scorer", "kv-cache-utilization-scorer"):
+            kn["gie_kv_w_pct"] = _pct(w)
+        elif t == "load-aware-scorer":
+            kn["gie_load_w_pct"] = _pct(w)
+            kn["gie_load_threshold"] = int(params.get("threshold", GIE_DEFAULTS["threshold"]))
+        elif t == "precise-prefix-cache-scorer" or params.get("mode") == "cache_tracking":
+            bs = ((params.get("indexerConfig") or {}).get("tokenProcessorConfig") or {}).get("blockSize", 16)
+            if bs != block_tokens:
+                raise _err(path, "indexerConfig.tokenProcessorConfig.blockSize",
+                           f"{bs} tokens, but the pods' blocks are {block_tokens} tokens (cache.block_tokens): "
+                           "the precise index would never match")
+            kn.update(gie_prefix_mode=2, gie_prefix_w_pct=_pct(w), view="precise")
+        else:
+            hb = int(params.get("hashBlockSize", GIE_DEFAULTS["hashBlockSize"]))
+            mb = int(params.get("maxPrefixBlocksToMatch", GIE_DEFAULTS["maxPrefixBlocksToMatch"]))
+            lru = int(params.get("lruCapacityPerServer", GIE_DEFAULTS["lruCapacityPerServer"]))
+            bytes_per_block = bytes_per_token * block_tokens
+            kn.update(gie_prefix_mode=1, gie_prefix_w_pct=_pct(w), view="approximate",
+                      gie_window_blocks=max(1, math.ceil(hb * mb / bytes_per_block)),
+                      index_capacity=max(1, int(lru * hb // bytes_per_block)))
+    return kn

@@ -1,0 +1,110 @@
+"""``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
+[``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
+``gie_load_w_pct``, ``gie_load_threshold``].
+
+Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
+weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
+
+* **queue-scorer** (GIE ``plugins/scorer/queue.go``): ``(qmax - queue[r]) / (qmax - qmin)`` over the
+  active pods of ``queue`` (the vllm replica's waiting requests, vLLM's ``num_requests_waiting``); every
+  pod scores 1 when all are equal. Held as ``floor(S (qmax - q) / (qmax - qmin))``.
+* **kv-cache-scorer** (GIE ``plugins/scorer/kvcache.go``, later ``kv-cache-utilization-scorer``):
+  ``1 - KV usage`` = ``(capacity - kv_used[r]) / capacity``; ``kv_used`` is the pool's blocks in use by
+  running requests (vLLM's ``gpu_cache_usage_perc``; the vllm replica's pinned + working blocks; on the
+  fcfs engine ``active_blocks``). Held as ``ratio16(capacity - used, capacity)``.
+* **load-aware-scorer** (llm-d ``load_aware.go``): ``0.5 (T - min(queue, T)) / T`` with
+  ``T = gie_load_threshold`` (0.5 at an empty queue, 0 from ``T`` on). Held as ``ratio16(T - min(q, T), T) // 2``.
+* **prefix scorer**, by ``gie_prefix_mode``:
+
+  - ``0`` none (score 0);
+  - ``1`` estimate (GIE ``prefix-cache-scorer``, on the ``approximate`` view): ``matched / total`` with
+    the prompt truncated to its first ``W = gie_window_blocks`` blocks (``0``: the whole prompt):
+    ``total = min(n, W)``, ``matched = min(match[r], total)``; 0 when ``n = 0``;
+  - ``2`` precise (llm-d ``precise-prefix-cache-scorer`` / ``cache_tracking``, on the ``precise``
+    view): the longest consecutive prefix ``match[r]``, min-max normalised over the pods with a hit
+    (``match > 0``): ``(match - mmin) / (mmax - mmin)``, 1 for every hit pod when they are equal, 0 for
+    pods without a hit.
+
+``ratio16(a, b) = floor(a' S / b')`` with ``a' = a >> s``, ``b' = b >> s`` and
+``s = max(0, bitlen(b) - 15)`` (exact for ``b < 2**15``; integer arithmetic in int32 throughout).
+
+Total ``= gie_prefix_w_pct * prefix + gie_kv_w_pct * kv + gie_queue_w_pct * queue + gie_load_w_pct * load``
+(int32: weights are at most 5,000, four terms below 2**31). **max-score-picker**: the pods of the highest total; one of
+them uniformly at random, ``j = floor(bits[1] * k / 2**32)`` for ``k`` tied pods, the ``j``-th tied pod in
+index order (GIE shuffles the pods, then sorts them stably by score). **random-picker** is the ``random``
+router. Scores are quantised to 1/65536, so two pods GIE would order by less than that tie here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from cacheresearch.routers.common import BIG, Context, scale_bits
+from cacheresearch.routers.registry import Knob, Router, register
+
+S = 65536  # scores in [0, 1] as integers of 1/S
+
+
+def ratio16(a, b):
+    """``floor(S a / b)`` for ``0 <= a <= b`` (int32), with both shifted right until ``b < 2**15``."""
+    a = jnp.asarray(a, jnp.int32)
+    b = jnp.maximum(jnp.asarray(b, jnp.int32), 1)
+    s = jnp.maximum(0, 32 - jax.lax.clz(b) - 15)
+    a2, b2 = a >> s, jnp.maximum(b >> s, 1)
+    return (a2 * S) // b2
+
+
+def rule(ctx: Context):
+    """GIE scorers (queue, kv-cache, prefix) and the max-score picker."""
+    p, m, q, n, act = ctx.params, ctx.m, ctx.q, ctx.n, ctx.active
+    # queue-scorer: min-max over the active pods, all equal -> 1
+    qmax, qmin = ctx.qmax, ctx.qmin
+    qs = jnp.where(qmax > qmin, ((qmax - q) * S) // jnp.maximum(qmax - qmin, 1), S)
+    # kv-cache-scorer: 1 - usage
+    cap = jnp.maximum(p.capacity, 1)
+    used = jnp.clip(jnp.where(act, ctx.kv_used, 0), 0, cap)
+    ks = ratio16(cap - used, cap)
+    # prefix scorer
+    W = p.gie_window_blocks
+    total = jnp.where(W > 0, jnp.minimum(n, W), n)
+    est = jnp.where(total > 0, ratio16(jnp.minimum(m, total), total), 0)
+    hitp = act & (m > 0)
+    mmax = jnp.max(jnp.where(hitp, m, 0))
+    mmin = jnp.min(jnp.where(hitp, m, BIG))
+    pre = jnp.where(hitp, jnp.where(mmax > mmin, ratio16(m - mmin, jnp.maximum(mmax - mmin, 1)), S), 0)
+    mode = p.gie_prefix_mode
+    ps = jnp.where(mode == 1, est, jnp.where(mode == 2, pre, 0))
+    T = jnp.maximum(p.gie_load_threshold, 1)
+    ls = ratio16(T - jnp.minimum(q, T), T) // 2
+    score = p.gie_prefix_w_pct * ps + p.gie_kv_w_pct * ks + p.gie_queue_w_pct * qs + p.gie_load_w_pct * ls
+    score = jnp.where(act, score, -1)
+    tied = act & (score == jnp.max(score))
+    k = jnp.sum(tied.astype(jnp.int32))
+    j = scale_bits(ctx.req.bits[1], k.astype(jnp.uint32))
+    pos = jnp.cumsum(tied.astype(jnp.int32)) - 1
+    return jnp.argmax(tied & (pos == j)).astype(jnp.int32)
+
+
+KNOBS = (
+    Knob("gie_prefix_mode", 0, 0, 2, doc="prefix scorer: 0 none, 1 estimate (matched / total over the first "
+         "gie_window_blocks blocks), 2 precise (longest prefix, min-max over pods with a hit)"),
+    Knob("gie_prefix_w_pct", 100, 0, 5000, doc="weight of the prefix scorer", unit="1/100"),
+    Knob("gie_kv_w_pct", 100, 0, 5000, doc="weight of the kv-cache scorer (1 - KV usage)", unit="1/100"),
+    Knob("gie_queue_w_pct", 100, 0, 5000, doc="weight of the queue scorer (min-max of waiting requests)",
+         unit="1/100"),
+    Knob("gie_window_blocks", 0, 0, 2**31 - 2, doc="estimate mode: the prompt's first W blocks are matched "
+         "(GIE maxPrefixBlocksToMatch x hashBlockSize bytes, in cache blocks); 0: the whole prompt",
+         unit="blocks"),
+    Knob("gie_load_w_pct", 0, 0, 5000, doc="weight of llm-d's load-aware scorer", unit="1/100"),
+    Knob("gie_load_threshold", 128, 1, 2**20, doc="load-aware scorer: the score falls from 0.5 at an empty "
+         "queue to 0 at this many waiting requests", unit="requests"),
+)
+
+ROUTER = register(Router(
+    name="gie", id=10, rule=rule, knobs=KNOBS, reads_cache=True, reads_load=True,
+    summary="max-score picker (uniform ties) over ``w_p prefix + w_kv (1 - KV usage) + w_q (qmax - q) / "
+    "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise)",
+    source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer",
+    doc=__doc__,
+))

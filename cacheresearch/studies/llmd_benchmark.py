@@ -1,0 +1,324 @@
+"""``experiment=llmd_benchmark``: an llm-d benchmark of the 73-capacity series, run from its own files.
+
+Inputs: one inference-perf file (``llmd.inference_perf``; :mod:`cacheresearch.workload.inference_perf`)
+and one EPP ``EndpointPickerConfig`` per arm (``llmd.epp``: ``{ARM: FILE}``;
+:mod:`cacheresearch.routers.epp`); with neither, the bundled 73-capacity files (``llmd/73-capacity/``,
+``SOURCE.txt``), arms ``precise``, ``approximate``, ``load``, ``random``. The pods: ``fleet.replicas``
+vllm replicas of ``replica.model`` on ``replica.tp`` x ``replica.gpu`` with ``cache.block_tokens``-token
+blocks and ``cache.capacity_blocks`` blocks (from the hardware when null), scheduler limits vLLM's
+defaults for that GPU (:func:`~cacheresearch.replica.roofline.vllm_scheduler_defaults`) unless
+``fleet.knobs`` sets them, step time from the roofline (:mod:`cacheresearch.replica.roofline`).
+
+Each arm is one continuous run over every stage (caches and the approximate index carry over), the
+stages separated by ``llmd.stage_gap_s`` of idle time so that each drains before the next starts
+(inference-perf's wait); ``stage_drained`` says whether it did. ``llmd.overhead_ms`` (an assumption, 0
+by default) is added to every TTFT: the gateway, tokenizer and HTTP time a simulator of the pods does
+not have. ``llmd.max_requests_per_stage`` runs a reduced benchmark (the first requests of each stage).
+
+Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_s``, ``stage_warmup``):
+``ttft_p90_s``, ``ttft_mean_s``, ``output_tokens_per_s``, ``requests_per_s``, ``token_hit_rate``,
+``stage_drained``, ``n_requests``; per arm the run's time-mean ``kv_usage_mean`` and ``waiting_mean``
+(the replica keeps run totals only: idle gaps included, so lower than a per-stage mean), ``preemptions``,
+``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default 1)
+``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all``.
+``published_*`` hold the report's figures beside ours when the files are the bundled ones.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import xarray as xr
+from omegaconf import OmegaConf
+
+from cacheresearch.core.params import make_params
+from cacheresearch.core.simulate import simulate
+from cacheresearch.core.stream import compile_stream
+from cacheresearch.replica.hardware import kv_blocks
+from cacheresearch.replica.roofline import step_coefficients, vllm_scheduler_defaults
+from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
+from cacheresearch.studies.base import Study, StudyError, common_attrs
+from cacheresearch.workload.inference_perf import (
+    InferencePerfError,
+    read_inference_perf,
+    shared_prefix_workload,
+    stage_drained,
+)
+
+__all__ = ["BUNDLED", "BUNDLED_EPP", "PUBLISHED", "llmd_benchmark_study", "summarize_llmd_benchmark",
+           "plot_llmd_benchmark", "STUDIES"]
+
+BUNDLED = Path(__file__).resolve().parent / "llmd" / "73-capacity"
+BUNDLED_EPP = {"precise": "epp-precise-scheduling.yaml", "approximate": "epp-estimated-scheduling.yaml",
+               "load": "epp-load-scheduling.yaml", "random": "epp-random-scheduling.yaml"}
+
+_R = [3, 10, 15, 20, 22, 25, 30, 35, 40, 43, 46, 49, 52, 55, 57, 60]
+#: The report's per-stage tables (llm-d-kv-cache-manager benchmarking/73-capacity/README.md at d070ea6), the
+#: 16 ladder stages, and its "Summary across QPS" row.
+PUBLISHED = {
+    "ttft_p90_s": {
+        "precise": [0.498, 0.600, 0.400, 0.600, 0.500, 0.583, 0.509, 0.500, 0.488, 0.500, 0.589, 0.600, 0.507, 0.600,
+                    0.600, 0.500],
+        "approximate": [0.497, 0.499, 0.400, 0.600, 0.700, 0.609, 0.708, 2.459, 43.018, 43.515, 44.930, 46.335,
+                        47.284, 50.108, 49.930, 50.226],
+        "load": [1.609, 4.124, 7.002, 77.707, 72.972, 85.979, 83.806, 88.086, 100.911, 101.524, 105.884, 105.015,
+                 108.572, 110.681, 113.278, 110.184],
+        "random": [0.820, 1.398, 2.299, 70.273, 78.420, 82.943, 86.182, 91.519, 101.272, 101.142, 101.265, 103.514,
+                   105.004, 104.321, 106.816, 105.988],
+    },
+    "ttft_mean_s": {
+        "precise": [0.291, 0.335, 0.249, 0.363, 0.300, 0.303, 0.296, 0.275, 0.269, 0.281, 0.293, 0.311, 0.288, 0.308,
+                    0.319, 0.283],
+        "approximate": [0.300, 0.271, 0.232, 0.329, 0.407, 0.370, 0.373, 2.780, 13.160, 16.941, 18.081, 19.111,
+                        21.940, 22.327, 23.423, 24.281],
+        "load": [0.944, 2.241, 4.013, 29.229, 28.710, 32.534, 32.831, 33.874, 53.545, 53.802, 56.746, 55.208, 58.807,
+                 58.467, 61.750, 58.497],
+        "random": [0.622, 0.826, 1.278, 25.073, 28.185, 30.689, 32.212, 34.043, 54.196, 53.247, 53.572, 56.130,
+                   56.035, 54.844, 56.803, 57.426],
+    },
+    "output_tokens_per_s": {
+        "precise": [1219.1, 3902.1, 5761.1, 9184.5, 9382.0, 9242.2, 9221.8, 9780.6, 10270.8, 10054.8, 10128.7,
+                    10296.5, 10284.6, 10140.9, 10313.9, 10496.9],
+        "approximate": [1310.9, 3842.4, 5152.9, 8082.6, 8415.7, 8445.1, 8435.9, 7443.5, 8045.9, 7969.6, 7695.2,
+                        7455.9, 7452.3, 7100.7, 7013.8, 7247.9],
+        "load": [1274.8, 3607.0, 3348.4, 4902.5, 4785.5, 4872.8, 4888.7, 4660.7, 4946.4, 4973.3, 4723.6, 4004.8,
+                 3991.0, 4671.9, 3866.5, 4745.1],
+        "random": [1314.0, 3568.5, 3791.1, 4933.1, 4765.4, 4781.3, 4636.3, 4332.6, 4773.8, 4844.6, 4969.5, 4783.2,
+                   4845.1, 4921.7, 4764.2, 4835.2],
+    },
+}
+PUBLISHED_ALL = {
+    "ttft_p90_s": {"precise": 0.542, "approximate": 31.083, "load": 94.865, "random": 92.551},
+    "ttft_mean_s": {"precise": 0.298, "approximate": 13.316, "load": 46.987, "random": 45.281},
+    "output_tokens_per_s": {"precise": 8730.0, "approximate": 6944.4, "load": 4266.4, "random": 4428.7},
+}
+PUBLISHED_RATES = _R
+
+DEFAULTS = dict(inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0, overhead_ms=0.0,
+                max_requests_per_stage=None, bytes_per_token=4.0, max_running=256, seed=None)
+
+
+class LlmdBenchmarkError(ValueError):
+    pass
+
+
+def _llmd_cfg(cfg) -> dict:
+    given = cfg.get("llmd") if hasattr(cfg, "get") else None
+    if given is not None and not isinstance(given, dict):
+        given = OmegaConf.to_container(given, resolve=True)
+    out = dict(DEFAULTS)
+    for k, v in (given or {}).items():
+        if k not in DEFAULTS:
+            raise LlmdBenchmarkError(f"llmd.{k}: unknown key; known keys are {sorted(DEFAULTS)}")
+        out[k] = v
+    return out
+
+
+def _get(cfg, dotted, default=None):
+    node = cfg
+    for part in dotted.split("."):
+        if node is None or not hasattr(node, "get"):
+            return default
+        node = node.get(part)
+    return default if node is None else node
+
+
+def _nearest_rank(v: np.ndarray, pct: int) -> float:
+    if v.size == 0:
+        return float("nan")
+    s = np.sort(v)
+    return float(s[max(-(-pct * s.size // 100) - 1, 0)])
+
+
+def llmd_benchmark_study(cfg) -> xr.Dataset:
+    t0 = time.perf_counter()
+    try:
+        lc = _llmd_cfg(cfg)
+        ip_path = Path(lc["inference_perf"]) if lc["inference_perf"] else BUNDLED / "inference-perf.yaml"
+        ip = read_inference_perf(ip_path)
+        epp = lc["epp"] or {a: str(BUNDLED / f) for a, f in BUNDLED_EPP.items()}
+        if not isinstance(epp, dict) or not epp:
+            raise LlmdBenchmarkError("llmd.epp must be a mapping {ARM: FILE}")
+        R = int(_get(cfg, "fleet.replicas", 8))
+        model = str(_get(cfg, "replica.model", "qwen3_32b"))
+        gpu = str(_get(cfg, "replica.gpu", "h100_80gb"))
+        tp = int(_get(cfg, "replica.tp", 2))
+        bt = int(_get(cfg, "cache.block_tokens", 64))
+        cap = _get(cfg, "cache.capacity_blocks")
+        cap = int(cap) if cap is not None else kv_blocks(
+            model, gpu, tp=tp, block_tokens=bt, kv_dtype=str(_get(cfg, "replica.kv_dtype", "bf16")),
+            gpu_memory_utilization=float(_get(cfg, "replica.gpu_memory_utilization", 0.9)))
+        arms = {a: epp_knobs(read_epp(f), block_tokens=bt, bytes_per_token=float(lc["bytes_per_token"]))
+                for a, f in epp.items()}
+    except (InferencePerfError, EppConfigError, LlmdBenchmarkError, ValueError) as e:
+        raise StudyError(str(e)) from None
+    seed = int(lc["seed"] if lc["seed"] is not None else _get(cfg, "seed", 0))
+    w = shared_prefix_workload(ip, block_tokens=bt, seed=seed, stage_gap_s=float(lc["stage_gap_s"]),
+                               max_requests_per_stage=lc["max_requests_per_stage"])
+    sched = vllm_scheduler_defaults(gpu)
+    knobs = dict(_get(cfg, "fleet.knobs", {}) or {})
+    knobs = {k: v for k, v in (OmegaConf.to_container(knobs) if not isinstance(knobs, dict) else knobs).items()
+             if v is not None}
+    step = step_coefficients(model, gpu, tp)
+    base = dict(max_num_seqs=sched["max_num_seqs"], max_num_batched_tokens=sched["max_num_batched_tokens"],
+                **{k: v for k, v in step.items() if k.startswith("step_")})
+    base.update(knobs)
+    stream = compile_stream(w, stateful_singletons=True)
+    stage = w.meta["stage"]
+    K = len(ip.stages)
+    n_stage = np.bincount(stage, minlength=K)
+    Q = int(max(n_stage.max(), 1)) + 8
+    S = int(min(int(lc["max_running"]), int(base["max_num_seqs"])))
+    seqs_capped = int(base["max_num_seqs"]) > S
+    base["max_num_seqs"] = min(int(base["max_num_seqs"]), S)  # the static bound, stated in the attrs
+    ov = float(lc["overhead_ms"])
+    warm = int(lc["warmup_stages"])
+    if not 0 <= warm < K:
+        raise StudyError(f"llmd.warmup_stages must be in [0, {K - 1}], got {warm}")
+    names = list(arms)
+    per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
+                                                          "requests_per_s", "token_hit_rate")}
+    drained = np.zeros((len(names), K), bool)
+    run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean", "waiting_mean", "preemptions", "dropped",
+                                                         "wall_s")}
+    alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
+                                                     "requests_per_s_all")}
+    arr = w.arrival_ms.astype(np.float64)
+    starts = w.meta["stage_start_ms"].astype(np.float64)
+    durs = np.array([s.duration for s in ip.stages])
+    for i, a in enumerate(names):
+        kn = dict(base)
+        kn.update({k: v for k, v in arms[a].items() if k != "router"})
+        p = make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn)
+        t1 = time.perf_counter()
+        m = simulate(stream, p, jax.random.key(seed), max_replicas=R, scheduler="vllm", max_running=S,
+                     queue_slots=Q)
+        run_vars["wall_s"][i] = time.perf_counter() - t1
+        print(f"llmd_benchmark: arm {a} done in {run_vars['wall_s'][i]:.0f} s", file=sys.stderr, flush=True)
+        ttft = np.asarray(m.ttft_ms).astype(np.float64)
+        e2e = np.asarray(m.e2e_ms).astype(np.float64)
+        hit = np.asarray(m.hit_tokens).astype(np.float64)
+        served = (ttft >= 0) & (e2e >= 0)
+        fin = np.where(served, arr + e2e, -1)
+        drained[i] = stage_drained(arr, fin, stage)
+        tt = (ttft + ov) / 1000.0
+        span_all, tok_all, sel_all = 0.0, 0.0, np.zeros(arr.shape[0], bool)
+        for k in range(K):
+            sel = stage == k
+            ok = sel & served
+            per["ttft_p90_s"][i, k] = _nearest_rank(tt[ok], 90)
+            per["ttft_mean_s"][i, k] = float(tt[ok].mean()) if ok.any() else np.nan
+            span = (fin[ok].max() - starts[k]) / 1000.0 if ok.any() else np.nan
+            tok = float(w.output_tokens[ok].sum())
+            per["output_tokens_per_s"][i, k] = tok / span if ok.any() else np.nan
+            send = (arr[sel].max() - starts[k]) / 1000.0 if sel.sum() > 1 else np.nan
+            per["requests_per_s"][i, k] = sel.sum() / send if send and send > 0 else np.nan
+            per["token_hit_rate"][i, k] = float(hit[ok].sum() / w.input_tokens[ok].sum()) if ok.any() else np.nan
+            if k >= warm:
+                span_all += span if ok.any() else 0.0
+                tok_all += tok
+                sel_all |= ok
+        alls["ttft_p90_s_all"][i] = _nearest_rank(tt[sel_all], 90)
+        alls["ttft_mean_s_all"][i] = float(tt[sel_all].mean()) if sel_all.any() else np.nan
+        alls["output_tokens_per_s_all"][i] = tok_all / span_all if span_all > 0 else np.nan
+        alls["requests_per_s_all"][i] = float(n_stage[warm:].sum() / durs[warm:].sum())
+        run_vars["kv_usage_mean"][i] = float(m.kv_util_mean)
+        run_vars["waiting_mean"][i] = float(m.queue_len_mean)
+        run_vars["preemptions"][i] = int(m.preemptions)
+        run_vars["dropped"][i] = int(m.dropped)
+    coords = dict(arm=names, stage=np.arange(K), stage_rate=("stage", [s.rate for s in ip.stages]),
+                  stage_duration_s=("stage", durs), stage_warmup=("stage", np.arange(K) < warm))
+    dv = {v: (("arm", "stage"), x) for v, x in per.items()}
+    dv["stage_drained"] = (("arm", "stage"), drained)
+    dv["n_requests"] = (("stage",), n_stage)
+    dv.update({v: (("arm",), x) for v, x in {**run_vars, **alls}.items()})
+    bundled = lc["inference_perf"] is None and lc["epp"] is None
+    if bundled and K == len(_R) + 1:
+        for v, tab in PUBLISHED.items():
+            x = np.full((len(names), K), np.nan)
+            for i, a in enumerate(names):
+                if a in tab:
+                    x[i, 1:] = tab[a]
+            dv[f"published_{v}"] = (("arm", "stage"), x)
+        for v, tab in PUBLISHED_ALL.items():
+            dv[f"published_{v}_all"] = (("arm",), np.array([tab.get(a, np.nan) for a in names]))
+    ds = xr.Dataset(dv, coords=coords)
+    ds.attrs.update(common_attrs(cfg, "llmd_benchmark", t0, dict(
+        inference_perf=str(ip_path), epp=repr({a: str(f) for a, f in epp.items()}), replicas=R, model=model, gpu=gpu,
+        tp=tp, block_tokens=bt, capacity_blocks=cap, step_source=step["source"], sched_source=sched["source"],
+        knobs=repr({a: arms[a] for a in names}), base_knobs=repr(base), overhead_ms=ov,
+        overhead_note="assumption: fixed gateway / tokenizer / HTTP time added to every TTFT",
+        max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
+        stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, max_running=S, queue_slots=Q,
+        max_num_seqs_capped=int(seqs_capped),
+        all_stages_drained=int(drained.all()))))
+    return ds
+
+
+def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
+    lines = [f"{ds.attrs.get('experiment', 'llmd_benchmark')}: {ds.attrs.get('inference_perf', '')}",
+             f"pods {ds.attrs['replicas']} x {ds.attrs['model']} on {ds.attrs['tp']} x {ds.attrs['gpu']}, "
+             f"{ds.attrs['capacity_blocks']} blocks of {ds.attrs['block_tokens']}; {ds.attrs['step_source']}",
+             f"reduced run: {ds.attrs['max_requests_per_stage']} requests per stage at most" if
+             ds.attrs.get("max_requests_per_stage", -1) >= 0 else "full run",
+             f"all stages drained: {bool(ds.attrs['all_stages_drained'])}", ""]
+    hdr = "| arm | TTFT p90 all (s) | TTFT mean all (s) | output tok/s all | 60-QPS-stage p90 (s) | KV mean | waiting |"
+    lines += [hdr, "|---|---|---|---|---|---|---|"]
+    last = int(ds.stage.values[-1])
+    for a in ds.arm.values:
+        r = ds.sel(arm=a)
+
+        def pub(v, rr=r):
+            return f" ({float(rr[v]):.3g})" if v in rr and np.isfinite(float(rr[v])) else ""
+
+        lines.append(f"| {a} | {float(r.ttft_p90_s_all):.3g}{pub('published_ttft_p90_s_all')} "
+                     f"| {float(r.ttft_mean_s_all):.3g}{pub('published_ttft_mean_s_all')} "
+                     f"| {float(r.output_tokens_per_s_all):,.0f}{pub('published_output_tokens_per_s_all')} "
+                     f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} | {float(r.kv_usage_mean):.2f} "
+                     f"| {float(r.waiting_mean):.2f} |")
+    lines += ["", "(published in parentheses)", "", "TTFT p90 per stage (s):", ""]
+    lines.append("| rate | " + " | ".join(str(a) for a in ds.arm.values) + " |")
+    lines.append("|---" * (1 + ds.sizes["arm"]) + "|")
+    for k in ds.stage.values:
+        row = [f"{float(ds.stage_rate.sel(stage=k)):g}" + (" (warm-up)" if bool(ds.stage_warmup.sel(stage=k)) else "")]
+        for a in ds.arm.values:
+            v = float(ds.ttft_p90_s.sel(arm=a, stage=k))
+            p = float(ds.published_ttft_p90_s.sel(arm=a, stage=k)) if "published_ttft_p90_s" in ds else np.nan
+            row.append(f"{v:.3g}" + (f" ({p:.3g})" if np.isfinite(p) else ""))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot_llmd_benchmark(ds: xr.Dataset):
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    vars_ = ["ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "token_hit_rate"]
+    fig, axes = plt.subplots(1, len(vars_), figsize=(18, 4.5))
+    ladder = ~ds.stage_warmup.values
+    x = ds.stage_rate.values[ladder]
+    for ax, v in zip(axes, vars_):
+        for j, a in enumerate(ds.arm.values):
+            col = f"C{j}"
+            ax.plot(x, ds[v].sel(arm=a).values[ladder], "o-", color=col, label=f"{a} (ours)", ms=3)
+            pv = f"published_{v}"
+            if pv in ds:
+                ax.plot(x, ds[pv].sel(arm=a).values[ladder], "x--", color=col, label=f"{a} (report)", ms=4)
+        ax.set_xlabel("stage rate (QPS)")
+        ax.set_title(v)
+        if v.startswith("ttft"):
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize="x-small")
+    fig.suptitle(f"{ds.attrs.get('experiment', '')}: ours (solid) vs the report (dashed)")
+    fig.tight_layout()
+    return fig
+
+
+STUDIES = [Study("llmd_benchmark", llmd_benchmark_study, summarize_llmd_benchmark, plot_llmd_benchmark)]

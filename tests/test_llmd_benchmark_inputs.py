@@ -1,0 +1,206 @@
+"""The llm-d benchmark's inputs: the inference-perf and EPP readers on the bundled 73-capacity files and on
+broken files, the shared_prefix prompt order and stage drain against inference-perf's rules, and the
+roofline against BLIS's coefficients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cacheresearch.replica.roofline import BLIS, EFF, blis_check, step_coefficients, vllm_scheduler_defaults
+from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
+from cacheresearch.studies.llmd_benchmark import BUNDLED
+from cacheresearch.workload.inference_perf import (
+    InferencePerfError,
+    read_inference_perf,
+    shared_prefix_workload,
+    stage_drained,
+)
+
+IP = BUNDLED / "inference-perf.yaml"
+
+
+def test_bundled_inference_perf():
+    c = read_inference_perf(IP)
+    assert c.load_type == "poisson" and c.ignore_eos
+    assert [(s.rate, s.duration) for s in c.stages[:3]] == [(15, 50), (3, 20), (10, 20)]
+    assert len(c.stages) == 17 and c.stages[-1].rate == 60
+    assert sum(s.n_requests for s in c.stages) == 17_084  # the report's request count
+    assert sum(s.n_requests for s in c.stages[1:]) == 16_334 and sum(s.duration for s in c.stages[1:]) == 452
+    d = c.data
+    assert (d.num_groups, d.num_prompts_per_group, d.system_prompt_len, d.question_len, d.output_len) == \
+        (150, 5, 6000, 1200, 1000)
+
+
+def test_bundled_epp_files():
+    k = {a: epp_knobs(read_epp(BUNDLED / f"epp-{f}-scheduling.yaml"), block_tokens=64)
+         for a, f in (("precise", "precise"), ("approximate", "estimated"), ("load", "load"), ("random", "random"))}
+    assert k["random"] == {"router": "random"}
+    p = k["precise"]
+    assert (p["router"], p["view"], p["gie_prefix_mode"]) == ("gie", "precise", 2)
+    assert (p["gie_prefix_w_pct"], p["gie_kv_w_pct"], p["gie_queue_w_pct"]) == (300, 200, 200)
+    a = k["approximate"]
+    assert (a["view"], a["gie_prefix_mode"], a["gie_prefix_w_pct"], a["gie_kv_w_pct"], a["gie_queue_w_pct"]) == \
+        ("approximate", 1, 100, 100, 100)
+    # 64 bytes x 256 blocks = 16,384 bytes = 4,096 tokens at 4 bytes per token = 64 blocks of 64 tokens
+    assert a["gie_window_blocks"] == 64 and a["index_capacity"] == 31_250 * 64 // 256
+    lo = k["load"]
+    assert (lo["gie_prefix_w_pct"], lo["gie_kv_w_pct"], lo["gie_queue_w_pct"]) == (0, 100, 100)
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+EPP_OK = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-scorer
+- type: queue-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-scorer
+    weight: 2
+  - pluginRef: queue-scorer
+  - pluginRef: max-score-picker
+"""
+
+
+def test_epp_defaults_and_broken_files(tmp_path):
+    k = epp_knobs(read_epp(_write(tmp_path, "ok.yaml", EPP_OK)), block_tokens=16)
+    assert k["gie_prefix_w_pct"] == 200 and k["gie_queue_w_pct"] == 100 and k["gie_kv_w_pct"] == 0
+    assert k["gie_window_blocks"] == 256 and k["index_capacity"] == 31_250  # GIE v0.5.1 defaults, 16-token blocks
+    cases = {
+        "plugin.yaml": (EPP_OK.replace("queue-scorer\n- type", "queue-scorerz\n- type"), r"plugins\[1\]\.type"),
+        "param.yaml": (EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n  parameters:\n"
+                                      "    hashBlokSize: 64\n"), r"plugins\[0\]\.parameters\.hashBlokSize"),
+        "ref.yaml": (EPP_OK.replace("pluginRef: queue-scorer", "pluginRef: qs"), r"plugins\[1\]\.pluginRef"),
+        "top.yaml": (EPP_OK + "extra: 1\n", r"extra"),
+        "neg.yaml": (EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n  parameters:\n"
+                                    "    lruCapacityPerServer: -3\n"), r"lruCapacityPerServer"),
+    }
+    for name, (text, key) in cases.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            read_epp(_write(tmp_path, name, text))
+    precise = (BUNDLED / "epp-precise-scheduling.yaml").read_text()
+    with pytest.raises(EppConfigError, match="blockSize"):
+        epp_knobs(read_epp(_write(tmp_path, "p.yaml", precise)), block_tokens=16)  # 64-token index, 16-token pods
+
+
+def test_inference_perf_broken_files(tmp_path):
+    good = IP.read_text()
+    cases = {
+        "a.yaml": (good.replace("num_groups: 150", "num_grups: 150"), r"data\.shared_prefix\.num_grups"),
+        "b.yaml": (good.replace("type: poisson", "type: burst"), r"load\.type"),
+        "c.yaml": (good.replace("    - rate: 3\n", "    - rate: -3\n"), r"load\.stages\[1\]\.rate"),
+        "d.yaml": (good.replace("type: shared_prefix", "type: random"), r"data\.type"),
+        "e.yaml": (good + "\nbogus: 1\n", r"bogus"),
+    }
+    for name, (text, key) in cases.items():
+        with pytest.raises(InferencePerfError, match=rf"{name}: {key}"):
+            read_inference_perf(_write(tmp_path, name, text))
+
+
+def test_prompt_order_and_stages_follow_inference_perf():
+    c = read_inference_perf(IP)
+    w = shared_prefix_workload(c, block_tokens=64, seed=3, stage_gap_s=100, max_requests_per_stage=900)
+    st, pr, order = w.meta["stage"], w.meta["prompt"], w.meta["order"]
+    assert sorted(order.tolist()) == list(range(750))  # 750 fixed prompts, shuffled once
+    for k in range(len(c.stages)):
+        p = pr[st == k]
+        n = min(c.stages[k].n_requests, 900)
+        assert p.shape[0] == n
+        np.testing.assert_array_equal(p, order[np.arange(n) % 750])  # request n -> prompts[n mod 750], per stage
+    # every prompt is group prefix + fixed question: same group -> same first 93 blocks (6,000 // 64)
+    nb = w.n_blocks[0]
+    keys = w.keys.reshape(-1, nb)
+    g = w.tenant
+    i, j = np.nonzero(g[:, None] == g[None, :100])
+    np.testing.assert_array_equal(keys[i, :93], keys[j, :93])
+    same_prompt = pr[:, None] == pr[None, :100]
+    a, b = np.nonzero(same_prompt)
+    np.testing.assert_array_equal(keys[a], keys[b])
+    assert w.input_tokens[0] == 7200 and np.all(w.output_tokens == 1000)
+    # stages are separated by the gap after the previous stage's last send
+    arr = w.arrival_ms
+    for k in range(1, len(c.stages)):
+        assert arr[st == k].min() >= arr[st == k - 1].max() + 100_000 - 1
+
+
+def test_stage_drained_flags_a_stage_still_running():
+    arr = np.array([0, 10, 100, 110])
+    st = np.array([0, 0, 1, 1])
+    assert stage_drained(arr, np.array([50, 90, 150, 200]), st).tolist() == [True, True]
+    assert stage_drained(arr, np.array([50, 101, 150, 200]), st).tolist() == [False, True]
+    assert stage_drained(arr, np.array([50, 90, 150, -1]), st).tolist() == [True, False]
+
+
+def test_roofline_against_blis():
+    rows = blis_check()
+    assert {r["case"] for r in rows} == set(BLIS)
+    assert 0.3 < EFF["eff_bw"] <= 1 and 0.3 < EFF["eff_flops"] <= 1
+    for r in rows:  # one pair of factors explains every BLIS model within a factor of 1.5
+        assert abs(r["base_err"]) < 0.5 and abs(r["prefill_err"]) < 0.5, r
+    # H100 cases: the weight read of the calibrated roofline is within 20% of BLIS's beta0
+    for r in rows:
+        if r["gpu"] == "h100_80gb":
+            assert abs(r["base_err"]) < 0.2, r
+    # Qwen3-32B on 2 x H100: decode at ~8k context is KV-bound, ~ 39-60 ns per context token
+    q = step_coefficients("qwen3_32b", "h100_80gb", 2)
+    assert 39_000 <= q["step_ctx_ps"] <= 60_000
+    # ~60 requests at ~8k context: a decode step of 25-45 ms (the report's ITL is about 25-29 ms)
+    t = q["step_base_ns"] * 1e-9 + 60 * 8000 * q["step_ctx_ps"] * 1e-12
+    assert 0.025 < t < 0.045, t
+    assert vllm_scheduler_defaults("h100_80gb")["max_num_seqs"] == 1024
+    assert vllm_scheduler_defaults("a100_80gb")["max_num_seqs"] == 256
+
+
+SMALL_IP = """load:
+  type: poisson
+  stages:
+    - rate: 4
+      duration: 3
+    - rate: 8
+      duration: 3
+server:
+  ignore_eos: true
+data:
+  type: shared_prefix
+  shared_prefix:
+    num_groups: 3
+    num_prompts_per_group: 2
+    system_prompt_len: 256
+    question_len: 64
+    output_len: 6
+"""
+
+
+def test_study_on_a_small_benchmark_of_the_series(tmp_path):
+    """The study end to end on its own small files: dims, coordinates, summaries, drained stages."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+
+    ip = _write(tmp_path, "ip.yaml", SMALL_IP)
+    epp = {a: str(BUNDLED / f) for a, f in (("approximate", "epp-estimated-scheduling.yaml"),
+                                           ("load", "epp-load-scheduling.yaml"))}
+    cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="small", seed=1, fleet=dict(replicas=2),
+                                replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                cache=dict(block_tokens=16, capacity_blocks=60),
+                                llmd=dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8)))
+    ds = run_study(cfg)
+    assert dict(ds.sizes) == {"arm": 2, "stage": 2}
+    assert ds.stage_rate.values.tolist() == [4, 8] and ds.stage_warmup.values.tolist() == [True, False]
+    assert bool(ds.stage_drained.all())
+    assert ds.n_requests.values.tolist() == [12, 24]
+    for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s", "token_hit_rate"):
+        assert np.all(np.isfinite(ds[v].values)), v
+    # the summary pools the ladder after the warm-up: here the one stage after it
+    np.testing.assert_allclose(ds.ttft_mean_s_all.values, ds.ttft_mean_s.sel(stage=1).values)
+    np.testing.assert_allclose(ds.ttft_p90_s_all.values, ds.ttft_p90_s.sel(stage=1).values)
+    assert np.all(ds.ttft_p90_s.values >= ds.ttft_mean_s.values * 0.5)
+    assert "published_ttft_p90_s" not in ds  # its own files: no report beside it
