@@ -112,7 +112,7 @@ GPUS: dict[str, GpuSpec] = {
 KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "auto": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
-def _get(table: dict, name, what: str):
+def lookup(table: dict, name, what: str):
     if isinstance(name, (ModelSpec, GpuSpec)):
         return name
     try:
@@ -136,7 +136,7 @@ def _dtype_bytes(kv_dtype: str) -> int:
 
 def kv_bytes_per_token(model, *, kv_dtype: str = "bf16", tp: int = 1) -> int:
     """KV bytes one token costs on each GPU of a ``tp``-way replica: 2 x layers x heads per GPU x head dim x bytes."""
-    m = _get(MODELS, model, "model")
+    m = lookup(MODELS, model, "model")
     tp = _check_int("tp", tp, 1)
     heads = max(1, m.kv_heads // tp)
     return 2 * m.layers * heads * m.head_dim * _dtype_bytes(kv_dtype)
@@ -148,7 +148,7 @@ def block_bytes(model, *, kv_dtype: str = "bf16", tp: int = 1, block_tokens: int
 
 
 def _kv_budget(model, gpu, tp, gpu_memory_utilization, overhead_bytes) -> int:
-    m, g = _get(MODELS, model, "model"), _get(GPUS, gpu, "gpu")
+    m, g = lookup(MODELS, model, "model"), lookup(GPUS, gpu, "gpu")
     tp = _check_int("tp", tp, 1)
     u = gpu_memory_utilization
     if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < float(u) <= 1.0:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cacheresearch.replica.hardware import GIB, GPUS, MODELS, _get, kv_bytes_per_token
+from cacheresearch.replica.hardware import GIB, GPUS, MODELS, lookup, kv_bytes_per_token
 
 __all__ = ["GpuPeak", "GPU_PEAK", "Q_HEADS", "BLIS", "Roofline", "calibrate", "blis_check", "step_coefficients",
            "vllm_scheduler_defaults", "EFF"]
@@ -84,10 +84,10 @@ class Roofline:
     eff_flops: float
 
     def _spec(self):
-        return _get(MODELS, self.model, "model"), self._peak()
+        return lookup(MODELS, self.model, "model"), self._peak()
 
     def _peak(self) -> GpuPeak:
-        _get(GPUS, self.gpu, "gpu")
+        lookup(GPUS, self.gpu, "gpu")
         try:
             return GPU_PEAK[self.gpu]
         except KeyError:
@@ -148,7 +148,7 @@ def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf1
     memory reads), ``step_ctx_ps`` (the KV read per context token of a decoding request) and
     ``step_prefill_ctx_fs`` (attention per (prefill token, earlier token) pair)."""
     r = roofline(model, gpu, tp)
-    m = _get(MODELS, model, "model")
+    m = lookup(MODELS, model, "model")
     pair_flops = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim / r.tp
     return dict(step_base_ns=int(round(r.base_s() * 1e9)),
                 step_prefill_ns=int(round(r.prefill_token_s(0.0) * 1e9)),
@@ -161,7 +161,7 @@ def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf1
 
 def vllm_scheduler_defaults(gpu: str) -> dict:
     """vLLM V1's defaults for the OpenAI API server (v0.10.x ``_set_default_args_v1``): by GPU memory."""
-    g = _get(GPUS, gpu, "gpu")
+    g = lookup(GPUS, gpu, "gpu")
     big = g.memory_bytes >= 70 * GIB and "a100" not in g.name
     return dict(max_num_seqs=1024 if big else 256, max_num_batched_tokens=8192 if big else 2048,
                 source="vLLM V1 (v0.10.x) EngineArgs._set_default_args_v1, OpenAI API server: GPUs of >= 70 GiB "

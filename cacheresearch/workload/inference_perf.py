@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from cacheresearch.workload.synthetic import _extend_keys, _hash_rows, _tokens
+from cacheresearch.workload.synthetic import extend_keys, hash_rows, random_tokens
 from cacheresearch.workload.table import Workload
 
 __all__ = ["InferencePerfError", "Stage", "SharedPrefix", "InferencePerfConfig", "read_inference_perf",
@@ -181,12 +181,12 @@ def shared_prefix_workload(cfg: InferencePerfConfig, *, block_tokens: int, seed:
     d = cfg.data
     bs = int(block_tokens)
     rng = np.random.default_rng(seed)
-    system = _tokens(rng, (d.num_groups, d.system_prompt_len), vocab)
-    question = _tokens(rng, (d.n_prompts, d.question_len), vocab)
+    system = random_tokens(rng, (d.num_groups, d.system_prompt_len), vocab)
+    question = random_tokens(rng, (d.n_prompts, d.question_len), vocab)
     owner = np.repeat(np.arange(d.num_groups), d.num_prompts_per_group)  # prompt -> group
     p_full = (d.system_prompt_len // bs) * bs
-    pre = _hash_rows(system[:, :p_full], bs)
-    keys = _extend_keys(pre, system[:, p_full:], owner, question, bs)  # [P, nb]
+    pre = hash_rows(system[:, :p_full], bs)
+    keys = extend_keys(pre, system[:, p_full:], owner, question, bs)  # [P, nb]
     order = prompt_order(d.n_prompts, seed)
     arr_rng = np.random.default_rng([seed, 0xA11])
     t0 = 0.0

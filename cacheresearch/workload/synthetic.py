@@ -130,7 +130,7 @@ def poisson_arrivals_ms(n: int, rate_per_s: float, rng: np.random.Generator) -> 
     return t
 
 
-def _hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0, salt=None) -> np.ndarray:
+def hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0, salt=None) -> np.ndarray:
     """uint64 ``[N, L // bs]`` keys of full-length rows ``tokens [N, L]``, chunked over rows.
 
     ``salt``: optional uint32 ``[N]`` cache salts (0 = none; vLLM's ``cache_salt``: it enters the
@@ -159,11 +159,11 @@ def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray,
     chain from the prefix's last key. ``salt``: optional cache salt per row of ``prefix``.
     """
     p_full = (prefix.shape[1] // bs) * bs
-    pre = _hash_rows(prefix[:, :p_full], bs, salt=salt)  # [T, p_full // bs]
-    return _extend_keys(pre, prefix[:, p_full:], which, tail, bs, salt=salt)
+    pre = hash_rows(prefix[:, :p_full], bs, salt=salt)  # [T, p_full // bs]
+    return extend_keys(pre, prefix[:, p_full:], which, tail, bs, salt=salt)
 
 
-def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int,
+def extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int,
                  salt=None) -> np.ndarray:
     """Keys ``[N, n_pre + n_tail]`` of prompts ``head[which[i]] ++ tail[i]`` for already keyed heads.
 
@@ -184,7 +184,7 @@ def _extend_keys(pre: np.ndarray, rest: np.ndarray, which: np.ndarray, tail: np.
             hi, lo = split_uint64(pre[:, -1])
             parent = (hi[which], lo[which])
         sa = None if (salt is None or n_pre) else np.asarray(salt)[which]  # block 0 lies in the tail
-        keys[:, n_pre:] = _hash_rows(tail, bs, parent=parent, start_token=n_pre * bs, salt=sa)
+        keys[:, n_pre:] = hash_rows(tail, bs, parent=parent, start_token=n_pre * bs, salt=sa)
     return keys
 
 
@@ -207,7 +207,7 @@ def _output_meta(v):
     return int(v) if np.ndim(v) == 0 else "per-request array"
 
 
-def _tokens(rng: np.random.Generator, shape, vocab: int) -> np.ndarray:
+def random_tokens(rng: np.random.Generator, shape, vocab: int) -> np.ndarray:
     return rng.integers(0, vocab, size=shape, dtype=np.int32)
 
 
@@ -219,9 +219,9 @@ def fleet_parts(
     """Token pieces and per-request draws of :func:`fleet_workload` (shared with the tests)."""
     spawn = np.random.SeedSequence(seed).spawn(5)
     r_sys, r_doc, r_user, r_ten, r_arr = (np.random.default_rng(s) for s in spawn)
-    system = _tokens(r_sys, (system_tokens,), vocab_size)
-    docs = _tokens(r_doc, (n_tenants, doc_tokens), vocab_size)
-    user = _tokens(r_user, (n_requests, user_tokens), vocab_size)
+    system = random_tokens(r_sys, (system_tokens,), vocab_size)
+    docs = random_tokens(r_doc, (n_tenants, doc_tokens), vocab_size)
+    user = random_tokens(r_user, (n_requests, user_tokens), vocab_size)
     tenant = r_ten.choice(n_tenants, size=n_requests, p=tenant_probabilities(n_tenants, tenant_law, zipf_s))
     if rate_per_s is None:
         arrival = np.arange(n_requests, dtype=np.int64)
@@ -305,7 +305,7 @@ def fleet_workload(
             b = min(n_requests, a + _CHUNK)
             body = np.concatenate([prefix[tenant[a:b]], parts["user"][a:b]], axis=1)
             full = np.concatenate([body[:, :at], parts["stamp"][a:b, None], body[:, at:]], axis=1)
-            keys[a:b] = _hash_rows(full, block_tokens, salt=None if tsalt is None else tsalt[tenant[a:b]])
+            keys[a:b] = hash_rows(full, block_tokens, salt=None if tsalt is None else tsalt[tenant[a:b]])
     input_tokens = system_tokens + doc_tokens + user_tokens + (layout != "stable")
     meta = dict(
         generator="fleet_workload",
@@ -335,8 +335,8 @@ def _design_parts(*, n_tenants, prefix_tokens, suffix_tokens, n_requests, rate_p
                   seed, vocab_size):
     """Token pieces and per-request draws of :func:`design_workload` (shared with the tests)."""
     r_pre, r_suf, r_ten, r_arr = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
-    prefix = _tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
-    suffix = _tokens(r_suf, (n_requests, suffix_tokens), vocab_size)
+    prefix = random_tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
+    suffix = random_tokens(r_suf, (n_requests, suffix_tokens), vocab_size)
     p = tenant_probabilities(n_tenants, tenant_law, zipf_s, hot_share)
     tenant = r_ten.choice(n_tenants, size=n_requests, p=p).astype(np.int32)
     arrival = poisson_arrivals_ms(n_requests, rate_per_s, r_arr)
@@ -502,12 +502,12 @@ def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, qu
         )
     t = np.sort(t)
     n = int(t.shape[0])
-    prefix = _tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
+    prefix = random_tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
     if system_tokens:  # its own stream (the 7th child), so the other draws do not move
-        system = _tokens(np.random.default_rng(np.random.SeedSequence(seed).spawn(7)[6]), (system_tokens,), vocab_size)
+        system = random_tokens(np.random.default_rng(np.random.SeedSequence(seed).spawn(7)[6]), (system_tokens,), vocab_size)
         prefix = np.concatenate([np.broadcast_to(system, (n_tenants, system_tokens)), prefix], axis=1)
-    user_ctx = _tokens(r_usr, (n_tenants * users_per_tenant, user_tokens), vocab_size)
-    query = _tokens(r_qry, (n, query_tokens), vocab_size)
+    user_ctx = random_tokens(r_usr, (n_tenants * users_per_tenant, user_tokens), vocab_size)
+    query = random_tokens(r_qry, (n, query_tokens), vocab_size)
     p = tenant_probabilities(n_tenants, tenant_law, zipf_s, hot_share)
     tenant = r_ten.choice(n_tenants, size=n, p=p).astype(np.int32)
     user = tenant.astype(np.int64) * users_per_tenant + r_pick.integers(0, users_per_tenant, size=n)
@@ -534,7 +534,7 @@ def _tenant_keys(prefix, user_ctx, users_per_tenant, user, query, bs, salt: str 
         rest = np.concatenate([last[owner], user_ctx], axis=1)[:, -r:]
     else:
         rest = np.zeros((owner.shape[0], 0), dtype=prefix.dtype)
-    return _extend_keys(head, rest, user, query, bs)
+    return extend_keys(head, rest, user, query, bs)
 
 
 def tenant_workload(
@@ -818,10 +818,10 @@ def prefix_poisson_workload(
     )
     n = int(t.shape[0])
     out = _output_tokens(output_tokens, n)
-    shared = _tokens(r_sh, (shared_tokens,), vocab_size)
-    own = _tokens(r_pre, (n_prefixes, prefix_tokens), vocab_size)
+    shared = random_tokens(r_sh, (shared_tokens,), vocab_size)
+    own = random_tokens(r_pre, (n_prefixes, prefix_tokens), vocab_size)
     prefix = np.concatenate([np.broadcast_to(shared, (n_prefixes, shared_tokens)), own], axis=1)
-    suffix = _tokens(r_suf, (n, suffix_tokens), vocab_size)
+    suffix = random_tokens(r_suf, (n, suffix_tokens), vocab_size)
     keys = _prefix_suffix_keys(prefix, which, suffix, block_tokens)
     arrival_ms = np.floor(t * 1000.0).astype(np.int64)
     meta = dict(
