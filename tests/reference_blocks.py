@@ -303,7 +303,7 @@ def block_simulate(workload, *, policy: str, capacity_blocks: int, replicas: int
                    prefix_blocks: int = 80, replica_choices=None, knobs: dict | None = None) -> dict:
     """A prefix workload through per-block ``policy`` (module docstring): per-request ``hit_blocks``,
     ``hit_tokens``, ``replica``, per replica ``max_occupancy`` and the final ``occupancy``."""
-    from tests.reference import _prefix_hash_u64  # noqa: PLC0415
+    from cacheresearch.routers import prefix_hash_u64  # noqa: PLC0415
 
     if policy not in BLOCK_ORACLES:
         raise ValueError(f"unknown block policy {policy!r}; one of {sorted(BLOCK_ORACLES)}")
@@ -322,7 +322,7 @@ def block_simulate(workload, *, policy: str, capacity_blocks: int, replicas: int
             r = choices[i]
         elif router == "prefix_hash":
             k = min(int(prefix_blocks), n)
-            r = _prefix_hash_u64(keys[k - 1] if n > 0 else 0) % R
+            r = int(prefix_hash_u64(int(keys[k - 1] if n > 0 else 0))) % R
         else:
             raise ValueError(f"router {router!r}: the oracle routes round_robin, random or prefix_hash")
         replica[i] = r
