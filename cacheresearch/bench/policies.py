@@ -141,7 +141,7 @@ def cost_per_access(w: Workload, capacity: int | None = None, repeats: int = 3) 
     s = compile_stream(w)
     p = make_params("lru", capacity_blocks=C)
     key = jax.random.key(0)
-    lru_jax = best(lambda: simulate(s, p, key, per_request=False, queue=False).hit_tokens_lo.block_until_ready())
+    lru_jax = best(lambda: simulate(s, p, key, per_request=False, queue=False))
     lru_numba = best(lambda: replay_grid(w, [p], [key], stream=s))
     rows = [dict(case="cost_per_access", policy="lru (JAX engine)", seconds=lru_jax, capacity=C, accesses=S),
             dict(case="cost_per_access", policy="lru (numba backend)", seconds=lru_numba, capacity=C, accesses=S)]
