@@ -75,7 +75,7 @@ Bounded policies beyond LRU
                      run is evicted from its deep end), but the eviction order interleaves runs by
                      depth, so the engine must pick, block by block, the run whose deepest stored
                      block is deepest (then least recent), not whole runs.
-    ``s3fifo``       S3-FIFO (Yang, Zhang, Qiu, Yue, Vinayak, SOSP 2023, "FIFO queues are all you
+    ``s3fifo_sosp`` S3-FIFO (Yang, Zhang, Qiu, Yue, Vinayak, SOSP 2023, "FIFO queues are all you
                      need for cache eviction", Algorithm 1) at block granularity, per replica:
                      a small FIFO ``S`` of capacity ``cS = min(C, max(1, C // 10))`` blocks (floor
                      of 10% in integer arithmetic, at least one), a main FIFO ``M`` of capacity

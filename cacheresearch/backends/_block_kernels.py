@@ -43,6 +43,164 @@ def unlink(older, newer, head, tail, cnt, where, k):
     where[k] = 0
 
 
+@numba.njit(cache=True, inline="always")
+def _fifo(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    w = w_[k]
+    if w == 1 or C < 1:
+        return
+    while ct[1] + 1 > C:
+        unlink(o_, n_, hd, tl, ct, w_, tl[1])
+    push(o_, n_, hd, tl, ct, w_, 1, k)
+
+
+@numba.njit(cache=True, inline="always")
+def _sieve(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    w = w_[k]
+    if w == 1:
+        f_[k] = 1
+        return
+    if C < 1:
+        return
+    while ct[1] + 1 > C:
+        o = tl[1] if sc[0] < 0 else sc[0]
+        while f_[o] > 0:
+            f_[o] = 0
+            o = tl[1] if n_[o] < 0 else n_[o]
+        sc[0] = n_[o]
+        unlink(o_, n_, hd, tl, ct, w_, o)
+    f_[k] = 0
+    push(o_, n_, hd, tl, ct, w_, 1, k)
+
+
+@numba.njit(cache=True, inline="always")
+def _s3fifo(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    w = w_[k]
+    if w == 1 or w == 2:
+        f_[k] += 1
+        return
+    ghost = w == 3
+    if ghost:
+        unlink(o_, n_, hd, tl, ct, w_, k)
+    if C < 1:
+        return
+    while ct[1] + ct[2] + 1 > C:
+        sc[1] = 1
+        if ct[2] > cm or ct[1] == 0:
+            while ct[2] > 0:
+                t = tl[2]
+                f = f_[t]
+                unlink(o_, n_, hd, tl, ct, w_, t)
+                if f >= 1:
+                    push(o_, n_, hd, tl, ct, w_, 2, t)
+                    f_[t] = min(f, 3) - 1
+                else:
+                    break
+        else:
+            while ct[1] > 0:
+                t = tl[1]
+                unlink(o_, n_, hd, tl, ct, w_, t)
+                if f_[t] >= th:
+                    push(o_, n_, hd, tl, ct, w_, 2, t)
+                    f_[t] = 0
+                else:
+                    if cg > 0:
+                        while ct[3] + 1 > cg:
+                            unlink(o_, n_, hd, tl, ct, w_, tl[3])
+                        push(o_, n_, hd, tl, ct, w_, 3, t)
+                    break
+    if ghost:
+        push(o_, n_, hd, tl, ct, w_, 2, k)
+    elif 1 >= cs:
+        return
+    elif sc[1] == 0 and ct[1] >= cs:
+        push(o_, n_, hd, tl, ct, w_, 2, k)
+    else:
+        push(o_, n_, hd, tl, ct, w_, 1, k)
+    f_[k] = 0
+
+
+@numba.njit(cache=True, inline="always")
+def _lfu(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    w = w_[k]
+    if w > 0:
+        unlink(o_, n_, hd, tl, ct, w_, k)
+        push(o_, n_, hd, tl, ct, w_, w + 1, k)
+        return
+    if C < 1:
+        return
+    if ct[0] + 1 > C:  # ct[0]: stored blocks (bucket 0 is never used)
+        m = sc[2]
+        while ct[m] == 0:
+            m += 1
+        sc[2] = m
+        unlink(o_, n_, hd, tl, ct, w_, tl[m])
+        ct[0] -= 1
+    push(o_, n_, hd, tl, ct, w_, 1, k)
+    ct[0] += 1
+    sc[2] = 1
+
+
+@numba.njit(cache=True, inline="always")
+def _arc(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    w = w_[k]
+    if w == 1:
+        unlink(o_, n_, hd, tl, ct, w_, k)
+        push(o_, n_, hd, tl, ct, w_, 2, k)
+        return
+    if w == 2:
+        unlink(o_, n_, hd, tl, ct, w_, k)
+        push(o_, n_, hd, tl, ct, w_, 2, k)
+        return
+    in1, in2 = w == 3, w == 4
+    if in1:
+        pr[0] = min(pr[0] + max(ct[4] / ct[3], 1.0), C)
+        unlink(o_, n_, hd, tl, ct, w_, k)
+    elif in2:
+        pr[0] = max(pr[0] - max(ct[3] / ct[4], 1.0), 0.0)
+        unlink(o_, n_, hd, tl, ct, w_, k)
+    if C < 1:
+        return
+    while ct[1] + ct[2] + 1 > C:
+        rep_ = True
+        b2 = in2
+        if not (in1 or in2):
+            b2 = False
+            if ct[1] + ct[3] + 1 > C:
+                if ct[3] > 0:
+                    unlink(o_, n_, hd, tl, ct, w_, tl[3])
+                else:
+                    unlink(o_, n_, hd, tl, ct, w_, tl[1])
+                    rep_ = False
+            elif ct[1] + ct[3] + ct[2] + ct[4] >= 2 * C and ct[4] > 0:
+                unlink(o_, n_, hd, tl, ct, w_, tl[4])
+        if rep_:
+            n1 = ct[1]
+            if (n1 > 0 and (n1 > pr[0] or (n1 == pr[0] and b2))) or ct[2] == 0:
+                t = tl[1]
+                unlink(o_, n_, hd, tl, ct, w_, t)
+                push(o_, n_, hd, tl, ct, w_, 3, t)
+            else:
+                t = tl[2]
+                unlink(o_, n_, hd, tl, ct, w_, t)
+                push(o_, n_, hd, tl, ct, w_, 4, t)
+    push(o_, n_, hd, tl, ct, w_, 2 if (in1 or in2) else 1, k)
+
+
+@numba.njit(cache=True, inline="always")
+def _access(code, o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th):
+    """One ``get`` of block ``k`` on one replica under policy ``code``."""
+    if code == FIFO:
+        _fifo(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th)
+    elif code == SIEVE:
+        _sieve(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th)
+    elif code == S3FIFO:
+        _s3fifo(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th)
+    elif code == LFU:
+        _lfu(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th)
+    else:
+        _arc(o_, n_, w_, f_, hd, tl, ct, sc, pr, k, C, cs, cm, cg, th)
+
+
 @numba.njit(parallel=True, cache=True)
 def run(code, ids, off, nb, inp, bt, rep, cap, cS, cG, thr, R, U, L):
     G, N = rep.shape
@@ -66,9 +224,9 @@ def run(code, ids, off, nb, inp, bt, rep, cap, cS, cG, thr, R, U, L):
         head = np.full((R, L), -1, np.int64)
         tail = np.full((R, L), -1, np.int64)
         cnt = np.zeros((R, L), np.int64)
-        hand = np.full(R, -1, np.int64)
-        evicted = np.zeros(R, np.bool_)
-        minf = np.ones(R, np.int64)
+        sc = np.zeros((R, 3), np.int64)  # per replica: sieve's hand, s3fifo's has-evicted, lfu's lowest frequency
+        sc[:, 0] = -1
+        sc[:, 2] = 1
         p = np.zeros(R, np.float64)
         for i in range(N):
             r = rep[g, i]
@@ -86,129 +244,7 @@ def run(code, ids, off, nb, inp, bt, rep, cap, cS, cG, thr, R, U, L):
                 w = w_[k]
                 if (w > 0) if code == LFU else (w == 1 or w == 2):
                     block_hits[g] += 1
-                if code == FIFO:
-                    if w == 1 or C < 1:
-                        continue
-                    while ct[1] + 1 > C:
-                        unlink(o_, n_, hd, tl, ct, w_, tl[1])
-                    push(o_, n_, hd, tl, ct, w_, 1, k)
-                elif code == SIEVE:
-                    if w == 1:
-                        f_[k] = 1
-                        continue
-                    if C < 1:
-                        continue
-                    while ct[1] + 1 > C:
-                        o = tl[1] if hand[r] < 0 else hand[r]
-                        while f_[o] > 0:
-                            f_[o] = 0
-                            o = tl[1] if n_[o] < 0 else n_[o]
-                        hand[r] = n_[o]
-                        unlink(o_, n_, hd, tl, ct, w_, o)
-                    f_[k] = 0
-                    push(o_, n_, hd, tl, ct, w_, 1, k)
-                elif code == S3FIFO:
-                    if w == 1 or w == 2:
-                        f_[k] += 1
-                        continue
-                    ghost = w == 3
-                    if ghost:
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                    if C < 1:
-                        continue
-                    while ct[1] + ct[2] + 1 > C:
-                        evicted[r] = True
-                        if ct[2] > cm or ct[1] == 0:
-                            while ct[2] > 0:
-                                t = tl[2]
-                                f = f_[t]
-                                unlink(o_, n_, hd, tl, ct, w_, t)
-                                if f >= 1:
-                                    push(o_, n_, hd, tl, ct, w_, 2, t)
-                                    f_[t] = min(f, 3) - 1
-                                else:
-                                    break
-                        else:
-                            while ct[1] > 0:
-                                t = tl[1]
-                                unlink(o_, n_, hd, tl, ct, w_, t)
-                                if f_[t] >= th:
-                                    push(o_, n_, hd, tl, ct, w_, 2, t)
-                                    f_[t] = 0
-                                else:
-                                    if cg > 0:
-                                        while ct[3] + 1 > cg:
-                                            unlink(o_, n_, hd, tl, ct, w_, tl[3])
-                                        push(o_, n_, hd, tl, ct, w_, 3, t)
-                                    break
-                    if ghost:
-                        push(o_, n_, hd, tl, ct, w_, 2, k)
-                    elif 1 >= cs:
-                        continue
-                    elif not evicted[r] and ct[1] >= cs:
-                        push(o_, n_, hd, tl, ct, w_, 2, k)
-                    else:
-                        push(o_, n_, hd, tl, ct, w_, 1, k)
-                    f_[k] = 0
-                elif code == LFU:
-                    if w > 0:
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                        push(o_, n_, hd, tl, ct, w_, w + 1, k)
-                        continue
-                    if C < 1:
-                        continue
-                    if ct[0] + 1 > C:  # ct[0]: stored blocks (bucket 0 is never used)
-                        m = minf[r]
-                        while ct[m] == 0:
-                            m += 1
-                        minf[r] = m
-                        unlink(o_, n_, hd, tl, ct, w_, tl[m])
-                        ct[0] -= 1
-                    push(o_, n_, hd, tl, ct, w_, 1, k)
-                    ct[0] += 1
-                    minf[r] = 1
-                else:  # ARC
-                    if w == 1:
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                        push(o_, n_, hd, tl, ct, w_, 2, k)
-                        continue
-                    if w == 2:
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                        push(o_, n_, hd, tl, ct, w_, 2, k)
-                        continue
-                    in1, in2 = w == 3, w == 4
-                    if in1:
-                        p[r] = min(p[r] + max(ct[4] / ct[3], 1.0), C)
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                    elif in2:
-                        p[r] = max(p[r] - max(ct[3] / ct[4], 1.0), 0.0)
-                        unlink(o_, n_, hd, tl, ct, w_, k)
-                    if C < 1:
-                        continue
-                    while ct[1] + ct[2] + 1 > C:
-                        rep_ = True
-                        b2 = in2
-                        if not (in1 or in2):
-                            b2 = False
-                            if ct[1] + ct[3] + 1 > C:
-                                if ct[3] > 0:
-                                    unlink(o_, n_, hd, tl, ct, w_, tl[3])
-                                else:
-                                    unlink(o_, n_, hd, tl, ct, w_, tl[1])
-                                    rep_ = False
-                            elif ct[1] + ct[3] + ct[2] + ct[4] >= 2 * C and ct[4] > 0:
-                                unlink(o_, n_, hd, tl, ct, w_, tl[4])
-                        if rep_:
-                            n1 = ct[1]
-                            if (n1 > 0 and (n1 > p[r] or (n1 == p[r] and b2))) or ct[2] == 0:
-                                t = tl[1]
-                                unlink(o_, n_, hd, tl, ct, w_, t)
-                                push(o_, n_, hd, tl, ct, w_, 3, t)
-                            else:
-                                t = tl[2]
-                                unlink(o_, n_, hd, tl, ct, w_, t)
-                                push(o_, n_, hd, tl, ct, w_, 4, t)
-                    push(o_, n_, hd, tl, ct, w_, 2 if (in1 or in2) else 1, k)
+                _access(code, o_, n_, w_, f_, hd, tl, ct, sc[r], p[r:r + 1], k, C, cs, cm, cg, th)
             occ = ct[0] if code == LFU else ct[1] + ct[2]
             if occ > max_occ[g, r]:
                 max_occ[g, r] = occ
