@@ -75,7 +75,7 @@ Bounded policies beyond LRU
                      run is evicted from its deep end), but the eviction order interleaves runs by
                      depth, so the engine must pick, block by block, the run whose deepest stored
                      block is deepest (then least recent), not whole runs.
-    ``s3fifo``       S3-FIFO (Yang, Zhang, Qiu, Yue, Vinayak, SOSP 2023, "FIFO queues are all you
+    ``s3fifo_sosp`` S3-FIFO (Yang, Zhang, Qiu, Yue, Vinayak, SOSP 2023, "FIFO queues are all you
                      need for cache eviction", Algorithm 1) at block granularity, per replica:
                      a small FIFO ``S`` of capacity ``cS = min(C, max(1, C // 10))`` blocks (floor
                      of 10% in integer arithmetic, at least one), a main FIFO ``M`` of capacity
@@ -160,10 +160,10 @@ __all__ = [
     "POLICIES", "ROUTERS", "PREFIX_CLOSED_POLICIES", "ScoredCache", "LFUCache", "LengthAwareCache", "S3FIFOCache",
 ]
 
-POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded", "lfu", "length_aware", "s3fifo")
-BOUNDED_POLICIES = ("lru", "lru_plain", "lfu", "length_aware", "s3fifo")  # capacity_blocks required
+POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded", "lfu_perfect", "length_aware", "s3fifo_sosp")
+BOUNDED_POLICIES = ("lru", "lru_plain", "lfu_perfect", "length_aware", "s3fifo_sosp")  # capacity_blocks required
 # Policies whose cache stays prefix-closed on chained keys (checked after every request with debug=True).
-PREFIX_CLOSED_POLICIES = ("lru", "lfu", "length_aware")
+PREFIX_CLOSED_POLICIES = ("lru", "lfu_perfect", "length_aware")
 ROUTERS = ("random", "round_robin", "prefix_hash")
 
 
@@ -414,7 +414,7 @@ class S3FIFOCache:
         return out
 
 
-_STATEFUL = {"lfu": LFUCache, "length_aware": LengthAwareCache}
+_STATEFUL = {"lfu_perfect": LFUCache, "length_aware": LengthAwareCache}
 
 
 def reference_simulate(
@@ -462,7 +462,7 @@ def reference_simulate(
     # length_aware and s3fifo the policy's own state object (same `in` and `len`).
     if policy in _STATEFUL:
         caches = [_STATEFUL[policy]() for _ in range(R)]
-    elif policy == "s3fifo":
+    elif policy == "s3fifo_sosp":
         caches = [S3FIFOCache(capacity) for _ in range(R)]
     else:
         caches = [OrderedDict() for _ in range(R)]
@@ -507,7 +507,7 @@ def reference_simulate(
         if policy in _STATEFUL:
             cache.access(keys)
             cache.evict_to(capacity)
-        elif policy == "s3fifo":
+        elif policy == "s3fifo_sosp":
             cache.access(keys)
             cache.evict()
         else:
@@ -523,7 +523,7 @@ def reference_simulate(
     final = []
     last_now = int(workload.arrival_ms[-1]) if N else 0
     for cache in caches:
-        if policy in _STATEFUL or policy == "s3fifo":
+        if policy in _STATEFUL or policy == "s3fifo_sosp":
             final.append(cache.contents())
         elif ttl_ms is None:
             final.append(list(cache.keys()))
@@ -532,7 +532,7 @@ def reference_simulate(
             final.append(dict(cache))
 
     total_in = int(np.sum(workload.input_tokens))
-    extra = {"s3fifo_ghost": [list(c.ghost) for c in caches]} if policy == "s3fifo" else {}
+    extra = {"s3fifo_ghost": [list(c.ghost) for c in caches]} if policy == "s3fifo_sosp" else {}
     return {
         "hit_blocks": hit_blocks,
         "hit_tokens": hit_tokens,

@@ -41,8 +41,8 @@ def test_restart_empties_the_replica():
     assert np.array_equal(h0[:12], h1[:12]) and h1[12] == 0 and h0[12] > 0
     assert np.array_equal(h1, ref["hit_blocks"])
     with pytest.raises(ValueError, match="LRU and TTL policies only"):
-        simulate(padded_stream(w, 4), make_params("lfu", 10, restart_replica=0, restart_ms=T), jax.random.key(0),
-                 **dict(OPTS, stale=False), priority=True)
+        simulate(padded_stream(w, 4), make_params("lfu_perfect", 10, restart_replica=0, restart_ms=T),
+                 jax.random.key(0), **dict(OPTS, stale=False), priority=True)
 
 
 def test_version_upgrade_rekeys_later_requests():

@@ -20,7 +20,7 @@ from cacheresearch.core.stream import compile_stream
 from cacheresearch.engine import make_params, simulate
 from cacheresearch.workload import Workload
 
-PRIORITY = ("lfu", "length_aware")
+PRIORITY = ("lfu_perfect", "length_aware")
 
 
 def padded(w: Workload, n_requests: int, n_blocks: int, chunk_runs: int = 2):
@@ -80,7 +80,7 @@ def test_lfu_keeps_the_popular_prefix_and_length_aware_the_shallow_blocks():
     keys = [[1, 2], [1, 2], [1, 2], [10, 11, 12], [20, 21, 22], [1, 2]]
     w = Workload.from_lists(keys, block_tokens=1)
     s = compile_stream(w, stateful_singletons=True)
-    lfu = simulate(s, make_params("lfu", capacity_blocks=4), jax.random.key(0))
+    lfu = simulate(s, make_params("lfu_perfect", capacity_blocks=4), jax.random.key(0))
     assert np.asarray(lfu.hit_blocks).tolist() == [0, 2, 2, 0, 0, 2]
     la = simulate(s, make_params("length_aware", capacity_blocks=4), jax.random.key(0))
     # after [10,11,12]: depths 0,1 of [1,2] and 0,1,2 of the new one: evict depth 2 (12) -> {1,2,10,11}
@@ -92,8 +92,8 @@ def test_lfu_keeps_the_popular_prefix_and_length_aware_the_shallow_blocks():
 def test_priority_policies_need_stateful_runs_and_refuse_the_stale_view():
     w = Workload.from_lists([[1, 2], [1, 3]], block_tokens=1)
     with pytest.raises(ValueError, match="stateful_singletons"):
-        simulate(compile_stream(w), make_params("lfu", capacity_blocks=2), jax.random.key(0))
+        simulate(compile_stream(w), make_params("lfu_perfect", capacity_blocks=2), jax.random.key(0))
     s = compile_stream(w, stateful_singletons=True)
     with pytest.raises(ValueError, match="stale"):
-        simulate(s, make_params("lfu", capacity_blocks=2, replicas=2, router="cache_aware", view="stale"),
+        simulate(s, make_params("lfu_perfect", capacity_blocks=2, replicas=2, router="cache_aware", view="stale"),
                  jax.random.key(0), max_replicas=2)

@@ -296,7 +296,7 @@ def test_leaf_first_beats_plain_when_requests_exceed_capacity(mini):
 def test_argument_errors():
     w = wl([[A]])
     with pytest.raises(ValueError):
-        reference_simulate(w, policy="lfu")
+        reference_simulate(w, policy="lfu_perfect")
     with pytest.raises(ValueError):
         reference_simulate(w, policy="lru")  # no capacity
     with pytest.raises(ValueError):

@@ -21,7 +21,7 @@ from cacheresearch.workload.trace import load_mooncake
 
 A, B, C, D, E, F, X, Y, Z = 1, 2, 3, 4, 5, 6, 90, 91, 92
 P, Q, K = 10, 11, 12
-NEW = ("lfu", "length_aware", "s3fifo")
+NEW = ("lfu_perfect", "length_aware", "s3fifo_sosp")
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "mini_mooncake.jsonl"
 
 
@@ -67,7 +67,7 @@ def test_lfu_hand_example_prefixes():
     # r3 [E]:     0 hits; E(1,7); evict the smallest of D(1,4), E(1,7), B, A -> D.
     # r4 [A,B,C]: A, B present, C absent -> 2 hits; counts A3 B3 C2 (C's count survived its
     #             eviction: perfect LFU); C(2,8) B(3,9) A(3,10); evict E(1,7).
-    r = run([[A, B, C], [A, B, D], [E], [A, B, C]], "lfu", 3, debug=True)
+    r = run([[A, B, C], [A, B, D], [E], [A, B, C]], "lfu_perfect", 3, debug=True)
     assert r["hit_blocks"].tolist() == [0, 2, 0, 2]
     assert r["final_contents"] == [{C: 2, B: 3, A: 3}]
     assert list(r["final_contents"][0]) == [C, B, A]  # eviction order: C, then B (less recent), A
@@ -80,7 +80,7 @@ def test_lfu_keeps_the_frequent_prefix_where_lru_drops_it():
     # r5 [E,F]: 0 hits, F(1,9) E(1,10); 6 > 4: evict D(1,7), C(1,8) (count 1 before count 3).
     # r6 [A,B]: 2 hits. LRU instead evicted the least recent B, A at r5 and misses at r6.
     keys = [[A, B]] * 3 + [[C, D], [E, F], [A, B]]
-    r = run(keys, "lfu", 4, debug=True)
+    r = run(keys, "lfu_perfect", 4, debug=True)
     assert r["hit_blocks"].tolist() == [0, 2, 2, 0, 0, 2]
     assert r["final_contents"] == [{F: 1, E: 1, B: 4, A: 4}]
     assert list(r["final_contents"][0]) == [F, E, B, A]
@@ -96,7 +96,7 @@ def test_lfu_counts_survive_eviction_unlike_in_cache_lfu():
     #       and evict B.)
     # r7 A: miss here; a hit for in-cache LFU.  A3; evict B(2, r5) -> {C: 2, A: 3}.
     seq = [A, A, B, C, B, C, A]
-    r = reference_simulate(objects(seq), policy="lfu", capacity_blocks=2)
+    r = reference_simulate(objects(seq), policy="lfu_perfect", capacity_blocks=2)
     assert r["hit_blocks"].tolist() == [0, 1, 0, 0, 0, 0, 0]
     assert r["final_contents"] == [{C: 2, A: 3}]
     lcs = pytest.importorskip("libcachesim")
@@ -107,7 +107,7 @@ def test_lfu_counts_survive_eviction_unlike_in_cache_lfu():
 
 def test_lfu_request_longer_than_capacity_keeps_its_head():
     # All five blocks count 1; the clock makes E the least recent, then D: both evicted.
-    r = run([[A, B, C, D, E], [A, B, C, D, E]], "lfu", 3, debug=True)
+    r = run([[A, B, C, D, E], [A, B, C, D, E]], "lfu_perfect", 3, debug=True)
     assert r["hit_blocks"].tolist() == [0, 3]
     assert r["final_contents"] == [{C: 2, B: 2, A: 2}]
 
@@ -164,7 +164,7 @@ def test_s3fifo_hand_example_ghost_and_promotion():
     #       (a block leaving M does not enter G).
     # r10 A: miss, A not in G -> S=[E,A]; |S|=2 > 1: E dropped, G=[D,E].
     seq = [A, B, C, D, A, C, C, E, B, A]
-    r = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=3)
+    r = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=3)
     assert r["hit_blocks"].tolist() == [0, 0, 0, 0, 0, 1, 1, 0, 0, 0]
     assert r["final_contents"] == [{A: ("S", 0), C: ("M", 0), B: ("M", 0)}]
     assert list(r["final_contents"][0]) == [A, C, B]
@@ -177,7 +177,7 @@ def test_s3fifo_promotion_needs_two_hits():
     # (Algorithm 1), so A is dropped into G.  With move_to_main_threshold=1 (promote when freq > 0)
     # A moves to M instead and B (freq 0) is dropped.
     seq = [A, A, B, C, D]
-    r = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=3)
+    r = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=3)
     assert r["hit_blocks"].tolist() == [0, 1, 0, 0, 0]
     assert r["final_contents"] == [{B: ("S", 0), C: ("S", 0), D: ("S", 0)}] and r["s3fifo_ghost"] == [[A]]
     c = S3FIFOCache(3, move_to_main_threshold=1)
@@ -197,7 +197,7 @@ def test_s3fifo_main_reinsertion_and_ghost_hit_into_main():
     # at the head with freq 0, M=[B,E,A]; B.freq 0 -> dropped.  (Algorithm 1, evicting before the
     # insertion, would test |S| = 1 >= 10% of 3 and drop C from S instead: choice (1) of the spec.)
     seq = [A, B, C, D, A, A, E, B, F, C, E]
-    r = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=3)
+    r = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=3)
     assert r["hit_blocks"].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]
     assert r["final_contents"] == [{C: ("S", 0), E: ("M", 0), A: ("M", 0)}]
     assert r["s3fifo_ghost"] == [[F]]
@@ -212,7 +212,7 @@ def test_s3fifo_frequency_caps_at_three_and_buys_three_passes():
     # r11 E: drop D, G=[D].  r12 D: G hit -> M=[A,D]: A 1 -> 0, D dropped.
     # r13 A: still cached (a cap of 2 would have dropped it at r12): a hit, A.freq 1.
     seq = [A, B, C, A, A, A, A, B, D, C, E, D, A]
-    r = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=2)
+    r = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=2)
     assert r["hit_blocks"].tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1]
     assert r["final_contents"] == [{E: ("S", 0), A: ("M", 1)}]
     assert r["s3fifo_ghost"] == [[]]
@@ -227,7 +227,7 @@ def test_s3fifo_promotion_overflow_evicts_main_at_once():
     #   The replica ends r9 with 2 blocks, below C (choices (2) and (3) of the spec).
     # r10 A: a miss (libCacheSim's lazy rule would have kept A in M until the next eviction).
     seq = [A, B, C, D, A, B, D, D, E, A]
-    r = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=3)
+    r = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=3)
     assert r["hit_blocks"].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
     assert r["final_contents"] == [{A: ("S", 0), B: ("M", 0), D: ("M", 0)}]
     assert r["s3fifo_ghost"] == [[C, E]]
@@ -246,7 +246,7 @@ def test_s3fifo_multi_block_promotion_pushes_main_over():
     # r4 [A,B,C]: A present, B absent -> 1 hit.  Leaf first: C in G -> M=[C]; B in G -> M=[C,B],
     #   G=[]; A hit, freq 2.  S=[A,D,E], 5 > 3: EVICT_S: A.freq 2 > 1 -> M=[C,B,A], over cM=2, so
     #   EVICT_M at once: C.freq 0 dropped; EVICT_S goes on: D dropped, G=[D].  S=[E], M=[B,A].
-    r = run([[A, B, C], [A, B, D], [E], [A, B, C]], "s3fifo", 3)
+    r = run([[A, B, C], [A, B, D], [E], [A, B, C]], "s3fifo_sosp", 3)
     assert r["hit_blocks"].tolist() == [0, 2, 0, 1]
     assert r["final_contents"] == [{E: ("S", 0), B: ("M", 0), A: ("M", 0)}]
     assert r["s3fifo_ghost"] == [[D]]
@@ -260,14 +260,14 @@ def test_s3fifo_is_not_prefix_closed():
     # r3 [A..E]: 1 hit (A).  E, D hits (freq 1); C, B from G into M=[E,D,C,B]; A freq 2.
     #   5 > 3, |S|=1 = cS: EVICT_M: E, D reinserted (freq 1 -> 0), C dropped; then B dropped.
     keys = [[A, B, C, D, E]] * 3
-    r = run(keys, "s3fifo", 3)
+    r = run(keys, "s3fifo_sosp", 3)
     assert r["hit_blocks"].tolist() == [0, 3, 1]
     assert r["final_contents"] == [{A: ("S", 2), E: ("M", 0), D: ("M", 0)}]
     assert r["s3fifo_ghost"] == [[]]
     with pytest.raises(AssertionError):
         check_prefix_closed(wl(keys), r["final_contents"][0])
     with pytest.raises(AssertionError):
-        check_prefix_closed(wl(keys), run(keys[:2], "s3fifo", 3)["final_contents"][0])
+        check_prefix_closed(wl(keys), run(keys[:2], "s3fifo_sosp", 3)["final_contents"][0])
 
 
 # ------------------------------------------------------------------------------ properties
@@ -301,7 +301,7 @@ def test_capacity_respected_and_prefix_closed(w, capacity, replicas):
         assert np.all(r["hit_blocks"] <= w.n_blocks)
         for contents in r["final_contents"]:
             assert len(contents) <= capacity
-            if policy != "s3fifo":
+            if policy != "s3fifo_sosp":
                 check_prefix_closed(w, contents)
 
 
@@ -346,7 +346,7 @@ def test_lfu_equals_lru_when_each_key_is_seen_once_per_cycle(sizes, cycles, cut,
         reqs.append(list(range(nxt, nxt + n)))
         nxt += n
     keys = (reqs * (cycles + 1))[: len(reqs) * cycles + min(cut, len(reqs))]
-    lfu = run(keys, "lfu", capacity)
+    lfu = run(keys, "lfu_perfect", capacity)
     lru = run(keys, "lru", capacity)
     assert lfu["hit_blocks"].tolist() == lru["hit_blocks"].tolist()
     assert list(lfu["final_contents"][0]) == lru["final_contents"][0]
@@ -360,7 +360,7 @@ def test_lfu_differs_from_lru_with_a_shared_prefix_in_the_cycle():
     # lru: r2 leaves C, A; r3 evicts C -> A, D; r4 evicts A (least recent) -> D, E; r5: 0 hits.
     # From r6 on both hit 1, 0, 0 (lfu: r6 evicts B(2,7), r7 C(2,9), r8 D(2,11); A stays).
     keys = [[A, B], [A, C], [D], [E]] * 2
-    assert run(keys, "lfu", 2)["hit_blocks"].tolist() == [0, 1, 0, 0, 1, 1, 0, 0]
+    assert run(keys, "lfu_perfect", 2)["hit_blocks"].tolist() == [0, 1, 0, 0, 1, 1, 0, 0]
     assert run(keys, "lru", 2)["hit_blocks"].tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
 
 
@@ -471,7 +471,7 @@ def test_s3fifo_reference_close_to_libcachesim(capacity):
     for seed in range(2):
         seq = zipf_stream(5000, 400, 0.9, seed=seed)
         expect = lcs_s3fifo_hits(seq, capacity, 2)
-        got = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=capacity)["hit_blocks"]
+        got = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=capacity)["hit_blocks"]
         assert abs(got.mean() - np.mean(expect)) <= 0.01
         differ |= got.tolist() != expect
     assert differ  # ...and they do differ: the tolerance covers a documented detail, not an accident
@@ -484,7 +484,7 @@ def test_s3fifo_warm_up_differs_from_libcachesim():
     # libCacheSim 0.3.5: 1, 2 go to S; S then holds cS and nothing was evicted yet, so 3..20 go to M.
     # r21..r23 drop 1, 2, 21 from S; 3 is still in M at r24: a hit.
     seq = list(range(1, 24)) + [3]
-    got = reference_simulate(objects(seq), policy="s3fifo", capacity_blocks=20)["hit_blocks"]
+    got = reference_simulate(objects(seq), policy="s3fifo_sosp", capacity_blocks=20)["hit_blocks"]
     assert got.tolist() == [0] * 24
     assert lcs_s3fifo_hits(seq, 20, 2) == [0] * 23 + [1]
 
@@ -528,7 +528,7 @@ def test_lfu_equals_libcachesim_lfu_when_no_key_is_evicted_and_readmitted():
     kept = 0
     for _ in range(60):
         seq = lfu_stream(rng)
-        hits = reference_simulate(objects(seq), policy="lfu", capacity_blocks=32)["hit_blocks"]
+        hits = reference_simulate(objects(seq), policy="lfu_perfect", capacity_blocks=32)["hit_blocks"]
         seen, readmitted = set(), False
         for k, h in zip(seq, hits):
             readmitted |= h == 0 and k in seen

@@ -68,6 +68,7 @@ def test_replay_refuses_what_it_does_not_model():
     w = load_mooncake(FIXTURE, block_tokens=512)
     key = jax.random.key(0)
     with pytest.raises(ValueError, match="JAX engine"):
-        replay_grid(w, [make_params("lfu", capacity_blocks=10)], [key])
+        replay_grid(w, [make_params("lfu_perfect", capacity_blocks=10)], [key])
     with pytest.raises(ValueError, match="JAX engine"):
-        replay_grid(w, [make_params("lru", capacity_blocks=10, replicas=2, router="least_loaded")], [key], max_replicas=2)
+        replay_grid(w, [make_params("lru", capacity_blocks=10, replicas=2, router="least_loaded")], [key],
+                    max_replicas=2)

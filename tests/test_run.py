@@ -38,7 +38,7 @@ def cells():
         dict(policy="lru", capacity_blocks=40, replicas=3, router="random"),
         dict(policy="lru_plain", capacity_blocks=25, replicas=2, router="cache_aware", view="approximate",
              index_capacity=30),
-        dict(policy="lfu", capacity_blocks=30, replicas=3, router="kv_cost"),
+        dict(policy="lfu_perfect", capacity_blocks=30, replicas=3, router="kv_cost"),
         dict(policy="length_aware", capacity_blocks=20, replicas=2, router="least_loaded"),
         dict(policy="ttl_refresh", ttl_s=0.5, replicas=3, router="weighted_scorers", view="precise"),
     ]

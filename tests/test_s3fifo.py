@@ -18,11 +18,11 @@ from cacheresearch.workload import Workload
 
 
 def check(w, stream, capacity, replicas, router, seed=0):
-    p = make_params("s3fifo", capacity_blocks=capacity, replicas=replicas, router=router, prefix_blocks=2)
+    p = make_params("s3fifo_sosp", capacity_blocks=capacity, replicas=replicas, router=router, prefix_blocks=2)
     m = simulate(stream, p, jax.random.key(seed), max_replicas=R_MAX)
     n = w.n_requests
     rep = np.asarray(m.replica)[:n]
-    kw = dict(policy="s3fifo", capacity_blocks=capacity, replicas=replicas, router=router, prefix_blocks=2)
+    kw = dict(policy="s3fifo_sosp", capacity_blocks=capacity, replicas=replicas, router=router, prefix_blocks=2)
     if router == "random":
         kw["replica_choices"] = rep
     ref = reference_simulate(w, **kw)
@@ -52,8 +52,8 @@ def test_s3fifo_matches_reference_on_repeated_small_pools(w, capacity, replicas)
 def test_s3fifo_needs_block_ids_and_a_router_that_reads_no_cache():
     w = Workload.from_lists([[1, 2], [1, 3]], block_tokens=1)
     with pytest.raises(ValueError, match="block_ids"):
-        simulate(compile_stream(w), make_params("s3fifo", capacity_blocks=2), jax.random.key(0))
+        simulate(compile_stream(w), make_params("s3fifo_sosp", capacity_blocks=2), jax.random.key(0))
     with pytest.raises(ValueError, match="cache-reading"):
-        simulate(compile_stream(w, block_ids=True), make_params("s3fifo", capacity_blocks=2, replicas=2,
+        simulate(compile_stream(w, block_ids=True), make_params("s3fifo_sosp", capacity_blocks=2, replicas=2,
                                                                  router="cache_aware"), jax.random.key(0),
                  max_replicas=2)

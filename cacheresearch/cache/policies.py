@@ -1,49 +1,41 @@
-"""Cache policies: names, and the dynamic parameters each one sets.
+"""Cache policies: the registry. Each policy is declared once (:func:`register_policy`): its id, what it
+takes (capacity, TTL), the rule family that implements it, its knobs; from the declarations follow the
+``policy`` ids of ``Params``, the knob fields (``core/params.py``), the sweep's schema and
+``docs/policies.md`` (:func:`policies_markdown`, tested up to date).
 
-Every policy is the same engine (:mod:`cacheresearch.engine`) driven by four dynamic numbers, so a
-grid over policies is one compiled program:
+Families (``engine``) and what implements them:
 
-============  ==========  ===========  ================  ==========================================
-policy        capacity    TTL          recency order     meaning
-============  ==========  ===========  ================  ==========================================
-lru           C blocks    none         leaf-first        vLLM / SGLang: after a request its first
-                                                         block is the most recent, its last block the
-                                                         least recent; the cache stays prefix-closed
-lru_plain     C blocks    none         prompt order      blocks touched first to last (the seed's
-                                                         snippet, libCacheSim on a forward stream)
-ttl_refresh   unbounded   TTL          (unused)          present while now - last access <= TTL;
-                                                         every access refreshes
-ttl_fixed     unbounded   TTL          (unused)          expiry set at write; hits do not extend it
-unbounded     unbounded   none         (unused)          never evicts: the ideal hit rate
-lfu           C blocks    none         leaf-first        perfect-history LFU: evict the block with
-                                                         the fewest requests (on this replica, ever)
-                                                         that contained it, ties least recent first
-length_aware  C blocks    none         leaf-first        Mooncake's LengthAwareCache: evict the block
-                                                         deepest in its prompt first, ties least
-                                                         recent first
-s3fifo        C blocks    none         leaf-first touch  S3-FIFO (SOSP'23): small, main and ghost FIFO
-                                                         queues, per block (cacheresearch.cache.s3fifo)
-============  ==========  ===========  ================  ==========================================
-
-``lfu`` and ``length_aware`` are *priority* policies (:mod:`cacheresearch.cache.priority`): they rank
-stored runs by more than recency, so every run needs state (``compile_stream(...,
-stateful_singletons=True)``) and the router's ``stale`` view is not available with them. Both keep
-the cache prefix-closed on chained keys (a child's count never exceeds its parent's and on a tie it
-is less recent; a child is deeper than its parent).
+* ``run_store`` (:mod:`.store`): recency over runs: LRU in leaf-first or prompt order under a capacity,
+  or a TTL clock without one (``lru``, ``lru_plain``, ``ttl_refresh``, ``ttl_fixed``, ``unbounded``).
+  Every access restamps a run, so a capacity policy here is LRU: a declaration with a capacity and
+  ``refresh_on_hit=False`` (a FIFO, say) is refused, since the store would run it as LRU;
+* ``priority`` (:mod:`.priority`): ranks runs beyond recency (``lfu_perfect``, ``length_aware``);
+* ``s3fifo_sosp`` (:mod:`.s3fifo`): S3-FIFO with the paper's Algorithm 1 rules after a whole request
+  is stored (the project's earlier ``s3fifo``), per block in the JAX scan;
+* ``blocks`` (:mod:`.block`): libCacheSim's own policies, per block (``fifo``, ``sieve``, ``s3fifo``,
+  ``lfu`` = in-cache LFU, ``arc``); the numba backend :mod:`cacheresearch.backends.numba_policies`
+  runs them, the JAX scan refuses them.
 
 Common semantics: the hit of a request is the longest leading run of its block keys present on the
-chosen replica at lookup (before any insertion or eviction for that request); afterwards every block of
-the request is stored and refreshed (``ttl_fixed``: only missing blocks are written), then the LRU
-policies evict least-recent blocks down to the capacity.
+chosen replica at lookup (before any insertion or eviction for that request); then the request's
+blocks are stored (the run store and priority rules: all of them, then eviction down to the
+capacity; the per-block rules: one ``get`` per block, leaf-first, eviction before each insertion).
+Each policy's oracle is in ``tests/reference.py`` (run-store, priority, s3fifo_sosp) or
+``tests/reference_blocks.py`` (per block); ``tests/test_policy_conformance.py`` enumerates the registry.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "S3FIFO_ID", "INF"]
+__all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "S3FIFO_ID", "BLOCK_IDS", "INF",
+           "register_policy", "policies_markdown", "ENGINES"]
 
 INF = 2**31 - 1  # "no limit" for capacity and TTL (int32)
+
+
+ENGINES = ("run_store", "priority", "s3fifo_sosp", "blocks")
+_PRIORITY_RULES = ("lfu_perfect", "length_aware")  # the rules cache.priority implements
 
 
 class PolicySpec(NamedTuple):
@@ -53,20 +45,100 @@ class PolicySpec(NamedTuple):
     leaf_first: bool
     refresh_on_hit: bool
     priority: bool = False  # ranks runs beyond recency (cache.priority)
-    block_state: bool = False  # keeps per-block state (cache.s3fifo)
+    block_state: bool = False  # keeps per-block state in the JAX scan (cache.s3fifo)
+    engine: str = "run_store"  # the rule family that implements it (module docstring)
+    knobs: tuple = ()  # names of the knobs it reads (declared in cache.block.BLOCK_KNOBS)
+    doc: str = ""
 
 
-POLICIES: dict[str, PolicySpec] = {
-    "lru": PolicySpec(0, True, False, True, True),
-    "lru_plain": PolicySpec(1, True, False, False, True),
-    "ttl_refresh": PolicySpec(2, False, True, True, True),
-    "ttl_fixed": PolicySpec(3, False, True, True, False),
-    "unbounded": PolicySpec(4, False, False, True, True),
-    "lfu": PolicySpec(5, True, False, True, True, priority=True),
-    "length_aware": PolicySpec(6, True, False, True, True, priority=True),
-    "s3fifo": PolicySpec(7, True, False, True, True, block_state=True),
-}
-S3FIFO_ID = POLICIES["s3fifo"].id
+POLICIES: dict[str, PolicySpec] = {}
+
+
+def register_policy(name: str, spec: PolicySpec) -> PolicySpec:
+    """Declare a policy; refuse a declaration its rule family does not implement."""
+    from cacheresearch.cache.block import BLOCK_KNOBS, BLOCK_POLICY_IDS  # noqa: PLC0415
+
+    if name in POLICIES or spec.id in {p.id for p in POLICIES.values()}:
+        raise ValueError(f"policy {name!r} or id {spec.id} is already registered")
+    if spec.engine not in ENGINES:
+        raise ValueError(f"policy {name!r}: engine must be one of {ENGINES}, got {spec.engine!r}")
+    if spec.engine == "run_store":
+        if spec.uses_capacity and not spec.refresh_on_hit:
+            raise ValueError(f"policy {name!r}: the run store restamps every access, so under a capacity it is "
+                             "LRU whatever refresh_on_hit says (refresh_on_hit=False only keeps a TTL's write "
+                             "time); a policy whose hits do not reorder (FIFO) is a per-block policy: "
+                             "engine='blocks' (cache/block.py, backends/numba_policies.py)")
+        if spec.uses_capacity and spec.uses_ttl:
+            raise ValueError(f"policy {name!r}: the run store's policies take a capacity or a TTL, not both")
+        if spec.priority or spec.block_state:
+            raise ValueError(f"policy {name!r}: priority / block_state belong to other engines")
+    if spec.engine == "priority" and (name not in _PRIORITY_RULES or not spec.priority):
+        raise ValueError(f"policy {name!r}: cache.priority implements {_PRIORITY_RULES} only")
+    if spec.engine == "s3fifo_sosp" and not spec.block_state:
+        raise ValueError(f"policy {name!r}: the s3fifo_sosp rule keeps per-block state (block_state=True)")
+    if spec.engine == "blocks":
+        if name not in BLOCK_POLICY_IDS:
+            raise ValueError(f"policy {name!r}: the per-block kernels implement {BLOCK_POLICY_IDS} only "
+                             "(add a kernel to backends/numba_policies.py and cache/block.py)")
+        if not spec.uses_capacity or spec.uses_ttl:
+            raise ValueError(f"policy {name!r}: the per-block policies take a capacity and no TTL")
+    unknown = set(spec.knobs) - {k.name for k in BLOCK_KNOBS}
+    if unknown:
+        raise ValueError(f"policy {name!r}: knobs {sorted(unknown)} are not declared (cache.block.BLOCK_KNOBS)")
+    POLICIES[name] = spec
+    return spec
+
+
+_S3K = ("s3fifo_small_pm", "s3fifo_ghost_pm", "s3fifo_promote")
+for _name, _spec in (
+    ("lru", PolicySpec(0, True, False, True, True, doc="leaf-first LRU (vLLM / SGLang): a request's first "
+                       "block ends most recent; prefix-closed")),
+    ("lru_plain", PolicySpec(1, True, False, False, True, doc="LRU in prompt order (blocks touched first to last)")),
+    ("ttl_refresh", PolicySpec(2, False, True, True, True, doc="present while now - last access <= TTL; "
+                               "every access refreshes")),
+    ("ttl_fixed", PolicySpec(3, False, True, True, False, doc="expiry set at write; hits do not extend it")),
+    ("unbounded", PolicySpec(4, False, False, True, True, doc="never evicts: the ideal hit rate")),
+    ("lfu_perfect", PolicySpec(5, True, False, True, True, priority=True, engine="priority",
+                               doc="perfect-history LFU: counts of requests containing the block survive "
+                               "eviction; ties least recent first")),
+    ("length_aware", PolicySpec(6, True, False, True, True, priority=True, engine="priority",
+                                doc="Mooncake's LengthAwareCache: deepest block first, ties least recent")),
+    ("s3fifo_sosp", PolicySpec(7, True, False, True, True, block_state=True, engine="s3fifo_sosp",
+                               doc="S3-FIFO, SOSP'23 Algorithm 1 after the whole request is stored, no "
+                               "warm-up rule, M overflow evicted at once (not libCacheSim's)")),
+    ("fifo", PolicySpec(8, True, False, True, False, engine="blocks", doc="libCacheSim FIFO")),
+    ("sieve", PolicySpec(9, True, False, True, False, engine="blocks", doc="libCacheSim Sieve (NSDI'24)")),
+    ("s3fifo", PolicySpec(10, True, False, True, False, engine="blocks", knobs=_S3K,
+                          doc="libCacheSim S3FIFO (SOSP'23; its warm-up and lazy main trim)")),
+    ("lfu", PolicySpec(11, True, False, True, False, engine="blocks",
+                       doc="libCacheSim LFU: in-cache (counts forgotten at eviction), ties by bucket arrival")),
+    ("arc", PolicySpec(12, True, False, True, False, engine="blocks", doc="libCacheSim ARC (FAST'03)")),
+):
+    register_policy(_name, _spec)
+BLOCK_IDS = tuple(p.id for p in POLICIES.values() if p.engine == "blocks")
+
+
+def policies_markdown() -> str:
+    """``docs/policies.md``: the registry as a table (tests/test_policy_conformance.py keeps it current)."""
+    from cacheresearch.cache.block import BLOCK_KNOBS  # noqa: PLC0415
+
+    kd = {k.name: k for k in BLOCK_KNOBS}
+    lines = ["# Cache policies", "", "Generated from `cacheresearch/cache/policies.py` "
+             "(`python -c \"from cacheresearch.cache.policies import policies_markdown as m; print(m())\"`).", "",
+             "| policy | id | capacity | TTL | engine | knobs | rule |", "|---|---|---|---|---|---|---|"]
+    for n, p in POLICIES.items():
+        kn = ", ".join(f"`{k}`={kd[k].default}" for k in p.knobs) or "-"
+        lines.append(f"| `{n}` | {p.id} | {'yes' if p.uses_capacity else '-'} | {'yes' if p.uses_ttl else '-'} "
+                     f"| {p.engine} | {kn} | {p.doc} |")
+    lines += ["", "Knobs:", ""] + [f"* `{k.name}` (default {k.default}, {k.lo}..{k.hi} {k.unit}): {k.doc}"
+                                    for k in BLOCK_KNOBS]
+    lines += ["", "Engines: `run_store`, `priority`, `s3fifo_sosp`: the JAX scan (every router and view; "
+              "`priority` refuses the stale view, `s3fifo_sosp` the cache-reading routers); `blocks`: the numba "
+              "backend `cacheresearch.backends.numba_policies` (routers that read neither load nor cache).", ""]
+    return "\n".join(lines)
+
+
+S3FIFO_ID = POLICIES["s3fifo_sosp"].id
 PRIORITY_IDS = tuple(p.id for p in POLICIES.values() if p.priority)
 
 

@@ -2,7 +2,8 @@
 
 Runs do not help here: a partly evicted run is readmitted block by block into different queues, so
 this policy keeps per-block state (the stream must carry block ids: ``compile_stream(...,
-block_ids=True)``). The definition is the reference's (``tests/reference.py``, ``s3fifo``):
+block_ids=True)``). The definition is the reference's (``tests/reference.py``, ``s3fifo_sosp``;
+libCacheSim's S3FIFO is the policy ``s3fifo``, :mod:`cacheresearch.cache.block`):
 
 * a small FIFO ``S`` of ``cS = min(C, max(1, C // 10))`` blocks, a main FIFO ``M`` of ``C - cS``, a
   ghost FIFO ``G`` of keys of size ``C - cS``; frequencies capped at 3;

@@ -10,7 +10,9 @@ order:
   group (``prefix_blocks``, ``view``, ``stale_lag_ms``, ``instances``, ``local_load``,
   ``index_capacity``), then each router's own knobs in router-id order;
 * the replica model: its speed (:data:`LATENCY_KNOBS`: ``prefill_tps``, ``decode_us_per_token``), then
-  the registry's replica group (``kv_pressure``).
+  the registry's replica group (``kv_pressure``) and the vllm replica's knobs;
+* the per-block policies' knobs (:data:`cacheresearch.cache.block.BLOCK_KNOBS`: libCacheSim's S3FIFO
+  parameters).
 
 A knob's dtype, range and conversion come from its :class:`~cacheresearch.routers.registry.Knob`
 declaration (:data:`KNOB_DECLS`), so a router added to the registry adds its fields here, its checks to
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cacheresearch.cache.block import BLOCK_KNOBS
 from cacheresearch.cache.policies import INF, policy_spec
 from cacheresearch.routers import PRESETS, REGISTRY, Knob, router_id
 
@@ -142,14 +145,14 @@ _FIXED_FIELDS = (
 )
 
 #: Every knob declaration by name, in the order of :data:`KNOBS`.
-KNOB_DECLS: dict[str, Knob] = {k.name: k for k in REGISTRY.knobs() + LATENCY_KNOBS + STEP_KNOBS}
+KNOB_DECLS: dict[str, Knob] = {k.name: k for k in REGISTRY.knobs() + LATENCY_KNOBS + STEP_KNOBS + BLOCK_KNOBS}
 #: Router and replica knobs (``ROUTER_DEFAULTS``' keys), then the replica speed.
 KNOBS: tuple[str, ...] = tuple(KNOB_DECLS)
 
 _PARAM_KNOBS = (REGISTRY.shared_knobs("view") + REGISTRY.router_knobs() + LATENCY_KNOBS
-                + REGISTRY.shared_knobs("replica") + STEP_KNOBS)
+                + REGISTRY.shared_knobs("replica") + STEP_KNOBS + BLOCK_KNOBS)
 _clash = sorted({n for n, _, _ in _FIXED_FIELDS} & set(KNOBS))
-if _clash or len(KNOB_DECLS) != len(REGISTRY.knobs()) + len(LATENCY_KNOBS) + len(STEP_KNOBS):
+if _clash or len(KNOB_DECLS) != len(REGISTRY.knobs()) + len(LATENCY_KNOBS) + len(STEP_KNOBS) + len(BLOCK_KNOBS):
     raise ValueError(f"knob names collide with Params fields or each other: {_clash or sorted(KNOBS)}")
 
 #: Params field -> NumPy dtype of its values.

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
+from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
 from cacheresearch.cache.store import StoreState, evict, flush, init_store, stored_len
@@ -150,7 +150,7 @@ def _simulate(stream: Stream, params, key, st: Static):
     ring = ring_positions(R, st.max_vnodes)
     leaf = params.leaf_first
     prio = is_priority(params.policy) if st.priority else None
-    is_lfu = params.policy == POLICIES["lfu"].id
+    is_lfu = params.policy == POLICIES["lfu_perfect"].id
     is_s3 = params.policy == S3FIFO_ID
 
     def step(c: Carry, x):
@@ -597,11 +597,21 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("view 'approximate' needs index=True")
     if (cache & (views == VIEWS["stale"])).any() and not st.stale:
         raise ValueError("view 'stale' needs stale=True")
+    blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
+                  and p.id in BLOCK_IDS})
+    if blk:
+        raise ValueError(f"policies {blk} are libCacheSim's per-block policies: their state is per block (a partly "
+                         "evicted run is readmitted block by block into different queues), which the JAX scan's "
+                         "run store does not keep; run them with cacheresearch.backends.numba_policies."
+                         "block_replay_grid (routers that read neither load nor cache)")
     prio = np.isin(np.asarray(params.policy).reshape(-1), PRIORITY_IDS)
     if prio.any() and not st.priority:
-        raise ValueError("policies lfu and length_aware need priority=True")
+        raise ValueError("policies lfu_perfect and length_aware need priority=True")
     if st.priority and st.stale:
-        raise ValueError("the stale router view is not available with the priority policies (lfu, length_aware)")
+        raise ValueError("the stale router view is not available with the priority policies (lfu_perfect, "
+                         "length_aware): the stale view's as-of-sync copy of a run "
+                         "holds its stamp and time, not the stored length and count that decide presence under "
+                         "these policies")
     s3 = np.asarray(params.policy).reshape(-1) == S3FIFO_ID
     restart = np.asarray(params.restart_replica).reshape(-1) >= 0
     if restart.any() and (prio.any() or s3.any()):
@@ -611,7 +621,7 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
     if restart.any() and st is not None and st.scheduler == "vllm":
         raise ValueError("a replica restart (restart_replica) is modelled with the fcfs replica only")
     if s3.any() and not st.s3:
-        raise ValueError("policy s3fifo needs s3=True")
+        raise ValueError("policy s3fifo_sosp needs s3=True")
     if st.scheduler == "vllm":
         pol = {int(x) for x in np.asarray(params.policy).reshape(-1)}
         okp = {POLICIES[n].id for n in VLLM_POLICIES}
@@ -627,7 +637,7 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         if np.any(np.asarray(params.max_num_seqs) > st.max_running):
             raise ValueError(f"max_num_seqs above the static bound max_running={st.max_running}")
     if (s3 & cache).any():
-        raise ValueError("policy s3fifo keeps per-block queues that the cache-reading routers' views do not read: "
+        raise ValueError("policy s3fifo_sosp keeps per-block queues that the cache-reading routers' views do not read: "
                          "use a router that reads no cache state with it")
 
 
@@ -640,9 +650,9 @@ def check_stream(stream: Stream, st: Static) -> None:
         if runs > st.max_runs:
             raise ValueError(f"a request has {runs} runs, above the static bound max_runs={st.max_runs}")
     if st.priority and stream.has_singletons:
-        raise ValueError("policies lfu and length_aware need compile_stream(..., stateful_singletons=True)")
+        raise ValueError("policies lfu_perfect and length_aware need compile_stream(..., stateful_singletons=True)")
     if st.s3 and stream.n_distinct == 0:
-        raise ValueError("policy s3fifo needs compile_stream(..., block_ids=True)")
+        raise ValueError("policy s3fifo_sosp needs compile_stream(..., block_ids=True)")
 
 
 def _with_runs(stream: Stream, options: dict) -> dict:

@@ -21,7 +21,8 @@ Shell-side (files, xarray, matplotlib) around :mod:`cacheresearch.fit`; register
                      round-robin (one-pass curves), longest-prefix match (the ``cache_aware`` router with
                      no load cap and no match threshold) and a load-capped cache-aware router (SGLang's
                      defaults; the JAX engine with the queue model)
-``mooncake_table1``  arXiv 2407.00079 Table 1: LRU vs LFU vs LengthAwareCache (``lfu``, ``length_aware``)
+``mooncake_table1``  arXiv 2407.00079 Table 1: LRU vs both LFUs vs LengthAwareCache (``lfu_perfect``, ``lfu``,
+                     ``length_aware``)
                      at capacities in blocks (``inf`` = unbounded), one pool, the JAX engine
 
 ``ttl_trace``  TTL advice on a trace: per root (the requests that share a first block) the predicted
@@ -210,7 +211,8 @@ def summarize_fit(ds) -> str:
     for t, d in json.loads(a["fitted_laws"]).items():
         out.append(f"  [{t}] " + "; ".join(f"{k}: {v}" for k, v in d.items()))
     has_naive = "hit_rate_naive" in ds
-    hdr = ["capacity (blocks)", "share", "trace", "fitted [95% CI]", "analytic (Che)"] + (["naive"] if has_naive else [])
+    hdr = (["capacity (blocks)", "share", "trace", "fitted [95% CI]", "analytic (Che)"]
+           + (["naive"] if has_naive else []))
     rows = [hdr]
     for i, cb in enumerate(ds.capacity_blocks.values):
         x = ds.isel(capacity_blocks=i)
@@ -225,7 +227,8 @@ def summarize_fit(ds) -> str:
     for i, tt in enumerate(ds.ttl_s.values):
         x = ds.isel(ttl_s=i)
         r = [f"{float(tt):g}", S.pct(x.hit_rate_trace_ttl),
-             f"{S.pct(x.hit_rate_fitted_ttl)} [{S.pct(x.hit_rate_fitted_ttl_ci_low)}, {S.pct(x.hit_rate_fitted_ttl_ci_high)}]",
+             f"{S.pct(x.hit_rate_fitted_ttl)} [{S.pct(x.hit_rate_fitted_ttl_ci_low)}, "
+             f"{S.pct(x.hit_rate_fitted_ttl_ci_high)}]",
              S.pct(x.hit_rate_analytic_ttl)]
         if has_naive:
             r.append(S.pct(x.hit_rate_naive_ttl))
@@ -279,7 +282,7 @@ MOONCAKE_DEFAULTS = dict(
     nodes=10,
     node_tokens=[3_000_000],
     capacities=["inf", 100_000, 50_000, 30_000, 10_000, 1_000],
-    policies=["lru", "lfu", "length_aware"],
+    policies=["lru", "lfu_perfect", "lfu", "length_aware"],
 )
 
 
@@ -389,7 +392,8 @@ def mooncake_fig10_study(cfg) -> xr.Dataset:
         local[1:, j] = yield from _engine_rates(w, ps, max_replicas=R)
     t_sim = time.perf_counter() - ts
     ds = xr.Dataset({"hit_rate_local": (("router", "node_tokens"), local), "hit_rate_global": (("node_tokens",), glob),
-                     "global_over_local": (("router", "node_tokens"), glob[None, :] / np.where(local > 0, local, np.nan))},
+                     "global_over_local": (("router", "node_tokens"),
+                                           glob[None, :] / np.where(local > 0, local, np.nan))},
                     coords={"router": routers, "node_tokens": np.asarray(toks)})
     S.doc(ds, {"hit_rate_local": (f"token hit rate of {R} local LRU caches, by the router that reaches them", "1"),
                 "hit_rate_global": (f"token hit rate of one global pool of {R} x node_tokens", "1"),
@@ -433,6 +437,27 @@ def plot_fig10(ds):
     return fig
 
 
+def _table1_rates(w, params):
+    """Token hit rates: libCacheSim's per-block policies (``lfu``, ...) on the numba engine, the rest on the
+    JAX engine (one call each)."""
+    from cacheresearch.backends.numba_policies import block_replay_grid
+    from cacheresearch.cache.policies import BLOCK_IDS, PRIORITY_IDS
+
+    blk = [i for i, p in enumerate(params) if int(p.policy) in BLOCK_IDS]
+    jx = [i for i, p in enumerate(params) if int(p.policy) not in BLOCK_IDS]
+    out = [0.0] * len(params)
+    if jx:
+        stateful = any(int(params[i].policy) in PRIORITY_IDS for i in jx)
+        rates = yield from _engine_rates(w, [params[i] for i in jx], max_replicas=1, stateful=stateful)
+        for i, r in zip(jx, rates):
+            out[i] = r
+    if blk:
+        m = block_replay_grid(w, [params[i] for i in blk])
+        for i, r in zip(blk, m.token_hit_rate):
+            out[i] = float(r)
+    return out
+
+
 def mooncake_table1_study(cfg) -> xr.Dataset:
     from cacheresearch.engine import make_params
 
@@ -449,7 +474,7 @@ def mooncake_table1_study(cfg) -> xr.Dataset:
                 params.append(make_params(p, capacity_blocks=int(float(cap))))
             cells.append((pi, ci))
     ts = time.perf_counter()
-    rates = yield from _engine_rates(w, params, max_replicas=1, stateful=any(p in ("lfu", "length_aware") for p in pols))
+    rates = yield from _table1_rates(w, params)
     t_sim = time.perf_counter() - ts
     out = np.zeros((len(pols), len(caps)))
     for (pi, ci), r in zip(cells, rates):

@@ -1,0 +1,140 @@
+"""The per-block policies (``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``) as compiled loops (numba).
+
+These are libCacheSim's policies (:mod:`cacheresearch.cache.block`), equal to libCacheSim 0.3.5
+access for access on object streams and to their plain-Python oracles (``tests/reference_blocks.py``)
+request by request on prefix streams. Their state is per block: a partly evicted run is readmitted
+block by block into different queues (or frequency buckets), so runs do not compress them.
+
+Structures, per replica, all O(1) per access (amortised):
+
+* one doubly linked list per queue over block ids (``older`` / ``newer`` arrays of the id space, a
+  head, a tail and a count per list); ``where[k]`` names the list a block is in (0 absent; 1 and 2
+  data lists; 3 and 4 ghost lists);
+* ``fifo``: list 1; ``sieve``: list 1, the visited bit in ``freq`` and the hand (each visited bit
+  is cleared once per setting, so the hand's walk is amortised O(1)); ``s3fifo``: small 1, main 2,
+  ghost 3; ``arc``: T1 1, T2 2, B1 3, B2 4 and the target ``p`` (float64, as libCacheSim's double);
+* ``lfu``: one list per frequency (bucket ``f`` is list ``f``) and the lowest non-empty frequency,
+  kept as libCacheSim keeps it (reset to 1 on an insertion, raised by a scan at an eviction).
+
+Routing is fixed before the run (routers that read neither load nor cache, decisions from
+:func:`cacheresearch.analysis.mrc.route_requests_many`, as the LRU numba backend); configurations run
+in parallel threads. The cache-reading routers (and their views) and the queue model are not
+available here: they read a run store, and these policies keep block queues instead.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from cacheresearch.analysis.mrc import route_requests_many
+from cacheresearch.cache.block import BLOCK_POLICY_IDS, block_sizes
+from cacheresearch.cache.policies import POLICIES
+from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
+from cacheresearch.workload import Workload
+
+__all__ = ["block_replay_grid", "block_replay", "BlockMetrics"]
+
+
+class BlockMetrics(NamedTuple):
+    """:class:`~cacheresearch.backends.numba_cache.ReplayMetrics`' fields, plus ``block_hits`` [G]: the
+    accesses (``get`` calls, one per block) that hit: libCacheSim's hit count on the same block stream."""
+
+    token_hit_rate: np.ndarray
+    hit_tokens: np.ndarray
+    requests_hit: np.ndarray
+    max_occupancy: np.ndarray
+    occupancy: np.ndarray
+    requests_per_replica: np.ndarray
+    hit_blocks: np.ndarray
+    replica: np.ndarray
+    block_hits: np.ndarray
+
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is None:
+        from cacheresearch.backends._block_kernels import run  # noqa: PLC0415 (numba compiles on first use)
+
+        _KERNEL = run
+    return _KERNEL
+
+
+def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: int = 1) -> BlockMetrics:
+    """Run configurations ``params`` (a list of :class:`~cacheresearch.core.params.Params` or stacked
+    fields [G]) whose policies are per-block ones over ``workload``; ``keys`` [G]: PRNG keys (the
+    ``random`` router's draws, as the engine's). Configurations of several policies are grouped by
+    policy (one compiled loop each)."""
+    if isinstance(params, (list, tuple)):
+        from cacheresearch.core.params import stack_params  # noqa: PLC0415
+
+        params = stack_params(list(params))
+    P = {f: np.asarray(getattr(params, f)).reshape(-1) for f in params._fields}
+    G = P["policy"].shape[0]
+    names = {v.id: k for k, v in POLICIES.items()}
+    pol = [names[int(x)] for x in P["policy"]]
+    bad = sorted(set(pol) - set(BLOCK_POLICY_IDS))
+    if bad:
+        raise ValueError(f"policies {bad} are not per-block policies ({', '.join(BLOCK_POLICY_IDS)}): use the "
+                         "JAX engine or the LRU numba backend (backends.numba_cache)")
+    rnames = {v: k for k, v in ROUTERS.items()}
+    rt = [rnames[int(x)] for x in P["router"]]
+    if set(rt) - set(LOAD_FREE_ROUTERS):
+        raise ValueError(f"routers {sorted(set(rt) - set(LOAD_FREE_ROUTERS))} read load or cache state; the "
+                         "per-block policies keep block queues, not the run store those routers' views read, and "
+                         f"have no queue model: use {', '.join(LOAD_FREE_ROUTERS)}")
+    if P["kv_pressure"].any():
+        raise ValueError("kv_pressure needs the queue model, which the per-block policies do not run")
+    if np.any(P["replicas"] > max_replicas) or np.any(P["replicas"] < 1):
+        raise ValueError(f"replicas outside [1, max_replicas={max_replicas}]")
+    if keys is None:
+        if "random" in rt:
+            raise ValueError("router 'random' needs PRNG keys")
+        keys = [None] * G
+    keys = list(keys) if not hasattr(keys, "shape") or keys.shape else [keys]
+    N = workload.n_requests
+    rep = np.zeros((G, N), np.int64)
+    groups: dict[tuple, list[int]] = {}
+    for g in range(G):
+        groups.setdefault((rt[g], int(P["replicas"][g]), int(P["prefix_blocks"][g])), []).append(g)
+    for (router, R, pb), gs in groups.items():
+        rep[gs] = route_requests_many(workload, router, R, prefix_blocks=pb,
+                                      keys=[keys[g] for g in gs] if router == "random" else None)
+    ids = workload.dense_ids().astype(np.int64) if workload.total_blocks else np.zeros(1, np.int64)
+    U = int(ids.max()) + 1 if workload.total_blocks else 1
+    off = workload.offsets[:-1].astype(np.int64)
+    nb = workload.n_blocks.astype(np.int64)
+    inp = workload.input_tokens.astype(np.int64)
+    cap = P["capacity"].astype(np.int64)
+    sizes = [block_sizes(pol[g], int(cap[g]), {k: P[k][g] for k in P}) for g in range(G)]
+    cS = np.asarray([s[0] for s in sizes], np.int64)
+    cG = np.asarray([s[1] for s in sizes], np.int64)
+    th = np.asarray([s[2] for s in sizes], np.int64)
+    out = [np.zeros((G, N), np.int32), np.zeros(G, np.int64), np.zeros(G, np.int64),
+           np.zeros((G, max_replicas), np.int32), np.zeros((G, max_replicas), np.int32),
+           np.zeros((G, max_replicas), np.int32), np.zeros(G, np.int64)]
+    hot = int(np.bincount(ids).max(initial=0)) if workload.total_blocks else 0
+    for name in dict.fromkeys(pol):
+        gs = np.asarray([g for g in range(G) if pol[g] == name])
+        code = BLOCK_POLICY_IDS.index(name)
+        L = hot + 2 if name == "lfu" else 5  # lfu: a list per frequency (at most a block's accesses)
+        got = _kernel()(code, ids, off, nb, inp, int(workload.block_tokens), rep[gs], cap[gs], cS[gs], cG[gs],
+                        th[gs], int(max_replicas), U, L)
+        for o, v in zip(out, got):
+            o[gs] = v
+    hb, ht, rh, occ, mocc, nreq, bh = out
+    total = float(workload.input_tokens.sum())
+    rate = ht / total if total > 0 else np.zeros(G)
+    return BlockMetrics(rate, ht, rh, occ, mocc, nreq, hb, rep.astype(np.int32), bh)
+
+
+def block_replay(workload: Workload, policy: str, capacity_blocks: int, *, replicas: int = 1,
+                 router: str = "round_robin", key=None, **knobs) -> BlockMetrics:
+    """One configuration (:func:`block_replay_grid` of ``make_params(policy, capacity_blocks, ...)``)."""
+    from cacheresearch.core.params import make_params  # noqa: PLC0415
+
+    p = make_params(policy, capacity_blocks=capacity_blocks, replicas=replicas, router=router, **knobs)
+    return block_replay_grid(workload, [p], None if key is None else [key], max_replicas=int(replicas))
