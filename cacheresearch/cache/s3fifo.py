@@ -59,19 +59,20 @@ def init_s3(R: int, U: int, P: int) -> S3State:
                    jnp.zeros((R, P), jnp.int32), zr, zr)
 
 
-def s3_request(s: S3State, r, block_id, base, n, cap, do, window: int = 16):
-    """Lookup, touch and evict request (blocks ``block_id[base : base + n]``) on replica ``r`` under
-    capacity ``cap`` when ``do``; returns (state, hit blocks)."""
+def _window_ids(block_id, base, nn, j, window: int, U: int):
+    """(valid lanes, block ids) of the ``window`` blocks from position ``j`` of the request (``U`` past its end)."""
+    pos = j + jnp.arange(window, dtype=jnp.int32)
+    ok = pos < nn
+    return ok, jnp.where(ok, block_id[jnp.minimum(base + pos, block_id.shape[0] - 1)], U)
+
+
+def _s3_lookup(s: S3State, r, block_id, base, nn, window: int):
+    """Hit blocks: the leading run of the request's blocks present on replica ``r``."""
     U = s.loc.shape[1]
-    lane = jnp.arange(window, dtype=jnp.int32)
-    nn = jnp.where(do, n, 0)
 
     def ids_at(j):
-        pos = j + lane
-        ok = pos < nn
-        return ok, jnp.where(ok, block_id[jnp.minimum(base + pos, block_id.shape[0] - 1)], U)
+        return _window_ids(block_id, base, nn, j, window, U)
 
-    # ---- lookup: the leading run of present blocks
     def lk_cond(c):
         j, _, alive = c
         return (j < nn) & alive
@@ -86,7 +87,17 @@ def s3_request(s: S3State, r, block_id, base, n, cap, do, window: int = 16):
 
     _, hit, _ = jax.lax.while_loop(lk_cond, lk_body, (jnp.int32(0), jnp.int32(0), jnp.bool_(True)))
 
-    # ---- touch leaf-first: windows from the last one back, lanes reversed
+    return hit
+
+
+def _s3_touch(s: S3State, r, block_id, base, nn, window: int) -> S3State:
+    """Touch the request's blocks leaf-first: present ones count a hit, ghosts enter M, others S."""
+    U = s.loc.shape[1]
+
+    def ids_at(j):
+        return _window_ids(block_id, base, nn, j, window, U)
+
+    # windows from the last one back, lanes reversed
     nwin = (nn + window - 1) // window
 
     def touch(k, s):
@@ -119,6 +130,12 @@ def s3_request(s: S3State, r, block_id, base, n, cap, do, window: int = 16):
 
     s = jax.lax.fori_loop(0, nwin, touch, s)
 
+    return s
+
+
+def _s3_evict(s: S3State, r, cap, do) -> S3State:
+    """Evict down to ``cap`` on replica ``r`` (the S / M state machine), then trim the ghost."""
+    U = s.loc.shape[1]
     # ---- evict: mode 0 choose, 1 evict_small, 2 evict_main (from the choice), 3 evict_main after a
     # promotion (then back to evict_small)
     cS = jnp.minimum(cap, jnp.maximum(1, cap // 10))
@@ -186,5 +203,13 @@ def s3_request(s: S3State, r, block_id, base, n, cap, do, window: int = 16):
         return s._replace(gseq=s.gseq.at[r, jnp.where(live, k, U)].set(-1, mode="drop"),
                           gcnt=s.gcnt.at[r].add(-live.astype(jnp.int32)), gtail=s.gtail.at[r].add(1))
 
-    s = jax.lax.while_loop(g_cond, g_body, s)
-    return s, hit
+    return jax.lax.while_loop(g_cond, g_body, s)
+
+
+def s3_request(s: S3State, r, block_id, base, n, cap, do, window: int = 16):
+    """Lookup, touch and evict request (blocks ``block_id[base : base + n]``) on replica ``r`` under
+    capacity ``cap`` when ``do``; returns (state, hit blocks)."""
+    nn = jnp.where(do, n, 0)
+    hit = _s3_lookup(s, r, block_id, base, nn, window)
+    s = _s3_touch(s, r, block_id, base, nn, window)
+    return _s3_evict(s, r, cap, do), hit
