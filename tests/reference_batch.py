@@ -1,4 +1,4 @@
-"""Plain-Python reference of the vllm replica (cacheresearch/core/batch.py, cacheresearch/cache/pool.py).
+"""Plain-Python reference of the vllm replica (cacheresearch/replica/vllm.py, cacheresearch/replica/pool.py).
 
 Block by block, with dicts and lists: no runs, no vectors. The semantics (docs/fleet_semantics.md, "The
 vllm replica"):

@@ -1,4 +1,4 @@
-"""The vllm replica (core/batch.py, cache/pool.py) equals its plain-Python reference request by request."""
+"""The vllm replica (replica/vllm.py, replica/pool.py) equals its plain-Python reference request by request."""
 
 from __future__ import annotations
 
