@@ -1,4 +1,4 @@
-"""Plain-Python reference of the vllm replica (cacheresearch/core/batch.py, cacheresearch/cache/pool.py).
+"""Plain-Python reference of the vllm replica (cacheresearch/replica/vllm.py, cacheresearch/replica/pool.py).
 
 Block by block, with dicts and lists: no runs, no vectors. The semantics (docs/fleet_semantics.md, "The
 vllm replica"):
@@ -87,7 +87,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     max_num_seqs=256, max_num_batched_tokens=8192, step_base_ns=5_752_705,
                     step_prefill_ns=17_251, step_decode_ns=5_999, step_ctx_ps=0, step_prefill_ctx_fs=0,
                     queue_slots=1024, max_running=256,
-                    view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, **kn):
+                    view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
+                    local_load=False, kv_pressure=False, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
     R = int(replicas)
     N = int(workload.n_requests)
@@ -267,6 +268,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     step(rp)
                     progress = True
 
+    last_sync, snapshot = None, None
+    del kv_pressure  # the pool pins the blocks of running requests always (what kv_pressure asks of fcfs)
     for i in range(N):
         now = int(workload.arrival_ms[i])
         now_t = now * PS_PER_MS
@@ -282,7 +285,21 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     break
                 h += 1
             precise.append(h)
-        if view == "approximate":
+        # the stale view: every replica's cached blocks as of the last sync (the first request, then when
+        # stale_lag_ms passed), taken after the replicas ran up to the arrival
+        if view == "stale" and (last_sync is None or now - last_sync >= int(stale_lag_ms)):
+            snapshot = [set(rp.stored) for rp in reps]
+            last_sync = now
+        if view == "stale":
+            match = []
+            for r in range(R):
+                h = 0
+                for k in keys:
+                    if k not in snapshot[r]:
+                        break
+                    h += 1
+                match.append(h)
+        elif view == "approximate":
             match = []
             for r in range(R):
                 h = 0
@@ -293,9 +310,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 match.append(h)
         else:
             match = precise
-        queue = [len(rp.waiting) for rp in reps]  # vLLM's num_requests_waiting (llm-d's queue scorer)
-        active = [sum(len(keys_of[q.i]) for q in rp.running) + sum(len(keys_of[w[0]]) for w in rp.waiting)
-                  for rp in reps]
+        # vLLM's num_requests_waiting (llm-d's queue scorer); with local_load only instance u's requests count
+        mine = (lambda j: j % n_inst == u) if local_load else (lambda j: True)
+        queue = [sum(1 for w in rp.waiting if mine(w[0])) for rp in reps]
+        active = [sum(len(keys_of[q.i]) for q in rp.running if mine(q.i))
+                  + sum(len(keys_of[w[0]]) for w in rp.waiting if mine(w[0])) for rp in reps]
         tree = [len(rp.stored) for rp in reps]
         pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,

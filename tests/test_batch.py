@@ -1,4 +1,4 @@
-"""The vllm replica (core/batch.py, cache/pool.py) equals its plain-Python reference request by request."""
+"""The vllm replica (replica/vllm.py, replica/pool.py) equals its plain-Python reference request by request."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _run(w, *, R, router="round_robin", seed=0, S=8, Q=64, **kn):
 
 def _ref(w, *, R, router="round_robin", bits, S, Q, **kn):
     """The reference with the router's rule and every knob resolved as the engine resolves them."""
-    k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view")})
+    k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
     k.update(kn)
     rule = k.pop("router")
     return reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, **k)
@@ -114,9 +114,6 @@ def test_refused_with_a_message():
     key = jax.random.key(0)
     with pytest.raises(ValueError, match="leaf-first LRU"):
         simulate(s, make_params("ttl_refresh", ttl_s=60), key, scheduler="vllm")
-    with pytest.raises(ValueError, match="stale router view"):
-        simulate(s, make_params("lru", capacity_blocks=50, router="cache_aware", view="stale"), key,
-                 scheduler="vllm")
     with pytest.raises(ValueError, match="max_running"):
         simulate(s, make_params("lru", capacity_blocks=50, max_num_seqs=300), key, scheduler="vllm",
                  max_running=256)
@@ -216,3 +213,26 @@ def test_clock_past_six_hours_equals_reference():
     _check(w, m, ref)
     assert not bool(m.time_overflow)
     assert int(np.max(np.asarray(m.e2e_ms))) > 0
+
+
+@pytest.mark.parametrize("router,kn", [
+    ("cache_aware", dict(view="stale", stale_lag_ms=150)),
+    ("llmd_precise", dict(view="stale", stale_lag_ms=400, instances=2, local_load=True)),
+    ("least_loaded", dict(instances=3, local_load=True)),
+])
+def test_stale_view_and_local_load_equal_reference(router, kn):
+    """The stale view (the pools as of the last sync) and instance-local loads on the vllm replica."""
+    w = _workload(4, 4, 200, 40, 30, 2, 20)
+    kn = dict(capacity_blocks=50, max_num_batched_tokens=48, max_num_seqs=4, **kn)
+    m, bits = _run(w, R=3, router=router, S=6, **kn)
+    ref = _ref(w, R=3, router=router, bits=bits, S=6, Q=64, **kn)
+    _check(w, m, ref)
+
+
+def test_kv_pressure_is_what_the_pool_does():
+    """kv_pressure (fcfs: in-flight requests pin their blocks) is the vllm pool's own rule: same results."""
+    w = _workload(6, 4, 200, 40, 30, 2, 10)
+    kn = dict(capacity_blocks=50, max_num_batched_tokens=48, max_num_seqs=4)
+    a, _ = _run(w, R=2, router="llmd_precise", **kn)
+    b, _ = _run(w, R=2, router="llmd_precise", kv_pressure=True, **kn)
+    assert np.array_equal(a.ttft_ms, b.ttft_ms) and np.array_equal(a.replica, b.replica)

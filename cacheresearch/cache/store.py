@@ -23,7 +23,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["StoreState", "init_store", "stored_len", "evict", "threshold", "flush"]
+__all__ = ["StoreState", "init_store", "stored_len", "evict", "threshold", "flush", "leaf_stamp"]
+
+
+def leaf_stamp(base, n, j0, m):
+    """A run's leaf-first stamp: blocks ``j0 .. j0 + m - 1`` of a request of ``n`` blocks at log offset
+    ``base`` get ``base + n - j0 - m`` (deeper runs lower: leaves are evicted before their ancestors).
+    The vllm pool's free-queue order is the same rule (tail block first) from a release counter."""
+    return base + n - j0 - m
 
 
 class StoreState(NamedTuple):

@@ -35,9 +35,9 @@ import numpy as np
 from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
-from cacheresearch.cache.store import StoreState, evict, flush, init_store, stored_len
+from cacheresearch.cache.store import StoreState, evict, flush, init_store, leaf_stamp, stored_len
 from cacheresearch.core.stream import Stream
-from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, sync
+from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, request_view, routing_counts, sync
 from cacheresearch.metrics.core import LIMB as _LIMB  # noqa: F401
 from cacheresearch.metrics.core import RATIO_FIELDS, Metrics, combine_limbs, finalize, hit_tokens  # noqa: F401
 from cacheresearch.metrics.core import add_limbs as _add_limbs
@@ -50,7 +50,6 @@ from cacheresearch.routers import (
     ROUTERS,
     VIEWS,
     FleetView,
-    RequestView,
     ring_positions,
     route,
     router_id,
@@ -183,27 +182,17 @@ def _simulate(stream: Stream, params, key, st: Static):
         if st.index:
             tree = jnp.where(params.view == 1, store.occ[R + u * R + ridx], tree)
         # ---- route
-        pb = jnp.minimum(params.prefix_blocks, n)
-        kpos = base + jnp.clip(pb - 1, 0, None)
-        rv = RequestView(
-            index=req, arrival_ms=now, n_blocks=n,
-            prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
-            prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
-            bits=bits[req], instance=u,
-        )
+        rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
         fv = FleetView(replicas=replicas, match=mv, queue=queue, active_blocks=act_blocks, tree_size=tree)
         chosen = route(params.router, rv, fv, params, ring, compiled=st.routers)
         r = jnp.where(first, chosen, c.cur.rep)
         # ---- routing metrics (prefix copies: replicas whose leading run covers the routing prefix)
         t = c.totals
-        realreq = first & (req < stream.n_requests)
-        sample = realreq & (n > 0)
-        copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
-        mbest = jnp.max(jnp.where(active, mt, 0))
-        qual = realreq & (mbest > 0) & jnp.bool_(st.match)
+        copies_i, sample, qual, away = routing_counts(mt, mt[jnp.clip(chosen, 0, R - 1)], pb, n, active,
+                                                      first & (req < stream.n_requests), st.match)
         t = t._replace(
             over_q=t.over_q + qual.astype(jnp.int32),
-            over_n=t.over_n + (qual & (mt[jnp.clip(chosen, 0, R - 1)] < mbest)).astype(jnp.int32),
+            over_n=t.over_n + away.astype(jnp.int32),
             copies=t.copies + jnp.where(sample, copies_i, 0),
             copies_n=t.copies_n + sample.astype(jnp.int32),
         )
@@ -225,7 +214,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         hit0 = jnp.where(first, 0, c.cur.hit)
         hit, alive = leading(hit0, alive0, lens, valid, full, part)
         # ---- write: restamp every run of the step
-        leaf_b = base + n - j0s - lens
+        leaf_b = leaf_stamp(base, n, j0s, lens)
         new_s = jnp.where(leaf, leaf_b, base + j0s)
         present = (sl > 0) & ((now - g[:, 1]) <= params.ttl_ms)
         new_t = jnp.where(params.refresh | ~present, now, g[:, 1])
@@ -627,11 +616,6 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         okp = {POLICIES[n].id for n in VLLM_POLICIES}
         if pol - okp:
             raise ValueError(f"the vllm replica's pool is vLLM's leaf-first LRU: policies {list(VLLM_POLICIES)} only")
-        if (cache & (views == VIEWS["stale"])).any():
-            raise ValueError("the stale router view is not available with the vllm replica "
-                             "(views precise, approximate)")
-        if np.any(np.asarray(params.local_load)) or np.any(np.asarray(params.kv_pressure)):
-            raise ValueError("local_load and kv_pressure belong to the fcfs replica; the vllm replica pins KV itself")
         if not st.queue:
             raise ValueError("the vllm replica needs queue=True")
         if np.any(np.asarray(params.max_num_seqs) > st.max_running):

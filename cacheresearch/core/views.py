@@ -19,8 +19,32 @@ import jax.numpy as jnp
 
 from cacheresearch.cache.priority import STORED
 from cacheresearch.cache.store import stored_len
+from cacheresearch.routers import RequestView
 
-__all__ = ["SyncState", "init_sync", "sync", "leading", "probe"]
+__all__ = ["SyncState", "init_sync", "sync", "leading", "probe", "request_view", "routing_counts"]
+
+
+def request_view(stream, req, now, bits, u, prefix_blocks):
+    """What a router knows of request ``req``: (:class:`~cacheresearch.routers.RequestView`, the routing
+    prefix's blocks ``min(prefix_blocks, n)``; its key is the key of that prefix's last block)."""
+    n = stream.n_blocks[req]
+    pb = jnp.minimum(prefix_blocks, n)
+    kpos = stream.offset[req] + jnp.clip(pb - 1, 0, None)
+    rv = RequestView(index=req, arrival_ms=now, n_blocks=n,
+                     prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
+                     prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
+                     bits=bits, instance=u)
+    return rv, pb
+
+
+def routing_counts(mt, m_chosen, pb, n, active, real, match: bool):
+    """The routing metrics' counts of one request from the precise matches ``mt [R]`` at arrival:
+    (prefix copies: replicas whose leading run covers the routing prefix ``pb``, sampled (has blocks),
+    qualifies for the overflow share (a cached prefix somewhere), sent away from the best replica)."""
+    copies = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
+    mbest = jnp.max(jnp.where(active, mt, 0))
+    qual = real & (mbest > 0) & jnp.bool_(match)
+    return copies, real & (n > 0), qual, qual & (m_chosen < mbest)
 
 
 class SyncState(NamedTuple):

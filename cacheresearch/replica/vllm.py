@@ -26,12 +26,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cacheresearch.cache.store import evict, init_store, stored_len
-from cacheresearch.core.views import init_sync, probe
+from cacheresearch.cache.store import evict, init_store, leaf_stamp, stored_len
+from cacheresearch.core.views import init_sync, probe, request_view, routing_counts
 from cacheresearch.replica.clock import (
     MS_LIM,
     Time,
     t_add,
+    t_float_ms,
     t_fs_to_ps,
     t_le,
     t_max,
@@ -43,7 +44,7 @@ from cacheresearch.replica.clock import (
     t_zero,
 )
 from cacheresearch.replica.pool import PoolState, evict_lru, extend, init_pool, leading_hit, pin, release
-from cacheresearch.routers import FleetView, RequestView, ring_positions, route
+from cacheresearch.routers import FleetView, ring_positions, route
 
 __all__ = ["Replica", "init_replica", "step_time", "replica_step", "simulate_vllm"]
 
@@ -128,14 +129,18 @@ def _pairs(tok, c):
     return t_add(t_mul(tok, c), tri)
 
 
+def _lin(params, prefill_tokens, decode_reqs) -> Time:
+    return t_add(t_add(t_mul(params.step_base_ns, 1000), t_mul(params.step_prefill_ns, prefill_tokens * 1000)),
+                 t_mul(params.step_decode_ns, decode_reqs * 1000))
+
+
 def step_time(params, prefill_tokens, decode_reqs, ctx_tokens: Time, pairs: Time) -> Time:
     """The step-time model, exact picoseconds (at least 1): ``1000 (step_base_ns + step_prefill_ns
     prefill_tokens + step_decode_ns decode_reqs) + step_ctx_ps ctx_tokens + ceil(step_prefill_ctx_fs pairs
     / 1000)``. ``ctx_tokens``: the decoding requests' context (input + generated tokens, summed; wide),
     ``pairs``: the prefill chunks' (prefill token, context token) pairs (wide). The one definition of a
     step's duration (the decode-stretch closed form sums it)."""
-    lin = t_add(t_add(t_mul(params.step_base_ns, 1000), t_mul(params.step_prefill_ns, prefill_tokens * 1000)),
-                t_mul(params.step_decode_ns, decode_reqs * 1000))
+    lin = _lin(params, prefill_tokens, decode_reqs)
     ctx = t_scale(ctx_tokens, params.step_ctx_ps)
     q, r = params.step_prefill_ctx_fs // 1000, params.step_prefill_ctx_fs % 1000  # ceil(q P + r P / 1000)
     att = t_add(t_scale(pairs, q), t_fs_to_ps(t_scale(pairs, r)))
@@ -175,98 +180,14 @@ def _kv(c, pt, d, d0):
     return jnp.where(c < pt, c, c + jnp.maximum(d - d0 - 1, 0))
 
 
-def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
-    """One engine step of one replica (when ``go``): release, schedule running, admit, advance the clock.
-    Returns (replica, events) with events per slot: (request, first token?, finished?, end time)."""
-    S = rep.run.req.shape[0]
-    Q = rep.wait.req.shape[0]
-    N = stream.arrival_ms.shape[0] - 1
+def _admit_waiting(pool, run, nrun, wait, stats, load_blk, left, go, preempted, stream, params, *, W: int,
+                   max_seqs: int):
+    """Step 3: admit waiting requests FCFS while the token budget ``left``, ``max_num_seqs`` and the pool
+    allow (none after a preemption); their prefix is matched and pinned now, their first chunk scheduled.
+    A request larger than the whole pool is rejected (dropped)."""
+    S, Q = run.req.shape[0], wait.req.shape[0]
     bt = stream.block_tokens
     cap = params.capacity
-    slot = jnp.arange(S, dtype=jnp.int32)
-    pool, run, wait, stats = rep.pool, rep.run, rep.wait, rep.stats
-
-    # ---- 1. release the requests that finished at the previous step; compact the slots
-    valid = slot < rep.nrun
-    done = run.done & valid & go
-    runs, m, j0, ok = _req_runs(stream, run.req, W)
-    nb = stream.n_blocks[run.req]
-    P = stream.input_tokens[run.req]
-    pool = release(pool, runs, nb, nb[:, None] - j0 - m, ok, done)
-    wk = _work(run.c, run.pt, run.d, run.d0, P, bt)
-    pool = pool._replace(work=pool.work - jnp.sum(jnp.where(done, wk, 0)))
-    load_req = rep.load_req - jnp.sum(done.astype(jnp.int32))
-    load_blk = rep.load_blk - jnp.sum(jnp.where(done, nb, 0))
-    keep = valid & ~done
-    dest = jnp.where(keep, jnp.cumsum(keep.astype(jnp.int32)) - 1, S)
-    nrun = jnp.sum(keep.astype(jnp.int32))
-
-    def compact(x, fill):
-        return jnp.full_like(x, fill).at[dest].set(x, mode="drop")
-
-    run = Slots(compact(run.req, N), *(compact(x, 0) for x in run[1:8]),
-                jnp.zeros(S, jnp.bool_), jnp.zeros(S, jnp.bool_))
-    runs, m, j0, ok = (compact(x, f) for x, f in ((runs, 0), (m, 0), (j0, 0), (ok, False)))
-    nb, P = compact(nb, 0), compact(P, 0)
-    out = stream.output_tokens[run.req]
-
-    # ---- 2. the running batch, in admission order
-    v = slot < nrun
-    pref = v & (run.c < run.pt)
-    want = jnp.where(pref, run.pt - run.c, jnp.where(v, 1, 0))
-    budget = params.max_num_batched_tokens
-    tok = jnp.clip(budget - (jnp.cumsum(want) - want), 0, want)
-    c_new = jnp.where(pref, run.c + tok, run.c)
-    kv_old = _kv(run.c, run.pt, run.d, run.d0)
-    a_old = _held(kv_old, bt) - _keyed(run.c, P, bt)
-    a_new = _held(kv_old + tok, bt) - _keyed(c_new, P, bt)
-    tgt = jnp.clip(_keyed(c_new, P, bt)[:, None] - j0, 0, m)
-    s_g = pool.s.at[jnp.where(ok, runs, pool.s.shape[0])].get(mode="fill", fill_value=0)
-    ds = jnp.sum(jnp.where(ok, jnp.maximum(tgt - s_g, 0), 0), axis=1)
-    delta = jnp.where(v & (tok > 0), ds + a_new - a_old, 0)
-    cum = jnp.cumsum(delta)
-
-    def violated(c):
-        pool_, nrun_, _, _ = c
-        return go & jnp.any((slot < nrun_) & (pool_.pinned + pool_.work + cum > cap))
-
-    def preempt(c):
-        pool_, nrun_, wait_, st_ = c
-        L = nrun_ - 1
-        oneL = slot == L
-        pool_ = release(pool_, runs, nb, nb[:, None] - j0 - m, ok, oneL)
-        pool_ = pool_._replace(work=pool_.work - a_old[L])
-        room = wait_.count < Q
-        h = jnp.mod(wait_.head - 1, Q)
-        wait_ = Waiting(
-            req=wait_.req.at[jnp.where(room, h, Q)].set(run.req[L], mode="drop"),
-            d=wait_.d.at[jnp.where(room, h, Q)].set(run.d[L], mode="drop"),
-            npre=wait_.npre.at[jnp.where(room, h, Q)].set(run.npre[L] + 1, mode="drop"),
-            head=jnp.where(room, h, wait_.head), count=wait_.count + room.astype(jnp.int32),
-        )
-        st_ = st_._replace(preempt=st_.preempt + 1, dropped=st_.dropped + (~room).astype(jnp.int32))
-        return pool_, L, wait_, st_
-
-    npre_before = stats.preempt
-    pool, nrun_k, wait, stats = jax.lax.while_loop(violated, preempt, (pool, nrun, wait, stats))
-    # preempted requests that found the waiting ring full are dropped: the ring holds the others
-    lost = (slot >= nrun_k) & (slot < nrun)
-    ring_n = jnp.minimum(nrun - nrun_k, Q - rep.wait.count)
-    dropped_slots = lost & (slot < nrun - ring_n)  # preempted last, after the ring filled
-    load_req = load_req - jnp.sum(dropped_slots.astype(jnp.int32))
-    load_blk = load_blk - jnp.sum(jnp.where(dropped_slots, nb, 0))
-    preempted = stats.preempt > npre_before
-    kept = slot < nrun_k
-    tok = jnp.where(kept, tok, 0)
-    sched = kept & (tok > 0) & go
-    pool = extend(pool, runs.reshape(-1), tgt.reshape(-1), (ok & sched[:, None]).reshape(-1))
-    pool = pool._replace(work=pool.work + jnp.sum(jnp.where(sched, a_new - a_old, 0)))
-    pool, stuck1 = evict_lru(pool, stream.run_len, cap, go)
-    nrun = nrun_k
-    run = run._replace(c=jnp.where(kept, c_new, run.c), tok=tok, pref=pref & sched)
-
-    # ---- 3. admit waiting requests FCFS
-    left = budget - jnp.sum(tok)
     seq_cap = jnp.minimum(params.max_num_seqs, max_seqs)
 
     def can_admit(c):
@@ -314,27 +235,22 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
         return (pool_, run_, nrun_ + fits.astype(jnp.int32), wait_, jnp.where(fits, left_ - tk, left_),
                 ~fits & ~reject, st_, lb)
 
-    rej0 = stats.rejected
-    pool, run, nrun, wait, left, _, stats, load_blk = jax.lax.while_loop(
+    pool, run, nrun, wait, _, _, stats, load_blk = jax.lax.while_loop(
         can_admit, admit, (pool, run, nrun, wait, left, jnp.bool_(False), stats, load_blk))
-    load_req = load_req - (stats.rejected - rej0)
+    return pool, run, nrun, wait, stats, load_blk
 
-    # ---- 4. the step: token counts, time, completions
-    v = slot < nrun
-    sched = v & (run.tok > 0)
-    out = stream.output_tokens[run.req]
-    complete = sched & run.pref & (run.c >= run.pt)
-    decode = sched & ~run.pref
-    d_new = run.d + (complete | decode).astype(jnp.int32)
-    first_tok = complete & (run.d == 0)
-    fin = sched & (complete | decode) & (d_new >= jnp.maximum(out, 1))
+
+def _clock_and_gauges(clock0, go, run, sched, decode, pool, wait, stats, stream, params):
+    """Step 4's time: the step's duration (:func:`step_time`) from its prefill tokens, decoding requests,
+    their context and the prefill chunks' attention pairs; the clock and the step counters and gauges."""
+    S = run.req.shape[0]
     p_tok = jnp.sum(jnp.where(sched & run.pref, run.tok, 0))
     d_tok = jnp.sum(decode.astype(jnp.int32))
     ctx = t_sum(_count(jnp.where(decode, stream.input_tokens[run.req] + run.d, 0)))
     pairs = t_sum(t_where(sched & run.pref, _pairs(run.tok, run.c - run.tok), t_zero(S)))
     stepped = go & jnp.any(sched)
     dt = t_where(stepped, step_time(params, p_tok, d_tok, ctx, pairs), t_zero())
-    clock = t_add(rep.clock, dt)
+    clock = t_add(clock0, dt)
     over = clock.ms >= MS_LIM
     used = pool.pinned + pool.work
     dtf = dt.ms.astype(jnp.float32) + dt.ps.astype(jnp.float32) * 1e-9
@@ -344,9 +260,118 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
         kv_acc=stats.kv_acc + used.astype(jnp.float32) * dtf,
         kv_max=jnp.maximum(stats.kv_max, jnp.where(stepped, used, 0)),
         q_acc=stats.q_acc + wait.count.astype(jnp.float32) * dtf,
-        stuck=stats.stuck | stuck1,
         tover=stats.tover | over,
     )
+    return clock, stats
+
+
+def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
+    """One engine step of one replica (when ``go``): release, schedule running, admit, advance the clock.
+    Returns (replica, events) with events per slot: (request, first token?, finished?, end time)."""
+    S = rep.run.req.shape[0]
+    Q = rep.wait.req.shape[0]
+    N = stream.arrival_ms.shape[0] - 1
+    bt = stream.block_tokens
+    cap = params.capacity
+    slot = jnp.arange(S, dtype=jnp.int32)
+    pool, run, wait, stats = rep.pool, rep.run, rep.wait, rep.stats
+
+    # ---- 1. release the requests that finished at the previous step; compact the slots
+    valid = slot < rep.nrun
+    done = run.done & valid & go
+    runs, m, j0, ok = _req_runs(stream, run.req, W)
+    nb = stream.n_blocks[run.req]
+    P = stream.input_tokens[run.req]
+    pool = release(pool, runs, nb, leaf_stamp(0, nb[:, None], j0, m), ok, done)
+    wk = _work(run.c, run.pt, run.d, run.d0, P, bt)
+    pool = pool._replace(work=pool.work - jnp.sum(jnp.where(done, wk, 0)))
+    load_req = rep.load_req - jnp.sum(done.astype(jnp.int32))
+    load_blk = rep.load_blk - jnp.sum(jnp.where(done, nb, 0))
+    keep = valid & ~done
+    dest = jnp.where(keep, jnp.cumsum(keep.astype(jnp.int32)) - 1, S)
+    nrun = jnp.sum(keep.astype(jnp.int32))
+
+    def compact(x, fill):
+        return jnp.full_like(x, fill).at[dest].set(x, mode="drop")
+
+    run = Slots(compact(run.req, N), *(compact(x, 0) for x in run[1:8]),
+                jnp.zeros(S, jnp.bool_), jnp.zeros(S, jnp.bool_))
+    runs, m, j0, ok = (compact(x, f) for x, f in ((runs, 0), (m, 0), (j0, 0), (ok, False)))
+    nb, P = compact(nb, 0), compact(P, 0)
+    out = stream.output_tokens[run.req]
+
+    # ---- 2. the running batch, in admission order
+    v = slot < nrun
+    pref = v & (run.c < run.pt)
+    want = jnp.where(pref, run.pt - run.c, jnp.where(v, 1, 0))
+    budget = params.max_num_batched_tokens
+    tok = jnp.clip(budget - (jnp.cumsum(want) - want), 0, want)
+    c_new = jnp.where(pref, run.c + tok, run.c)
+    kv_old = _kv(run.c, run.pt, run.d, run.d0)
+    a_old = _held(kv_old, bt) - _keyed(run.c, P, bt)
+    a_new = _held(kv_old + tok, bt) - _keyed(c_new, P, bt)
+    tgt = jnp.clip(_keyed(c_new, P, bt)[:, None] - j0, 0, m)
+    s_g = pool.s.at[jnp.where(ok, runs, pool.s.shape[0])].get(mode="fill", fill_value=0)
+    ds = jnp.sum(jnp.where(ok, jnp.maximum(tgt - s_g, 0), 0), axis=1)
+    delta = jnp.where(v & (tok > 0), ds + a_new - a_old, 0)
+    cum = jnp.cumsum(delta)
+
+    def violated(c):
+        pool_, nrun_, _, _ = c
+        return go & jnp.any((slot < nrun_) & (pool_.pinned + pool_.work + cum > cap))
+
+    def preempt(c):
+        pool_, nrun_, wait_, st_ = c
+        L = nrun_ - 1
+        oneL = slot == L
+        pool_ = release(pool_, runs, nb, leaf_stamp(0, nb[:, None], j0, m), ok, oneL)
+        pool_ = pool_._replace(work=pool_.work - a_old[L])
+        room = wait_.count < Q
+        h = jnp.mod(wait_.head - 1, Q)
+        wait_ = Waiting(
+            req=wait_.req.at[jnp.where(room, h, Q)].set(run.req[L], mode="drop"),
+            d=wait_.d.at[jnp.where(room, h, Q)].set(run.d[L], mode="drop"),
+            npre=wait_.npre.at[jnp.where(room, h, Q)].set(run.npre[L] + 1, mode="drop"),
+            head=jnp.where(room, h, wait_.head), count=wait_.count + room.astype(jnp.int32),
+        )
+        st_ = st_._replace(preempt=st_.preempt + 1, dropped=st_.dropped + (~room).astype(jnp.int32))
+        return pool_, L, wait_, st_
+
+    npre_before = stats.preempt
+    pool, nrun_k, wait, stats = jax.lax.while_loop(violated, preempt, (pool, nrun, wait, stats))
+    # preempted requests that found the waiting ring full are dropped: the ring holds the others
+    lost = (slot >= nrun_k) & (slot < nrun)
+    ring_n = jnp.minimum(nrun - nrun_k, Q - rep.wait.count)
+    dropped_slots = lost & (slot < nrun - ring_n)  # preempted last, after the ring filled
+    load_req = load_req - jnp.sum(dropped_slots.astype(jnp.int32))
+    load_blk = load_blk - jnp.sum(jnp.where(dropped_slots, nb, 0))
+    preempted = stats.preempt > npre_before
+    kept = slot < nrun_k
+    tok = jnp.where(kept, tok, 0)
+    sched = kept & (tok > 0) & go
+    pool = extend(pool, runs.reshape(-1), tgt.reshape(-1), (ok & sched[:, None]).reshape(-1))
+    pool = pool._replace(work=pool.work + jnp.sum(jnp.where(sched, a_new - a_old, 0)))
+    pool, stuck1 = evict_lru(pool, stream.run_len, cap, go)
+    nrun = nrun_k
+    run = run._replace(c=jnp.where(kept, c_new, run.c), tok=tok, pref=pref & sched)
+
+    # ---- 3. admit waiting requests FCFS
+    rej0 = stats.rejected
+    left = budget - jnp.sum(tok)
+    pool, run, nrun, wait, stats, load_blk = _admit_waiting(pool, run, nrun, wait, stats, load_blk, left, go, preempted,
+                                                            stream, params, W=W, max_seqs=max_seqs)
+    load_req = load_req - (stats.rejected - rej0)
+
+    # ---- 4. the step: token counts, time, completions
+    v = slot < nrun
+    sched, out = v & (run.tok > 0), stream.output_tokens[run.req]
+    complete = sched & run.pref & (run.c >= run.pt)
+    decode = sched & ~run.pref
+    d_new = run.d + (complete | decode).astype(jnp.int32)
+    first_tok = complete & (run.d == 0)
+    fin = sched & (complete | decode) & (d_new >= jnp.maximum(out, 1))
+    stats = stats._replace(stuck=stats.stuck | stuck1)
+    clock, stats = _clock_and_gauges(rep.clock, go, run, sched, decode, pool, wait, stats, stream, params)
     run = run._replace(d=jnp.where(sched, d_new, run.d), done=fin)
     # the pool's arrays and the waiting ring change only under ``go`` (masked updates); the small state
     # is selected, so a replica that does not step costs no copy of its pool
@@ -360,6 +385,107 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
         seen=rep.seen, stats=jax.tree.map(sel, stats, rep.stats))
     events = (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
     return new, events
+
+
+def _tri(n) -> Time:
+    """``n (n - 1) / 2`` (wide count)."""
+    even = n % 2 == 0
+    return t_mul(jnp.where(even, n // 2, n), jnp.where(even, n - 1, (n - 1) // 2))
+
+
+def _decode_stretch(rep: Replica, go, now_t: Time, stream, params, *, max_seqs: int):
+    """The decode-only steps of one replica up to its next event, at once: ``(replica, events, taken)``.
+
+    A stretch starts where the running batch only decodes (no prefill left, nothing finished to release,
+    nothing admissible: the waiting queue empty or held back by ``max_num_seqs`` or the token budget) and
+    takes ``n`` steps, the largest with every step starting at or before ``now_t``, no request finishing
+    before the last step and every block allocation served without preemption. Between its events nothing
+    but counters changes: each decoding request emits a token per step, its KV crosses block boundaries at
+    known steps (``n`` steps allocate ``ceil((kv + n) / B) - ceil(kv / B)`` blocks), the pins and free-queue
+    stamps stay, so the eviction is the same done once at the end, and the step times sum in closed form
+    (:func:`step_time` at step ``j``: ``lin + step_ctx_ps (ctx0 + j d)``). ``taken`` is False (nothing
+    changes) where no stretch applies; the caller runs an ordinary step there.
+    """
+    S = rep.run.req.shape[0]
+    bt = stream.block_tokens
+    run, pool = rep.run, rep.pool
+    slot = jnp.arange(S, dtype=jnp.int32)
+    v = slot < rep.nrun
+    budget = params.max_num_batched_tokens
+    dec = v & (slot < budget)  # the slots a decode-only step schedules (one token each, in order)
+    dn = jnp.sum(dec.astype(jnp.int32))
+    P = stream.input_tokens[run.req]
+    out = jnp.maximum(stream.output_tokens[run.req], 1)
+    seq_cap = jnp.minimum(params.max_num_seqs, max_seqs)
+    quiet = (rep.wait.count == 0) | (rep.nrun >= seq_cap) | (rep.nrun >= budget)
+    ok = go & (rep.nrun > 0) & ~jnp.any(v & (run.c < run.pt)) & ~jnp.any(v & run.done) & quiet
+    f = jnp.min(jnp.where(dec, out - run.d, MS_LIM))  # steps until the first request finishes (its last)
+    kv = _kv(run.c, run.pt, run.d, run.d0)
+    room = params.capacity - pool.pinned - pool.work
+    ctx0 = t_sum(_count(jnp.where(dec, P + run.d, 0)))
+    c = params.step_ctx_ps
+    lin = _lin(params, jnp.int32(0), dn)
+    lin = t_where((lin.ms == 0) & (lin.ps == 0) & (c == 0), Time(lin.ms, jnp.ones_like(lin.ps)), lin)
+
+    def total(n):  # time of the first n steps
+        return t_add(t_scale(lin, n), t_scale(t_add(t_scale(ctx0, n), t_scale(_tri(n), dn)), c))
+
+    def blocks(n):
+        return jnp.sum(jnp.where(dec, _ceil_div(kv + n, bt) - _ceil_div(kv, bt), 0))
+
+    def fits(n):
+        return (blocks(n) <= room) & t_le(t_add(rep.clock, total(n - 1)), now_t)
+
+    def search(_, lh):
+        lo, hi = lh
+        mid = lo + (hi - lo + 1) // 2
+        p = fits(mid)
+        return jnp.where(p, mid, lo), jnp.where(p, hi, mid - 1)
+
+    n, _ = jax.lax.fori_loop(0, 32, search, (jnp.int32(0), jnp.where(ok, f, 0)))
+    taken = ok & (n >= 1)
+    n = jnp.where(taken, n, 0)
+    T = t_where(taken, total(n), t_zero())
+    d_new = jnp.where(dec & taken, run.d + n, run.d)
+    fin = dec & taken & (d_new >= out)
+    used0 = pool.pinned + pool.work
+    pool = pool._replace(work=pool.work + jnp.where(taken, blocks(n), 0))
+    pool, stuck = evict_lru(pool, stream.run_len, params.capacity, taken)
+    used = pool.pinned + pool.work
+    clock = t_add(rep.clock, T)
+    Tf = t_float_ms(T)
+    st = rep.stats
+    # the KV gauge over the stretch takes its blocks in use as growing evenly (a float32 gauge; the
+    # step-by-step sum differs in rounding and in where the blocks are crossed)
+    stats = st._replace(
+        steps=st.steps + n, busy=t_add(st.busy, T),
+        kv_acc=st.kv_acc + 0.5 * (used0 + used).astype(jnp.float32) * Tf,
+        kv_max=jnp.maximum(st.kv_max, jnp.where(taken, used, 0)),
+        q_acc=st.q_acc + rep.wait.count.astype(jnp.float32) * Tf,
+        stuck=st.stuck | stuck, tover=st.tover | (taken & (clock.ms >= MS_LIM)))
+    run = run._replace(d=d_new, done=jnp.where(taken, fin, run.done),
+                       tok=jnp.where(taken, dec.astype(jnp.int32), run.tok), pref=run.pref & ~taken)
+    new = rep._replace(pool=pool, run=run, clock=t_where(taken, clock, rep.clock), stats=stats)
+    events = (jnp.where(taken & dec, run.req, stream.arrival_ms.shape[0] - 1), jnp.zeros(S, jnp.bool_), fin, clock)
+    return new, events, taken
+
+
+def _loads(reps: Replica, stream, u, instances, local_load):
+    """Each replica's load as a router reads it: (waiting requests, blocks of the requests waiting or
+    running); with ``local_load`` only the requests of router instance ``u`` (request ``i`` is instance
+    ``i mod instances``'s) count."""
+    Q = reps.wait.req.shape[-1]
+    S = reps.run.req.shape[-1]
+    k = jnp.arange(Q, dtype=jnp.int32)
+    wq = reps.wait.req[jnp.arange(reps.wait.req.shape[0])[:, None], jnp.mod(reps.wait.head[:, None] + k, Q)]
+    wv = k[None, :] < reps.wait.count[:, None]
+    rv = jnp.arange(S, dtype=jnp.int32)[None, :] < reps.nrun[:, None]
+    wm = wv & (jnp.mod(wq, instances) == u)
+    rm = rv & (jnp.mod(reps.run.req, instances) == u)
+    q_loc = jnp.sum(wm.astype(jnp.int32), axis=1)
+    b_loc = jnp.sum(jnp.where(wm, stream.n_blocks[wq], 0), axis=1) + jnp.sum(
+        jnp.where(rm, stream.n_blocks[reps.run.req], 0), axis=1)
+    return (jnp.where(local_load, q_loc, reps.wait.count), jnp.where(local_load, b_loc, reps.load_blk))
 
 
 def has_work(rep: Replica):
@@ -378,6 +504,9 @@ class _Carry(NamedTuple):
     copies_n: jax.Array
     over_q: jax.Array
     over_n: jax.Array
+    snap: jax.Array  # int32 [R, K] the stale view: stored heads as of the last sync ([1, 1] without it)
+    sync_t: jax.Array  # int32 ms of the last sync
+    synced: jax.Array  # bool
 
 
 def _record(c: _Carry, ev):
@@ -406,9 +535,13 @@ def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
 
     def body(c):
         go = elig(c.reps)
+        stretch = jax.vmap(lambda r, g: _decode_stretch(r, g, now_t, stream, params, max_seqs=max_seqs))
         step = jax.vmap(lambda r, g: replica_step(r, g, stream, params, W=W, max_seqs=max_seqs))
+        # a decode-only stretch where one applies, else one engine step (disjoint replicas)
+        reps, ev_s, taken = stretch(c.reps, go)
+        reps, ev = step(reps, go & ~taken)
+        ev = jax.tree.map(lambda a, b: jnp.where(taken.reshape(taken.shape + (1,) * (a.ndim - 1)), a, b), ev_s, ev)
         # hits and preemption counts of finishing requests, before the slots change
-        reps, ev = step(c.reps, go)
         req, first, fin, _ = ev
         N1 = c.hit_b.shape[0]
         rd = jnp.where(fin, req, N1).reshape(-1)
@@ -440,7 +573,8 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     neg = Time(jnp.full(N1, -1, jnp.int32), jnp.zeros(N1, jnp.int32))
     z = jnp.int32(0)
     c0 = _Carry(reps, store, neg, neg, jnp.zeros(N1, jnp.int32), jnp.zeros(N1, jnp.int32),
-                jnp.zeros(N1, jnp.int32), z, z, z, z)
+                jnp.zeros(N1, jnp.int32), z, z, z, z,
+                jnp.zeros((R, K) if st.stale else (1, 1), jnp.int32), z, jnp.bool_(False))
     sy = init_sync(R)
 
     def step(c: _Carry, req):
@@ -458,28 +592,26 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         s_all = reps.pool.s.at[:, tg].get(mode="fill", fill_value=0)  # [R, W]
         mt = jnp.where(active, leading_hit(s_all, m[None], ok[None]), 0)
         mv = mt
+        if st.stale:  # the router's copy of every pool, synced at the first request and every stale_lag_ms
+            do = real & (params.view == 2) & (~c.synced | (now - c.sync_t >= params.stale_lag_ms))
+            c = c._replace(snap=jnp.where(do, reps.pool.s, c.snap), sync_t=jnp.where(do, now, c.sync_t),
+                           synced=c.synced | do)
+            s_snap = c.snap.at[:, tg].get(mode="fill", fill_value=0)
+            mv = jnp.where(params.view == 2, jnp.where(active, leading_hit(s_snap, m[None], ok[None]), 0), mv)
         if st.index:
             _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
                            stale=False, index=True, active=active)
             mv = jnp.where(params.view == 1, mvi, mt)
-        pb = jnp.minimum(params.prefix_blocks, n)
-        kpos = base + jnp.clip(pb - 1, 0, None)
-        rv = RequestView(index=req, arrival_ms=now, n_blocks=n,
-                         prefix_hi=jnp.where(n > 0, stream.key_hi[kpos], jnp.uint32(0)),
-                         prefix_lo=jnp.where(n > 0, stream.key_lo[kpos], jnp.uint32(0)),
-                         bits=bits[req], instance=u)
+        rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
         # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
-        fv = FleetView(replicas=replicas, match=mv, queue=reps.wait.count, active_blocks=reps.load_blk,
-                       tree_size=reps.pool.cached, kv_used=reps.pool.pinned + reps.pool.work)
+        queue, act = _loads(reps, stream, u, instances, params.local_load)
+        fv = FleetView(replicas=replicas, match=mv, queue=queue, active_blocks=act, tree_size=reps.pool.cached,
+                       kv_used=reps.pool.pinned + reps.pool.work)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
-        copies_i = jnp.sum((active & (mt >= pb)).astype(jnp.int32))
-        mbest = jnp.max(jnp.where(active, mt, 0))
-        qual = real & (mbest > 0) & jnp.bool_(st.match)
-        sample = real & (n > 0)
+        copies_i, sample, qual, away = routing_counts(mt, mt[r], pb, n, active, real, st.match)
         c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),
-                       over_q=c.over_q + qual.astype(jnp.int32),
-                       over_n=c.over_n + (qual & (mt[r] < mbest)).astype(jnp.int32),
+                       over_q=c.over_q + qual.astype(jnp.int32), over_n=c.over_n + away.astype(jnp.int32),
                        rep_of=c.rep_of.at[req].set(r))
         # the approximate index learns the decision (leaf-first LRU of index_capacity blocks)
         store = c.store
@@ -487,7 +619,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             vrow = R + u * R + r
             g = store.kv.at[vrow, tg].get(mode="fill", fill_value=-1)
             sli = stored_len(g[:, 0], m, store.thr[vrow])
-            leaf_b = base + n - j0 - m
+            leaf_b = leaf_stamp(base, n, j0, m)
             vals = jnp.stack([leaf_b, jnp.zeros_like(leaf_b)], axis=-1)
             kv = store.kv.at[vrow, tg].set(vals, mode="drop")
             p = stream.n_runs[req]
