@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cacheresearch.replica.hardware import GIB, GPUS, MODELS, lookup, kv_bytes_per_token
+from cacheresearch.replica.hardware import GIB, GPUS, MODELS, kv_bytes_per_token, lookup
 
 __all__ = ["GpuPeak", "GPU_PEAK", "Q_HEADS", "BLIS", "Roofline", "calibrate", "blis_check", "step_coefficients",
            "vllm_scheduler_defaults", "EFF"]

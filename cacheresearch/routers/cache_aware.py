@@ -1,4 +1,5 @@
-"""``cache_aware``: the SGLang router [``balance_abs``, ``balance_rel_pct``, ``cache_threshold_pm``, ``miss_smallest_tree``].
+"""``cache_aware``: the SGLang router
+[``balance_abs``, ``balance_rel_pct``, ``cache_threshold_pm``, ``miss_smallest_tree``].
 
 If ``max(queue) - min(queue) > balance_abs`` and ``100 max(queue) > balance_rel_pct min(queue)``:
 ``argmin_rot(queue)``; else ``b = argmax_rot(match)``; if ``1000 match[b] > cache_threshold_pm * n``:

@@ -21,7 +21,8 @@ def rule(ctx: Context):
 
 ROUTER = register(Router(
     name="power_of_two", id=4, rule=rule, reads_load=True,
-    summary="two distinct random replicas (``bits[1]``, ``bits[2]``); the one with the shorter queue, the first on ties",
+    summary=("two distinct random replicas (``bits[1]``, ``bits[2]``); the one with the shorter queue, "
+             "the first on ties"),
     source="the power of two choices (Mitzenmacher 2001)",
     doc=__doc__,
 ))

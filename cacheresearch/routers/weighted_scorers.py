@@ -1,4 +1,5 @@
-"""``weighted_scorers``: llm-d / Gateway API Inference Extension [``prefix_weight_pct``, ``load_weight_pct``, ``queue_threshold``].
+"""``weighted_scorers``: llm-d / Gateway API Inference Extension
+[``prefix_weight_pct``, ``load_weight_pct``, ``queue_threshold``].
 
 ``prefix = floor(1024 match[r] / n)`` (0 when ``n = 0``), ``load = floor(512 (T - min(queue[r], T)) / T)``
 (0.5 at an empty queue falling to 0 at ``T``), score ``prefix_weight_pct * prefix + load_weight_pct *
@@ -33,7 +34,8 @@ KNOBS = (
 
 ROUTER = register(Router(
     name="weighted_scorers", id=8, rule=rule, knobs=KNOBS, reads_cache=True, reads_load=True,
-    summary="``argmax_rot(prefix_weight_pct floor(1024 match / n) + load_weight_pct floor(512 (T - min(queue, T)) / T))``",
+    summary=("``argmax_rot(prefix_weight_pct floor(1024 match / n) + "
+             "load_weight_pct floor(512 (T - min(queue, T)) / T))``"),
     source="llm-d inference scheduler / Gateway API Inference Extension",
     doc=__doc__,
 ))

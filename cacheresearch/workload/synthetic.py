@@ -504,7 +504,8 @@ def _tenant_parts(*, n_tenants, prefix_tokens, users_per_tenant, user_tokens, qu
     n = int(t.shape[0])
     prefix = random_tokens(r_pre, (n_tenants, prefix_tokens), vocab_size)
     if system_tokens:  # its own stream (the 7th child), so the other draws do not move
-        system = random_tokens(np.random.default_rng(np.random.SeedSequence(seed).spawn(7)[6]), (system_tokens,), vocab_size)
+        r_sys = np.random.default_rng(np.random.SeedSequence(seed).spawn(7)[6])
+        system = random_tokens(r_sys, (system_tokens,), vocab_size)
         prefix = np.concatenate([np.broadcast_to(system, (n_tenants, system_tokens)), prefix], axis=1)
     user_ctx = random_tokens(r_usr, (n_tenants * users_per_tenant, user_tokens), vocab_size)
     query = random_tokens(r_qry, (n, query_tokens), vocab_size)
