@@ -22,8 +22,8 @@ from cacheresearch.engine import combine_limbs, compile_stream, make_params, sim
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
-NAMES = ["single_engine", "single_curve", "single_replay", "single_engine_jax", "sweep8_engine",
-         "sweep8_engine_jax", "sweep8_curve", "sweep8_cache_aware", "mrc_curve"]
+NAMES = ["single_engine_jax", "single_curve", "single_replay", "single_engine", "sweep8_engine_jax",
+         "sweep8_engine", "sweep8_curve", "sweep8_cache_aware", "mrc_curve"]
 LCS_WORKERS = 2
 
 
