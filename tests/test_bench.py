@@ -22,8 +22,8 @@ from cacheresearch.engine import combine_limbs, compile_stream, make_params, sim
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
-NAMES = ["single_engine", "single_curve", "single_replay", "single_engine_numba", "sweep8_engine",
-         "sweep8_engine_numba", "sweep8_curve", "sweep8_cache_aware", "mrc_curve"]
+NAMES = ["single_engine_jax", "single_curve", "single_replay", "single_engine", "sweep8_engine_jax",
+         "sweep8_engine", "sweep8_curve", "sweep8_cache_aware", "mrc_curve"]
 LCS_WORKERS = 2
 
 
@@ -99,10 +99,10 @@ def test_case_names_are_distinct_and_name_their_path(tiny_report):
         assert c["name"] not in ("single", "sweep8", "mrc")  # every case says which path it times
         assert c["method"].split(":")[0] == c["path"], (c["name"], c["method"])
     by_path = {c["name"]: c["path"] for c in cases}
-    assert by_path["single_engine"] == by_path["sweep8_engine"] == by_path["sweep8_cache_aware"] == "engine"
+    assert by_path["single_engine"] == by_path["sweep8_engine"] == "engine"  # the default path (backend=auto)
+    assert by_path["single_engine_jax"] == by_path["sweep8_engine_jax"] == by_path["sweep8_cache_aware"] == "engine_jax"
     assert by_path["single_curve"] == by_path["sweep8_curve"] == by_path["mrc_curve"] == "curve"
     assert by_path["single_replay"] == "replay"
-    assert by_path["single_engine_numba"] == by_path["sweep8_engine_numba"] == "engine_numba"
 
 
 def test_ratios(cases, have_lcs):

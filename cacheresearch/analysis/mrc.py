@@ -30,10 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.routers import LOAD_FREE_ROUTERS, REGISTRY, FleetView, RequestView, route, router_id
+from cacheresearch.routers import LOAD_FREE_ROUTERS
+from cacheresearch.routers.fixed import fixed_routes, prefix_keys
 from cacheresearch.workload import Workload
 
-__all__ = ["HitCurve", "hit_curve", "route_requests", "route_requests_many", "stack_distances", "shards_sample", "lru_replay"]
+__all__ = ["HitCurve", "hit_curve", "route_requests", "route_requests_many", "stack_distances", "shards_sample",
+           "lru_replay"]
 
 _BIG = np.int32(2**31 - 1)  # "never seen": a miss at every capacity
 
@@ -76,45 +78,14 @@ def route_requests(workload: Workload, router: str, replicas: int, *, prefix_blo
 def route_requests_many(workload: Workload, router: str, replicas: int, *, prefix_blocks: int = 80,
                         keys=None) -> np.ndarray:
     """:func:`route_requests` for several PRNG keys at once (int32 [len(keys), N]; one row when
-    ``keys`` is None): one compiled call for all of them."""
+    ``keys`` is None): one compiled call for all of them (:func:`cacheresearch.routers.fixed.fixed_routes`)."""
     if router not in LOAD_FREE_ROUTERS:
         raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need a router that reads "
                          f"neither load nor cache: {', '.join(LOAD_FREE_ROUTERS)}")
-    n = workload.n_requests
-    G = 1 if keys is None else len(keys)
-    b0 = np.zeros((G, n), np.uint32)
-    if router == "random":
-        if keys is None:
-            raise ValueError("random routing needs PRNG keys")
-        kk = jnp.stack(list(keys)) if not hasattr(keys, "shape") else keys
-        b0 = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (n + 1,), jnp.uint32))(kk))[:, :n]  # request_bits col 0
-    k = np.zeros(n, np.uint64)
-    if router in REGISTRY.knob_readers("prefix_blocks"):
-        nb = workload.n_blocks
-        pos = workload.offsets[:-1] + np.clip(np.minimum(prefix_blocks, nb) - 1, 0, None)
-        k = np.where(nb > 0, workload.keys[np.minimum(pos, max(workload.total_blocks - 1, 0))] if workload.total_blocks else 0, 0)
-        k = np.asarray(k, dtype=np.uint64)
-    hi, lo = (k >> np.uint64(32)).astype(np.uint32), (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    L = G * n
-    pad = (1 << max(L - 1, 0).bit_length()) - L  # power-of-two lengths: one compile serves many workloads
-    cols = [np.tile(np.arange(n, dtype=np.int32), G), np.tile(hi, G), np.tile(lo, G), b0.reshape(-1)]
-    cols = [np.pad(np.asarray(x), (0, pad)) for x in cols]
-    out = _route_batch(router_id(router), int(replicas), *cols)
-    return np.asarray(out, dtype=np.int32)[:L].reshape(G, n)
-
-
-@partial(jax.jit, static_argnums=(0, 1))
-def _route_batch(rid: int, replicas: int, index, prefix_hi, prefix_lo, bits0):
-    """Router ``rid``'s decision for every request (vmapped :func:`cacheresearch.routers.route`) on a
-    fleet of ``replicas`` that the rule does not read."""
-    n = index.shape[0]
-    zero = jnp.zeros(n, jnp.int32)
-    bits = jnp.concatenate([bits0[:, None], jnp.zeros((n, 3), jnp.uint32)], axis=1)
-    req = RequestView(index=index, arrival_ms=zero, n_blocks=zero, prefix_hi=prefix_hi, prefix_lo=prefix_lo,
-                      bits=bits, instance=zero)
-    empty = jnp.zeros(replicas, jnp.int32)
-    fleet = FleetView(replicas=jnp.int32(replicas), match=empty, queue=empty, active_blocks=empty, tree_size=empty)
-    return jax.vmap(lambda r: route(rid, r, fleet, None, compiled=(rid,)))(req)
+    k = np.asarray(workload.keys, np.uint64)
+    hi, lo = prefix_keys(workload.offsets[:-1], workload.n_blocks, (k >> np.uint64(32)).astype(np.uint32),
+                         (k & np.uint64(0xFFFFFFFF)).astype(np.uint32), prefix_blocks)
+    return fixed_routes(router, int(replicas), workload.n_requests, prefix_hi=hi, prefix_lo=lo, keys=keys)
 
 
 # ------------------------------------------------------------------------------------ host prep
@@ -414,7 +385,8 @@ def stack_distances(
     steps = []
     reps = np.unique(replica)
     for r in reps:
-        steps.append(_replica_steps(ids.astype(np.int64), nb, workload.offsets, np.nonzero(replica == r)[0], policy == "lru", chunk_blocks))
+        steps.append(_replica_steps(ids.astype(np.int64), nb, workload.offsets, np.nonzero(replica == r)[0],
+                                    policy == "lru", chunk_blocks))
     T = max(s.ids.shape[0] for s in steps)
     S = max(int(nb[replica == r].sum()) for r in reps) if len(reps) else 0
 

@@ -138,7 +138,7 @@ import numpy as np
 
 from cacheresearch import __version__
 from cacheresearch.analysis import mrc
-from cacheresearch.backends.numba_cache import replay_grid
+from cacheresearch.bench.auto import auto_call, auto_method
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate, simulate_grid, stack_params
 from cacheresearch.workload import Workload, synthetic, trace
 
@@ -167,7 +167,7 @@ FULL_DESIGN_REQUESTS = 50_000
 #: case groups of ``--cases`` (``sweep`` gives ``sweep{N}_engine`` and ``sweep{N}_curve``)
 CASES = ("single", "sweep", "cache_aware", "mrc")
 #: project paths a case can time (every case names one in ``path``)
-PATHS = ("engine", "curve", "replay", "engine_numba")
+PATHS = ("engine", "engine_jax", "curve", "replay")
 
 #: keys every case carries (tests check them); figures that a case does not have are None
 CASE_KEYS = (
@@ -340,13 +340,15 @@ def _mooncake(quiet: bool) -> tuple[Workload, str, str]:
         return trace.load_mooncake(override, block_tokens=512, name="mooncake"), "trace " + Path(override).name, ""
     shared = REPO_ROOT / SHARED_TRACE
     if shared.exists():
-        return trace.load_mooncake(shared, block_tokens=512, name="mooncake"), "shared trace " + SHARED_TRACE.as_posix(), ""
+        return trace.load_mooncake(shared, block_tokens=512,
+            name="mooncake"), "shared trace " + SHARED_TRACE.as_posix(), ""
     fixture = REPO_ROOT / FIXTURE_TRACE
     note = f"{SHARED_TRACE.as_posix()} is absent"
     if fixture.exists():
         if not quiet:
             print(f"[bench] {note}: using the bundled fixture {FIXTURE_TRACE.as_posix()}", flush=True)
-        return trace.load_mooncake(fixture, block_tokens=512, name="mooncake-fixture"), "fixture " + FIXTURE_TRACE.as_posix(), note
+        return trace.load_mooncake(fixture, block_tokens=512,
+            name="mooncake-fixture"), "fixture " + FIXTURE_TRACE.as_posix(), note
     if not quiet:
         print(f"[bench] {note} and so is the fixture: using a synthetic Mooncake-like workload", flush=True)
     w = synthetic.fleet_workload(
@@ -370,7 +372,8 @@ def make_workload(name: str, *, quick: bool, design_requests: int | None = None,
         label = "design" if n == FULL_DESIGN_REQUESTS else f"design-{n}req"
         w = synthetic.design_workload(n_requests=n, name=label)
         note = "" if n == FULL_DESIGN_REQUESTS else f"reduced from {FULL_DESIGN_REQUESTS} to {n} requests"
-        return WorkloadSpec("design", w, replicas=8, capacity=65_536, source=f"synthetic.design_workload(n_requests={n})",
+        return WorkloadSpec("design", w, replicas=8, capacity=65_536,
+            source=f"synthetic.design_workload(n_requests={n})",
                             note=note, case_suffix="" if n == FULL_DESIGN_REQUESTS else f"@{n}req")
     if name == "tiny":  # for tests and smoke runs
         w = synthetic.fleet_workload(
@@ -421,7 +424,8 @@ class LcsUnit:
 class LcsStreams:
     """One oracleGeneral file (and reader) per replica for one routing, written once."""
 
-    def __init__(self, lcs, w: Workload, ids_leaf: np.ndarray, replica: np.ndarray, n_replicas: int, tmp: Path, tag: str):
+    def __init__(self, lcs, w: Workload, ids_leaf: np.ndarray, replica: np.ndarray, n_replicas: int, tmp: Path,
+        tag: str):
         self.lcs = lcs
         block_rep = np.repeat(np.asarray(replica, dtype=np.int64), w.n_blocks)
         self.lengths: list[int] = []
@@ -858,10 +862,12 @@ class Bench:
     def engine_grid(self, stream, cells, max_replicas: int, *, router: str = "random", queue: bool = False, **knobs):
         """The public ``simulate_grid`` call over ``cells`` = ``(capacity, replicas, seed)``; first call =
         warm-up. Returns ``(timing, hit tokens per cell, params)``."""
-        params = stack_params([make_params("lru", int(c), replicas=int(r), router=router, **knobs) for c, r, _ in cells])
+        params = stack_params([make_params("lru", int(c), replicas=int(r), router=router, **knobs) for c, r,
+            _ in cells])
         keys = jnp.stack([jax.random.PRNGKey(int(s)) for _, _, s in cells])
         def call():
-            return _ready(simulate_grid(stream, params, keys, max_replicas=max_replicas, per_request=False, queue=queue))
+            return _ready(simulate_grid(stream, params, keys, max_replicas=max_replicas, per_request=False,
+                queue=queue))
 
         tm = measure(call, repeats=self.repeats, budget_s=self.budget_s, warmup=True)
         m = tm.value
@@ -890,7 +896,8 @@ class Bench:
         cur_blocks = hc.hit_blocks_at(C)
         curve_exact = bool(int(hc.hit_tokens[C]) == eng_tokens and np.array_equal(cur_blocks, eng_blocks))
         if not curve_exact:
-            raise AssertionError(f"{spec.name}: hit curve at C={C} ({int(hc.hit_tokens[C])} tokens) != engine ({eng_tokens})")
+            raise AssertionError(f"{spec.name}: hit curve at C={C} ({int(hc.hit_tokens[C])} tokens) != engine "
+                                 f"({eng_tokens})")
 
         # the one-capacity compiled replay (routing included, as in the curve)
         rpl = measure(
@@ -901,11 +908,11 @@ class Bench:
         if not replay_exact:
             raise AssertionError(f"{spec.name}: lru_replay at C={C} != engine")
 
-        # the engine's numba backend, one configuration
-        nbs = measure(lambda: replay_grid(w, [params], [key], max_replicas=R, stream=stream),
+        # the default path (engine.backend=auto, bench/auto.py), one configuration
+        nbs = measure(auto_call(stream, [(C, R, 0)], R, per_request=True),
                       repeats=self.repeats, budget_s=self.budget_s, warmup=True)
-        if not np.array_equal(nbs.value.hit_blocks[0], eng_blocks):
-            raise AssertionError(f"{spec.name}: numba engine backend != engine")
+        if not np.array_equal(nbs.value[1][:w.n_requests], eng_blocks[:w.n_requests]):
+            raise AssertionError(f"{spec.name}: the default backend != the JAX engine")
 
         # libCacheSim: one configuration, one cache per replica, one core
         lr = lcs_prep = lcs_hit = lcs_acc = None
@@ -934,15 +941,14 @@ class Bench:
         }
         backend = curve_backend(self.curve_backend)
         paths = (
-            ("engine", eng, _r(prep),
-             "engine: simulate(per_request=True, queue=False), one configuration; first call = compile + run"),
+            ("engine_jax", eng, _r(prep),
+             "engine_jax: the JAX engine, simulate(per_request=True, queue=False), one configuration; first call = "
+             "compile + run"),
             ("curve", cur, None,
              f"curve: hit_curve(max_capacity=C, backend={backend}), routing included; first call = compile + run"),
             ("replay", rpl, None,
              "replay: route_requests + lru_replay (numba, one capacity); first call = compile + run"),
-            ("engine_numba", nbs, _r(prep),
-             "engine_numba: the engine's numba backend (core.replay.replay_grid, routing included), one configuration; "
-             "first call = compile + run"),
+            ("engine", nbs, _r(prep), auto_method(1, nbs.value[2])),
         )
         out = []
         for path, tm, path_prep, method in paths:
@@ -1003,16 +1009,15 @@ class Bench:
         self.log(f"[bench] {spec.name}: engine, {len(cells)} configurations in one call: {eng.best:.4f} s "
                  f"(first call {eng.first:.2f} s)")
         # (a') the engine's numba backend (core.replay): the same configurations, configurations in threads
-        nb_params = [make_params("lru", int(c), replicas=int(r), router="random") for c, r, _ in cells]
-        nb_keys = [jax.random.PRNGKey(int(s)) for _, _, s in cells]
-        nba = measure(lambda: replay_grid(w, nb_params, nb_keys, max_replicas=max(reps), stream=stream),
+        nba = measure(auto_call(stream, cells, max(reps), per_request=False),
                       repeats=self.repeats, budget_s=self.budget_s, warmup=True)
-        if not np.array_equal(nba.value.hit_tokens, eng_tokens):
-            raise AssertionError(f"{spec.name}: sweep: numba engine backend != engine")
+        if not np.array_equal(nba.value[0], eng_tokens):
+            raise AssertionError(f"{spec.name}: sweep: the default backend != the JAX engine")
         # (b) one-pass curves: one per (replicas, seed) routing group, all capacities read off
         def curves():
             return {
-                (r, s): self.curve(w, replicas=r, router="random", key=jax.random.PRNGKey(s), max_capacity=int(caps.max()))
+                (r, s): self.curve(w, replicas=r, router="random", key=jax.random.PRNGKey(s),
+                    max_capacity=int(caps.max()))
                 for r, s in groups
             }
 
@@ -1020,13 +1025,15 @@ class Bench:
         hc = cur.value
         curve_tokens = np.array([int(hc[(r, s)].hit_tokens[c]) for c, r, s in cells], dtype=np.int64)
         thr_sorted = {g: np.sort(hc[g].thresholds) for g in groups}
-        proj_block = np.array([np.searchsorted(thr_sorted[(r, s)], c, side="left") for c, r, s in cells]) / max(w.total_blocks, 1)
+        proj_block = np.array([np.searchsorted(thr_sorted[(r, s)], c, side="left") for c, r,
+            s in cells]) / max(w.total_blocks, 1)
         proj_token = curve_tokens / max(int(w.input_tokens.sum()), 1)
 
         exact = bool(np.array_equal(eng_tokens, curve_tokens))
         if not exact:
             bad = int(np.argmax(eng_tokens != curve_tokens))
-            raise AssertionError(f"{spec.name}: sweep config {cells[bad]}: engine {eng_tokens[bad]} != curve {curve_tokens[bad]}")
+            raise AssertionError(f"{spec.name}: sweep config {cells[bad]}: engine {eng_tokens[bad]} != curve "
+                                 f"{curve_tokens[bad]}")
 
         # libCacheSim: the configurations (all, or --lcs-max-runs of them), one cache per replica
         lr = lcs_prep = None
@@ -1039,7 +1046,8 @@ class Bench:
             t = time.perf_counter()
             ids_leaf = leaf_first_ids(w)
             streams = {
-                (r, s): LcsStreams(self.lcs, w, ids_leaf, self.routing(spec, r, s), r, self.tmp, f"{spec.name}_sw_r{r}_s{s}")
+                (r, s): LcsStreams(self.lcs, w, ids_leaf, self.routing(spec, r, s), r, self.tmp,
+                    f"{spec.name}_sw_r{r}_s{s}")
                 for r, s in groups
             }
             lcs_prep = time.perf_counter() - t
@@ -1088,29 +1096,31 @@ class Bench:
             common["libcachesim_note"] = lcs_note
         out = []
         e = {
-            "name": f"sweep{N}_engine", "path": "engine", **common,
-            "project_s": _r(eng.best), "project_s_median": _r(eng.median), "project_compile_s": _r(eng.compile_estimate),
+            "name": f"sweep{N}_engine_jax", "path": "engine_jax", **common,
+            "project_s": _r(eng.best), "project_s_median": _r(eng.median),
+                "project_compile_s": _r(eng.compile_estimate),
             "project_first_call_s": _r(eng.first), "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(lr, eng.best, eng.compile_estimate, scale=scale, multi=True),
-            "method": (f"engine: simulate_grid over {len(cells)} configs in one call (vmap, per_request=False, "
+            "method": (f"engine_jax: the JAX engine, simulate_grid over {len(cells)} configs in one call (vmap, "
+                       f"per_request=False, "
                        "queue=False: hit rates only); first call = compile + run"),
             "repeats": eng.runs,
         }
         out.append(self.add_case(e, spec))
         en = {
-            "name": f"sweep{N}_engine_numba", "path": "engine_numba", **common,
-            "project_s": _r(nba.best), "project_s_median": _r(nba.median), "project_compile_s": _r(nba.compile_estimate),
+            "name": f"sweep{N}_engine", "path": "engine", **common,
+            "project_s": _r(nba.best), "project_s_median": _r(nba.median),
+                "project_compile_s": _r(nba.compile_estimate),
             "project_first_call_s": _r(nba.first), "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(lr, nba.best, nba.compile_estimate, scale=scale, multi=True),
-            "method": (f"engine_numba: the engine's numba backend (core.replay.replay_grid) over {len(cells)} configs, "
-                       "configurations in threads (prange), routing (mrc.route_requests_many) included; results "
-                       "checked equal to the engine's"),
+            "method": auto_method(len(cells), nba.value[2]),
             "repeats": nba.runs,
         }
         out.append(self.add_case(en, spec))
         c = {
             "name": f"sweep{N}_curve", "path": "curve", **common,
-            "project_s": _r(cur.best), "project_s_median": _r(cur.median), "project_compile_s": _r(cur.compile_estimate),
+            "project_s": _r(cur.best), "project_s_median": _r(cur.median),
+                "project_compile_s": _r(cur.compile_estimate),
             "project_first_call_s": _r(cur.first), "project_prep_s": None,
             **self.lcs_fields(lr, cur.best, cur.compile_estimate, scale=scale, multi=True),
             "method": (f"curve: hit_curve (backend={curve_backend(self.curve_backend)}) per (replicas, seed) group "
@@ -1129,7 +1139,8 @@ class Bench:
         # the baseline first: the same grid, random router, with the queue model as well
         base, base_tokens, _ = self.engine_grid(stream, cells, max(reps), router="random", queue=True)
         self.log(f"[bench] {spec.name}: random router, queue=True, {len(cells)} configurations: {base.best:.4f} s")
-        ca, ca_tokens, params = self.engine_grid(stream, cells, max(reps), router="cache_aware", queue=True, view="precise")
+        ca, ca_tokens, params = self.engine_grid(stream, cells, max(reps), router="cache_aware", queue=True,
+            view="precise")
         prev = self._sweep.get(spec.name)
         base_equal = None
         if prev is not None and prev["cells"] == cells:
@@ -1141,14 +1152,15 @@ class Bench:
                  for k in ("cache_threshold_pm", "balance_abs", "balance_rel_pct", "miss_smallest_tree")
                  if hasattr(params, k)}
         case = {
-            "name": f"sweep{N}_cache_aware", "path": "engine",
+            "name": f"sweep{N}_cache_aware", "path": "engine_jax",
             "workload": spec.name, "accesses": w.total_blocks, "configs": len(cells),
             "total_accesses": w.total_blocks * len(cells),
             "project_s": _r(ca.best), "project_s_median": _r(ca.median), "project_compile_s": _r(ca.compile_estimate),
             "project_first_call_s": _r(ca.first), "project_prep_s": _r(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(None, ca.best, ca.compile_estimate, multi=True),
             "libcachesim_accesses": None, "libcachesim_hit_rate": None,
-            "libcachesim_note": "libCacheSim has no router that reads cache state or load: no libCacheSim figure, no ratio",
+            "libcachesim_note": "libCacheSim has no router that reads cache state or load: no libCacheSim "
+                                "figure, no ratio",
             "router": "cache_aware", "view": "precise", "queue": True, "router_knobs": knobs,
             "baseline_router": "random", "baseline_queue": True,
             "baseline_s": _r(base.best), "baseline_s_median": _r(base.median),
@@ -1165,7 +1177,8 @@ class Bench:
                  "baseline_hit_tokens": int(base_tokens[i]), "project_token_hit_rate": _r(ca_tokens[i] / total_in)}
                 for i, (c, r, s) in enumerate(cells)
             ],
-            "method": (f"engine: simulate_grid over {len(cells)} configs in one call, router cache_aware (view precise, "
+            "method": (f"engine_jax: the JAX engine, simulate_grid over {len(cells)} configs in one call, "
+                       f"router cache_aware (view precise, "
                        "default knobs), queue=True (the router reads loads); cost_vs_random = its time / the same "
                        "grid with router random and queue=True; first call = compile + run"),
             "repeats": ca.runs, "baseline_repeats": base.runs,
@@ -1194,14 +1207,16 @@ class Bench:
         cur_tokens = hc.hit_tokens[pick]
         exact = bool(np.array_equal(eng_tokens, cur_tokens))
         if not exact:
-            raise AssertionError(f"{spec.name}: mrc curve {cur_tokens.tolist()} != engine {eng_tokens.tolist()} at {pick.tolist()}")
+            raise AssertionError(f"{spec.name}: mrc curve {cur_tokens.tolist()} != engine {eng_tokens.tolist()} "
+                                 f"at {pick.tolist()}")
         lr = lcs_prep = lcs_note = lcs_acc = None
         lcs_hit = lcs_par_hit = None
         max_diff = None
         scale = 1.0
         if self.lcs is not None:
             t = time.perf_counter()
-            streams = LcsStreams(self.lcs, w, leaf_first_ids(w), np.zeros(w.n_requests, np.int64), 1, self.tmp, f"{spec.name}_mrc")
+            streams = LcsStreams(self.lcs, w, leaf_first_ids(w), np.zeros(w.n_requests, np.int64), 1, self.tmp,
+                f"{spec.name}_mrc")
             lcs_prep = time.perf_counter() - t
             run_idx = subset_index(caps.size, self.lcs_max_runs)
             scale = caps.size / run_idx.size
@@ -1225,7 +1240,8 @@ class Bench:
             "workload": spec.name,
             "accesses": w.total_blocks,
             "configs": int(caps.size),
-            "project_s": _r(cur.best), "project_s_median": _r(cur.median), "project_compile_s": _r(cur.compile_estimate),
+            "project_s": _r(cur.best), "project_s_median": _r(cur.median),
+                "project_compile_s": _r(cur.compile_estimate),
             "project_first_call_s": _r(cur.first), "project_prep_s": None,
             "libcachesim_prep_s": _r(lcs_prep), "libcachesim_accesses": lcs_acc,
             "libcachesim_parallel_accesses": None if lr is None else lr.parallel_accesses,
@@ -1234,8 +1250,10 @@ class Bench:
             "libcachesim_hit_rate": _r(None if lcs_hit is None else np.nanmean(lcs_hit)),
             "libcachesim_parallel_equals_sequential": None if lr is None or lr.parallel is None else True,
             "max_abs_hit_rate_diff": _r(max_diff),
-            "method": (f"curve: one hit_curve (1 replica, backend={curve_backend(self.curve_backend)}) gives all {ws + 1} "
-                       f"capacities 0..working set; libCacheSim: {caps.size} log-spaced capacities; hit rates are means "
+            "method": (f"curve: one hit_curve (1 replica, backend={curve_backend(self.curve_backend)}) gives "
+                       f"all {ws + 1} "
+                       f"capacities 0..working set; libCacheSim: {caps.size} log-spaced capacities; hit rates "
+                       f"are means "
                        "over those capacities"),
             "working_set_blocks": ws,
             "engine_checked_capacities": [int(c) for c in pick],
@@ -1274,7 +1292,8 @@ class Bench:
                 out.append({
                     "workload": spec.name, "axis": "requests", "size": label, "requests": sub.n_requests,
                     "accesses": sub.total_blocks, "configs": 1, "method": method, "project_s": _r(tm.best),
-                    "project_s_median": _r(tm.median), "us_per_access_config": _r(1e6 * tm.best / max(sub.total_blocks, 1), 4),
+                    "project_s_median": _r(tm.median),
+                        "us_per_access_config": _r(1e6 * tm.best / max(sub.total_blocks, 1), 4),
                 })
         # configs: a quarter of the sweep vs the whole sweep (same stream, one vmapped call each)
         N = self.configs
@@ -1307,7 +1326,8 @@ class Bench:
         if spec.name in self._exact_curves:
             exact, exact_s = self._exact_curves[spec.name]
         else:
-            tm = measure(lambda: self.curve(w, replicas=1, router="random", key=key), repeats=1, budget_s=0, warmup=True)
+            tm = measure(lambda: self.curve(w, replicas=1, router="random", key=key), repeats=1, budget_s=0,
+                warmup=True)
             exact, exact_s = tm.value, tm.best
         ex = exact.token_hit_rate
         out = []
@@ -1315,7 +1335,8 @@ class Bench:
             t = time.perf_counter()
             sub, factor = mrc.shards_sample(w, rate)
             sample_s = time.perf_counter() - t
-            row = {"workload": spec.name, "rate": rate, "sampled_requests": sub.n_requests, "sampled_accesses": sub.total_blocks,
+            row = {"workload": spec.name, "rate": rate, "sampled_requests": sub.n_requests,
+                "sampled_accesses": sub.total_blocks,
                    "sample_s": _r(sample_s), "exact_curve_s": _r(exact_s)}
             if sub.n_requests == 0 or sub.total_blocks == 0:
                 row.update({"curve_s": None, "max_abs_error": None, "note": "the sample is empty"})
@@ -1361,7 +1382,8 @@ def format_row(c: dict) -> str:
             f"{f(c['project_s'], '10.4f')} {f(c['project_compile_s'], '7.2f')} {f(c['libcachesim_s'], '9.4f')} "
             f"{f(c.get('libcachesim_parallel_s'), '9.4f')} {f(c.get('libcachesim_workers'), '3d')} "
             f"{f(c['ratio'], '8.3f')} {f(c.get('ratio_sequential'), '8.3f')} {f(c['ratio_with_compile'], '8.3f')} "
-            f"{f(c['project_hit_rate'], '6.4f')} {f(c['libcachesim_hit_rate'], '6.4f')} {f(c.get('peak_rss_mb'), '6.0f')}  {note}")
+            f"{f(c['project_hit_rate'], '6.4f')} {f(c['libcachesim_hit_rate'], '6.4f')} "
+            f"{f(c.get('peak_rss_mb'), '6.0f')}  {note}")
 
 
 HEADER = (f"{'workload':<11} {'case':<28} {'accesses':>9} {'cfgs':>5} {'project_s':>10} {'compile':>7} "
@@ -1426,7 +1448,8 @@ def machine_info(lcs=None) -> dict:
         "cpu": cpu, "cores": os.cpu_count(), "cores_usable": affinity, "memory_gb": mem_gb, "loadavg_at_start": load,
         "platform": platform.platform(), "python": platform.python_version(),
         "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
-        "versions": {"cacheresearch": __version__, "jax": jax.__version__, "jaxlib": ver("jaxlib"), "numpy": np.__version__,
+        "versions": {"cacheresearch": __version__, "jax": jax.__version__, "jaxlib": ver("jaxlib"),
+            "numpy": np.__version__,
                      "libcachesim": lcs_ver},
     }
 
@@ -1525,12 +1548,14 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown cases {unknown}; choose from {CASES}")
     b = Bench(
-        quick=quick, configs=configs, repeats=repeats or (3 if quick else 5), budget_s=budget_s or (6.0 if quick else 20.0),
-        lcs_max_runs=lcs_max_runs, lcs_workers=lcs_workers, curve_backend=curve_backend, reference_max_blocks=300_000 if quick else 1_000_000, json_path=json_path, quiet=quiet,
+        quick=quick, configs=configs, repeats=repeats or (3 if quick else 5),
+            budget_s=budget_s or (6.0 if quick else 20.0),
+        lcs_max_runs=lcs_max_runs, lcs_workers=lcs_workers, curve_backend=curve_backend,
+            reference_max_blocks=300_000 if quick else 1_000_000, json_path=json_path, quiet=quiet,
     )
     try:
-        b.log(f"[bench] jax {jax.__version__} on {jax.default_backend()} {jax.devices()}; libcachesim "
-              f"{'missing: its columns stay empty' if b.lcs is None else b.report['machine']['versions']['libcachesim']}")
+        lcs_ver = "missing: its columns stay empty" if b.lcs is None else b.report["machine"]["versions"]["libcachesim"]
+        b.log(f"[bench] jax {jax.__version__} on {jax.default_backend()} {jax.devices()}; libcachesim {lcs_ver}")
         specs = {}
         streams = {}
         for name in workloads:
@@ -1577,24 +1602,29 @@ def run_bench(
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cacheresearch.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"fewer repeats, design reduced to {QUICK_DESIGN_REQUESTS} requests")
+    ap.add_argument("--quick", action="store_true",
+        help=f"fewer repeats, design reduced to {QUICK_DESIGN_REQUESTS} requests")
     ap.add_argument("--json", metavar="FILE", help="write the report here (rewritten after every case)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: seed_fleet,mooncake,design (or none)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+        help="comma-separated: seed_fleet,mooncake,design (or none)")
     ap.add_argument("--configs", type=int, default=64, help="configurations of the sweep (multiple of 4; default 64)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--budget", type=float, default=None, help="seconds of repeats per measurement")
     ap.add_argument("--design-requests", type=int, default=None, help="requests of the design workload")
     ap.add_argument("--lcs-max-runs", type=int, default=None,
-                    help="run at most this many libCacheSim configurations of a case and scale the times (default: all)")
+                    help="run at most this many libCacheSim configurations of a case and scale the times "
+                         "(default: all)")
     ap.add_argument("--lcs-workers", type=int, default=None,
-                    help="processes for libCacheSim's parallel figure (default: every usable core; 0: no parallel figure)")
+                    help="processes for libCacheSim's parallel figure (default: every usable core; 0: no "
+                         "parallel figure)")
     ap.add_argument("--curve-backend", default="auto", choices=("auto", "jax", "numba"),
                     help="hit_curve backend (auto: numba when JAX runs on the CPU, else the JAX scan)")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--no-shards", action="store_true")
     ap.add_argument("--scaling-workload", default="auto")
-    ap.add_argument("--memory-check", action="store_true", help="also replay a 1,000,000-request workload (child process)")
+    ap.add_argument("--memory-check", action="store_true",
+        help="also replay a 1,000,000-request workload (child process)")
     ap.add_argument("--memory-requests", type=int, default=1_000_000)
     ap.add_argument("--memory-check-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1602,7 +1632,8 @@ def main(argv=None) -> int:
     if args.memory_check_child is not None:
         print(json.dumps(memory_check(args.memory_check_child)))
         return 0
-    workloads = [] if args.workloads.strip() in ("", "none") else [s.strip() for s in args.workloads.split(",") if s.strip()]
+    workloads = [] if args.workloads.strip() in ("",
+        "none") else [s.strip() for s in args.workloads.split(",") if s.strip()]
     for wname in workloads:
         if wname not in WORKLOADS + ("tiny",):
             ap.error(f"unknown workload {wname!r}")

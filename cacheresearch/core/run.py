@@ -2,10 +2,18 @@
 
 :func:`simulate_cells` groups the cells by the state shape they need (approximate-index rows only
 for configurations whose router uses the approximate view; as-of-sync fields only for the stale
-view; priority fields only for lfu / length_aware; per-block queues only for s3fifo), and within a group by stream: one compiled program per group, a nested vmap over
-``[streams, configurations per stream]`` in which each stream is passed once (never gathered per
-configuration). Streams of a group are padded to one shape; configurations per stream are padded
-by repeating the stream's last cell (results dropped).
+view; priority fields only for lfu / length_aware; per-block queues only for s3fifo), and within a
+group by stream: one compiled program per group, a nested vmap over ``[streams, configurations per
+stream]`` in which each stream is passed once (never gathered per configuration). Streams of a group
+are padded to one shape; configurations per stream are padded by repeating the stream's last cell
+(results dropped).
+
+Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program
+above, on any device) or on the numba CPU backend (:mod:`cacheresearch.backends.numba_cache`: the same
+algorithm as compiled loops, configurations in threads, one stream per call), which has no per-step
+XLA overhead. ``auto`` (the default) takes numba for the configurations it covers when the devices are
+the host's CPU, the JAX engine for the rest: the cells are grouped by backend too, and the plan names
+each program's backend. Both give the same metrics, field by field.
 
 Memory: before running, each group's program is compiled ahead of time and its memory analysis
 (arguments + outputs + temporaries) is compared with the memory the machine has available. A
@@ -26,18 +34,28 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cacheresearch.backends import numba_cache
 from cacheresearch.cache.policies import PRIORITY_IDS, S3FIFO_ID
 from cacheresearch.core.simulate import Metrics, Static, check_bounds, check_stream, finalize, nested_fn, static_options
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 
 __all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
-           "available_memory_bytes", "MemoryError_"]
+           "available_memory_bytes", "MemoryError_", "BACKENDS", "BackendError"]
+
+#: ``backend=``: ``auto`` (per program the fastest exact backend that covers its configurations: the
+#: numba backend on a CPU host where it covers them, the JAX engine elsewhere), ``jax``, ``numba``.
+BACKENDS = ("auto", "jax", "numba")
+
+
+class BackendError(ValueError):
+    """``backend="numba"`` asked for configurations the numba backend does not model."""
 
 
 class MemoryError_(RuntimeError):  # noqa: N801 - not the builtin: raised before anything is allocated
@@ -72,6 +90,7 @@ class GroupPlan:
     priority: bool = False  # lfu / length_aware fields
     s3: bool = False  # s3fifo's per-block queues
     streams_per_call: int = 0  # streams of the group in one call (all of them unless chunked)
+    backend: str = "jax"  # jax (the compiled XLA program) or numba (backends/numba_cache.py)
 
     @property
     def n_cells(self) -> int:
@@ -110,15 +129,18 @@ class Plan:
         return sum(g.calls for g in self.groups)
 
     def line(self) -> str:
-        return (f"plan: {self.n_cells} configurations over {self.n_streams} streams, {len(self.groups)} programs, "
+        kinds = {b: sum(g.backend == b for g in self.groups) for b in ("jax", "numba")}
+        progs = ", ".join(f"{k} {b}" for b, k in kinds.items() if k)
+        return (f"plan: {self.n_cells} configurations over {self.n_streams} streams, {len(self.groups)} programs "
+                f"({progs or 'none'}), "
                 f"{self.calls} calls, memory estimate {self.memory_bytes / 2**20:.0f} MiB per call "
                 f"(available {self.available_bytes / 2**20:.0f} MiB), devices {self.devices}")
 
     def program_lines(self) -> list[str]:
         yn = {True: "yes", False: "no"}
-        return [f"  program {i + 1}: {gp.n_cells} configurations, {gp.streams_per_call} of {len(gp.streams)} streams "
-                f"x {gp.per_stream} per call, {gp.calls} calls, index rows {yn[gp.index]}, stale fields "
-                f"{yn[gp.stale]}, priority fields {yn[gp.priority]}, s3fifo queues {yn[gp.s3]}, memory "
+        return [f"  program {i + 1} ({gp.backend}): {gp.n_cells} configurations, {gp.streams_per_call} of "
+                f"{len(gp.streams)} streams x {gp.per_stream} per call, {gp.calls} calls, index rows {yn[gp.index]}, "
+                f"stale fields {yn[gp.stale]}, priority fields {yn[gp.priority]}, s3fifo queues {yn[gp.s3]}, memory "
                 f"{gp.memory_bytes / 2**20:.0f} MiB" for i, gp in enumerate(self.groups)]
 
 
@@ -227,6 +249,8 @@ class CellRunner:
     def run(self, k: int):
         """(global cell indices, their metrics as NumPy with a leading cell axis) of call ``k``."""
         call = self.calls[k]
+        if self.plan.groups[call.group].backend == "numba":
+            return self._run_numba(call)
         compiled, stacked, st = self._ready[call.group]
         if len(call.slots) != stacked.run_len.shape[0] or np.any(call.slots != np.arange(len(call.slots))):
             stacked = jax.tree.map(lambda x: x[call.slots], stacked)
@@ -238,6 +262,84 @@ class CellRunner:
         i = np.asarray([i for i, _, _ in call.real], dtype=np.int64)
         j = np.asarray([j for _, j, _ in call.real], dtype=np.int64)
         return call.cells, finalize(jax.tree.map(lambda x: x[i, j], m), st)  # ratios from the sums, on the host
+
+    def _run_numba(self, call: Call):
+        """A numba call: one stream, its cells in threads (backends/numba_cache.py); the same metrics."""
+        stream, st, n_out = self._ready[call.group]
+        cells = call.cells
+        keys = [jax.random.key(int(self._seeds[g])) for g in cells]
+        m = numba_cache.run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys, st,
+                                   n_out=n_out)
+        return cells, finalize(m, st)
+
+
+def _devices_of(devices) -> list:
+    local = jax.local_devices()
+    if devices is None:
+        return list(local)
+    if isinstance(devices, int):
+        if not 1 <= devices <= len(local):
+            raise ValueError(f"devices={devices}: this process has {len(local)} local devices")
+        return list(local[:devices])
+    return list(devices)
+
+
+def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tuple[str, list]:
+    """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``."""
+    if backend == "jax":
+        return "jax", []
+    index, stale, priority, s3 = needs
+    st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3)
+    missing = numba_cache.coverage([p], st)
+    if backend == "numba":
+        return "numba", missing
+    return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
+
+
+def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> dict:
+    """{(needs..., backend): {stream: [cells]}}; ``backend="numba"`` refuses what numba does not cover."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: one of {list(BACKENDS)}")
+    if backend == "numba" and not numba_cache.available():
+        raise BackendError("backend=numba: numba is not installed (pip install numba)")
+    groups: dict[tuple, dict[int, list[int]]] = {}
+    refused: dict[str, int] = {}
+    for g, p in enumerate(params):
+        needs = _needs(p)
+        b, missing = _backend_of(p, needs, backend, cpu, scheduler)
+        for why in missing:
+            refused[why] = refused.get(why, 0) + 1
+        groups.setdefault(needs + (b,), {}).setdefault(int(stream_of[g]), []).append(g)
+    if refused:
+        what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
+        raise BackendError(f"backend=numba does not cover: {what}. The numba backend models the fcfs replica with "
+                           f"the policies {list(numba_cache.REPLAY_POLICIES)} and the routers that read neither "
+                           "load nor cache; use backend=auto (the JAX engine for the rest) or backend=jax")
+    return groups
+
+
+def _numba_group(streams, sids, cells, st, max_batch, budget, D):
+    """A numba program: calls of one stream each (at most ``max_batch`` configurations, fewer when the
+    per-thread state would not fit), the state estimate as its memory."""
+    C = max(len(c) for c in cells)
+    per = C if max_batch is None else max(1, min(C, int(max_batch)))
+    n_out = max(int(np.asarray(streams[s].arrival_ms).shape[0]) - 1 for s in sids)  # the JAX program's length
+    R = st.max_replicas
+
+    def mem(per):
+        state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
+        out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0
+        return min(per, os.cpu_count() or 1) * (state + st.queue_slots * R * 8) + out
+
+    while per > 1 and mem(per) > budget:
+        per = _balanced(C, per // 2)
+    calls = []
+    for i, cs in enumerate(cells):
+        for c0 in range(0, len(cs), per):
+            part = cs[c0:c0 + per]
+            real = [(0, j, g) for j, g in enumerate(part)]
+            calls.append((np.asarray([i], np.int64), np.asarray([part], np.int64), real))
+    return calls, per, mem(per), n_out
 
 
 def plan_cells(
@@ -251,10 +353,12 @@ def plan_cells(
     memory_fraction: float = 0.8,
     devices: list | int | None = None,
     log=None,
+    backend: str = "auto",
     **options,
 ) -> CellRunner:
     """Plan cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
-    ``g``: group, compile ahead of time, check memory and cut into calls (see :func:`simulate_cells`)."""
+    ``g``: group, choose each program's backend, compile ahead of time, check memory and cut into calls
+    (see :func:`simulate_cells`)."""
     G = len(params)
     stream_of = np.asarray(stream_of, np.int64)
     seeds = np.asarray(seeds, np.uint32)
@@ -262,14 +366,7 @@ def plan_cells(
         raise ValueError("no cells to run")
     if max_batch is not None and int(max_batch) < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    local = jax.local_devices()
-    if devices is None:
-        devices = local
-    elif isinstance(devices, int):
-        if not 1 <= devices <= len(local):
-            raise ValueError(f"devices={devices}: this process has {len(local)} local devices")
-        devices = local[:devices]
-    devices = list(devices)
+    devices = _devices_of(devices)
     D = len(devices)
     for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3"):
         options.pop(k, None)
@@ -277,12 +374,10 @@ def plan_cells(
     avail = per_device if per_device is not None else available_memory_bytes()
     budget = int(avail * memory_fraction)
     plan = Plan(n_cells=G, n_streams=len(set(stream_of.tolist())), available_bytes=avail, devices=D)
-    groups: dict[tuple, dict[int, list[int]]] = {}
-    for g, p in enumerate(params):
-        groups.setdefault(_needs(p), {}).setdefault(int(stream_of[g]), []).append(g)
+    groups = _group_cells(params, stream_of, backend, devices[0].platform == "cpu", options.get("scheduler", "fcfs"))
     calls: list[Call] = []
     ready = []
-    for (index, stale, priority, s3), by_stream in groups.items():
+    for (index, stale, priority, s3, kind), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
         grid = _stack([params[g] for cs in cells for g in cs])
@@ -290,71 +385,87 @@ def plan_cells(
         options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
                             max_depth=depth, s3=s3, **options)
-        check_bounds(grid, max_replicas, st)
+        check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
         for s_ in sids:
             check_stream(streams[s_], st)
-        shape = stream_shape(streams[sids[0]])
-        for s in sids[1:]:
-            shape = shape.union(stream_shape(streams[s]))
-        stacked = _stack([pad_stream(streams[s], shape) for s in sids])
-        C = max(len(c) for c in cells)
-        S = len(sids)
-        if max_batch is None:
-            s_per, per = S, C
-        elif int(max_batch) >= S:
-            s_per, per = S, _balanced(C, min(C, int(max_batch) // S))
-        else:
-            s_per, per = _balanced(S, int(max_batch)), 1
-
-        def probe(s_per, per, cells=cells, stacked=stacked, st=st):
-            pad = _padded(per, D)
-            sel = np.asarray([[cells[min(i, S - 1)][0]] * pad for i in range(s_per)], dtype=np.int64)
-            P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((s_per, pad))),
-                             *[params[g] for g in sel.reshape(-1)])
-            keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(seeds[sel]))
-            part = stacked if s_per == S else jax.tree.map(lambda x: x[:s_per], stacked)
-            compiled = _compiled(st, devices, part, P, keys)
-            m = _memory(compiled)
-            return compiled, (m if per_device is not None else m * D)  # forced host devices share memory
-
-        while True:
-            compiled, mem = probe(s_per, per)
-            if mem <= budget or (per == 1 and s_per == 1):
-                break
-            if per > 1:
-                per = _balanced(C, per // 2)
-            else:
-                s_per = _balanced(S, s_per // 2)
-        if mem > budget:
-            raise MemoryError_(
-                f"one call of 1 stream x 1 configuration needs an estimated {mem / 2**20:.0f} MiB, more than "
-                f"{memory_fraction:.0%} of the {avail / 2**20:.0f} MiB available: reduce the workload (requests), "
-                f"max_replicas, engine.queue_slots or the router instances")
-        pad = _padded(per, D)
         gi = len(plan.groups)
-        n_calls = 0
-        for s0 in range(0, S, s_per):
-            slots = np.asarray([min(i, S - 1) for i in range(s0, s0 + s_per)], dtype=np.int64)
-            block = [cells[i] for i in range(s0, min(S, s0 + s_per))]
-            for c0 in range(0, max(len(c) for c in block), per):
-                sel = np.empty((s_per, pad), dtype=np.int64)
-                real = []
-                for i, slot in enumerate(slots):
-                    cs = cells[slot]
-                    for j in range(pad):
-                        sel[i, j] = cs[min(c0 + min(j, per - 1), len(cs) - 1)]
-                        if i < len(block) and j < per and c0 + j < len(cs):
-                            real.append((i, j, cs[c0 + j]))
-                calls.append(Call(gi, slots, sel, real))
-                n_calls += 1
-        gp = GroupPlan(index, stale, st.routers, sids, cells, per, n_calls, mem, priority, s3, s_per)
-        plan.groups.append(gp)
+        if kind == "numba":
+            got, per, mem, n_out = _numba_group(streams, sids, cells, st, max_batch, budget, D)
+            calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
+            plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, 1,
+                                         backend="numba"))
+            ready.append(([streams[s] for s in sids], st, n_out))
+            continue
+        compiled, stacked, got, per, s_per, mem = _jax_group(streams, sids, cells, st, params, seeds, max_batch,
+                                                             budget, devices, per_device, avail, memory_fraction)
+        calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
+        plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, s_per))
         ready.append((compiled, stacked, st))
     if log is not None:  # the whole plan, before anything runs
         log(plan.line())
         for line in plan.program_lines():
             log(line)
     return CellRunner(plan, calls, ready, devices, seeds, params)
+
+
+def _jax_group(streams, sids, cells, st, params, seeds, max_batch, budget, devices, per_device, avail,
+               memory_fraction):
+    """A JAX program: the streams padded to one shape and stacked, compiled ahead of time at the largest
+    batch that fits the memory budget, cut into calls."""
+    D = len(devices)
+    shape = stream_shape(streams[sids[0]])
+    for s in sids[1:]:
+        shape = shape.union(stream_shape(streams[s]))
+    stacked = _stack([pad_stream(streams[s], shape) for s in sids])
+    C = max(len(c) for c in cells)
+    S = len(sids)
+    if max_batch is None:
+        s_per, per = S, C
+    elif int(max_batch) >= S:
+        s_per, per = S, _balanced(C, min(C, int(max_batch) // S))
+    else:
+        s_per, per = _balanced(S, int(max_batch)), 1
+
+    def probe(s_per, per):
+        pad = _padded(per, D)
+        sel = np.asarray([[cells[min(i, S - 1)][0]] * pad for i in range(s_per)], dtype=np.int64)
+        P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((s_per, pad))),
+                         *[params[g] for g in sel.reshape(-1)])
+        keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(seeds[sel]))
+        part = stacked if s_per == S else jax.tree.map(lambda x: x[:s_per], stacked)
+        compiled = _compiled(st, devices, part, P, keys)
+        m = _memory(compiled)
+        return compiled, (m if per_device is not None else m * D)  # forced host devices share memory
+
+    while True:
+        compiled, mem = probe(s_per, per)
+        if mem <= budget or (per == 1 and s_per == 1):
+            break
+        if per > 1:
+            per = _balanced(C, per // 2)
+        else:
+            s_per = _balanced(S, s_per // 2)
+    if mem > budget:
+        raise MemoryError_(
+            f"one call of 1 stream x 1 configuration needs an estimated {mem / 2**20:.0f} MiB, more than "
+            f"{memory_fraction:.0%} of the {avail / 2**20:.0f} MiB available: reduce the workload (requests), "
+            f"max_replicas, engine.queue_slots or the router instances")
+    pad = _padded(per, D)
+    got = []
+    for s0 in range(0, S, s_per):
+        slots = np.asarray([min(i, S - 1) for i in range(s0, s0 + s_per)], dtype=np.int64)
+        block = [cells[i] for i in range(s0, min(S, s0 + s_per))]
+        for c0 in range(0, max(len(c) for c in block), per):
+            sel = np.empty((s_per, pad), dtype=np.int64)
+            real = []
+            for i, slot in enumerate(slots):
+                cs = cells[slot]
+                for j in range(pad):
+                    sel[i, j] = cs[min(c0 + min(j, per - 1), len(cs) - 1)]
+                    if i < len(block) and j < per and c0 + j < len(cs):
+                        real.append((i, j, cs[c0 + j]))
+            got.append((slots, sel, real))
+    return compiled, stacked, got, per, s_per, mem
 
 
 def simulate_cells(
@@ -368,6 +479,7 @@ def simulate_cells(
     memory_fraction: float = 0.8,
     devices: list | int | None = None,
     log=None,
+    backend: str = "auto",
     **options,
 ) -> tuple[Metrics, Plan]:
     """Run cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
@@ -378,13 +490,17 @@ def simulate_cells(
     memory one call may use; ``devices``: the local devices (or how many) the configuration axis is
     sharded over (default: all; padded to a multiple of their count); ``options``: static options of
     :func:`~cacheresearch.core.simulate.static_options` (``index``, ``stale`` and the compiled
-    routers are chosen per group); ``log``: a callable for the plan line and progress (or None).
+    routers are chosen per group); ``log``: a callable for the plan line and progress (or None);
+    ``backend``: :data:`BACKENDS` (``auto``: per program the numba backend on a CPU host where it covers
+    the program's configurations, :func:`cacheresearch.backends.numba_cache.coverage`, else the JAX
+    engine; ``numba`` refuses what it does not cover with :class:`BackendError`). Every backend gives
+    the same metrics (``tests/test_replay.py``).
 
     A cell's PRNG key is ``jax.random.key(seeds[g])``, its own seed: results do not depend on the
     grouping, the chunking, the padding or the device count.
     """
     runner = plan_cells(streams, stream_of, params, seeds, max_replicas=max_replicas, max_batch=max_batch,
-                        memory_fraction=memory_fraction, devices=devices, log=log, **options)
+                        memory_fraction=memory_fraction, devices=devices, log=log, backend=backend, **options)
     out: list = [None] * len(params)
     for k in range(len(runner.calls)):
         cells, m = runner.run(k)

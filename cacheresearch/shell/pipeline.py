@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import xarray as xr
 
-from cacheresearch.core.run import MemoryError_
+from cacheresearch.core.run import BackendError, MemoryError_
 from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from cacheresearch.studies.base import Study, StudyError
 
@@ -98,7 +98,7 @@ def run_study(study: Study, cfg, *, store_of=None, max_batch=None, launch: dict 
                 r.assemble(m)
     except MemoryError_ as e:
         raise PipelineError(f"{e} (or set engine.max_batch)") from None
-    except (ChunkError, StudyError) as e:
+    except (ChunkError, StudyError, BackendError) as e:
         raise PipelineError(str(e)) from None
     ds = r.dataset
     ds.attrs.update(devices=int(info["devices"] or len(jax.local_devices())), chunks=int(info["chunks"]),

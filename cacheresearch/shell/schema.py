@@ -180,6 +180,7 @@ class EngineConf:
     # per-replica prefix matches (cache routers, overflow_share, prefix_copies); None: auto
     match: Optional[bool] = None
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
+    backend: str = "auto"  # auto | jax | numba (core/run.py BACKENDS: auto = numba where it covers, on a CPU host)
 
 
 @dataclass

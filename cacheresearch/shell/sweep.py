@@ -26,7 +26,10 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
                       come from the knob declarations (the routers' registry, ``docs/routers.md``)
 ``cache``             ``policy``, ``capacity_blocks``, ``ttl_s``
 ``engine``            ``chunk_runs`` (runs per scan step; default chosen per stream); ``max_batch``
-                      (configurations per compiled call, i.e. per chunk; default as many as fit in memory)
+                      (configurations per compiled call, i.e. per chunk; default as many as fit in memory);
+                      ``backend`` (``auto``: per program the numba CPU backend where it covers the
+                      configurations, on a CPU host, else the JAX engine; ``jax``; ``numba``: refuses what
+                      it does not cover); every backend gives the same results
 ``launch``            chunks and launchers (:mod:`cacheresearch.shell.chunks`, README "Scaling out"): ``chunks``
                       (chunk files and resume, on), ``resume`` (``auto`` | ``fresh``), ``part`` / ``parts``
                       (one slice of the grid, for a multirun over ``launch.part``), ``dir``, ``devices``,
@@ -78,6 +81,7 @@ from omegaconf import DictConfig, OmegaConf
 from cacheresearch import __version__, studies
 from cacheresearch.cache.policies import INF, POLICIES, policy_spec
 from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, STEP_PRESETS
+from cacheresearch.core.run import BACKENDS
 from cacheresearch.core.simulate import SCHEDULERS
 from cacheresearch.core.stream import run_structure
 from cacheresearch.engine import (
@@ -549,6 +553,14 @@ def _scheduler(cfg) -> str:
     return v
 
 
+def _backend(cfg) -> str:
+    """``engine.backend``, checked (auto | jax | numba: :data:`cacheresearch.core.run.BACKENDS`)."""
+    v = str(cfg.engine.get("backend", "auto"))
+    if v not in BACKENDS:
+        raise SweepError(f"engine.backend={v!r}: choose one of {list(BACKENDS)}")
+    return v
+
+
 def _log(msg: str) -> None:
     """Progress and plan lines go to stderr (stdout carries the summary)."""
     print(msg, file=sys.stderr, flush=True)
@@ -593,7 +605,7 @@ def grid_cells(cfg, plan: Plan):
     opts.update(match=st_all.match, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
     metrics = yield Cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
-                          options=dict(per_request=True, **opts))
+                          options=dict(per_request=True, backend=_backend(cfg), **opts))
     timing = {"build_s": t_build, "simulate_s": 0.0, "compile_s": 0.0, "batches": 0}
     return metrics, idx, workloads, timing
 
