@@ -117,29 +117,97 @@ class Carry(NamedTuple):
     cur: Cursor
 
 
-def _simulate(stream: Stream, params, key, st: Static):
-    if st.scheduler == "vllm":
-        from cacheresearch.replica.vllm import simulate_vllm  # noqa: PLC0415
+def _step_inputs(stream: Stream) -> tuple:
+    """What the scan reads per step: the step's runs, their lengths and depths, log slots, request, flags."""
+    return (stream.step_run, stream.step_len, stream.step_j0, stream.step_q, stream.step_req, stream.step_first,
+            stream.step_last)
 
-        return simulate_vllm(stream, params, key, st, request_bits, _finish_vllm)
-    K = stream.n_keys
-    PAD = K
-    R = st.max_replicas
+
+def _row_fields(st: Static) -> int:
+    """Fields per run of a store row: stamp and time, the as-of-sync pair (stale view), the priority fields."""
+    return 2 + (2 if st.stale else 0) + (PRIORITY_FIELDS if st.priority else 0)
+
+
+def _init_carry(stream: Stream, st: Static) -> Carry:
+    """The scan's initial state: empty stores (replica rows, then the approximate index rows), queues, totals."""
+    R, K = st.max_replicas, stream.n_keys
     init = (-1, 0) + ((-1, 0) if st.stale else ()) + ((0,) * PRIORITY_FIELDS if st.priority else ())
-    F = len(init)
     V = st.max_instances * R if st.index else 0
-    N1 = stream.arrival_ms.shape[0]
-    E1 = stream.log.shape[-2]
-    zR = jnp.zeros(R, jnp.int32)
-    z = jnp.int32(0)
-    carry = Carry(
-        store=init_store(R + V, K, E1, init),
+    zR, z = jnp.zeros(R, jnp.int32), jnp.int32(0)
+    return Carry(
+        store=init_store(R + V, K, stream.log.shape[-2], init),
         s3=init_s3(R, max(stream.n_distinct, 1), stream.block_id.shape[0]) if st.s3 else init_s3(1, 1, 1),
         sync=init_sync(R),
         queue=qm.init_queue(R, st.queue_slots),
         totals=Totals(z, z, z, zR, zR, z, z, z, z),
         cur=Cursor(z, z, z, jnp.bool_(True), zR),
     )
+
+
+def _write_runs(store, g, gall, sl, sy, *, r, rows, vrow, runs, lens, j0s, qs, base, n, e0, now, params, st: Static,
+                K: int, E1: int, F: int):
+    """Restamp every run of the step on row ``r`` (and the approximate index row ``vrow``): one scatter of
+    the new stamps, the entries logged for the lazy LRU pointer, the stored blocks counted."""
+    leaf = params.leaf_first
+    valid = runs != K
+    leaf_b = leaf_stamp(base, n, j0s, lens)
+    new_s = jnp.where(leaf, leaf_b, base + j0s)
+    present = (sl > 0) & ((now - g[:, 1]) <= params.ttl_ms)
+    new_t = jnp.where(params.refresh | ~present, now, g[:, 1])
+    fields = [new_s, new_t]
+    if st.stale:
+        keep = g[:, 0] < sy.frontier  # the old value is the as-of-sync value
+        fields += [jnp.where(keep, g[:, 0], g[:, 2]), jnp.where(keep, g[:, 1], g[:, 3])]
+    if st.priority:  # count of requests on this row containing the run; all of it stored; its depth
+        fields += [g[:, COUNT] + 1, lens, j0s]
+    vals = jnp.stack(fields, axis=-1)[None]
+    if st.index:  # the index row: leaf-first stamps, no clock
+        vals = jnp.concatenate([vals, jnp.stack([leaf_b] + [jnp.zeros_like(leaf_b)] * (F - 1), axis=-1)[None]])
+    tgt = jnp.where(runs < K, runs, K)
+    lane_e = jnp.where(valid, e0 + qs, 0)
+    nv = jnp.sum(valid.astype(jnp.int32))
+    wl = jnp.arange(runs.shape[0], dtype=jnp.int32)
+    if st.index:
+        kv = store.kv.at[rows[:, None], tgt[None, :]].set(vals, mode="drop")
+        sli = stored_len(gall[1, :, 0], lens, store.thr[vrow])
+        new_blocks = jnp.stack([jnp.sum(jnp.where(valid, lens - sl, 0)), jnp.sum(jnp.where(valid, lens - sli, 0))])
+        pos = jnp.where(valid[None, :], store.cnt[rows][:, None] + wl[None, :], E1)
+        rq = store.rq.at[rows[:, None], pos].set(jnp.broadcast_to(lane_e, (2, lane_e.shape[0])), mode="drop")
+        store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[rows].add(nv), occ=store.occ.at[rows].add(new_blocks))
+    else:
+        kv = store.kv.at[r, tgt].set(vals[0], mode="drop")
+        rq = store.rq.at[r, jnp.where(valid, store.cnt[r] + wl, E1)].set(lane_e, mode="drop")
+        store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[r].add(nv),
+                               occ=store.occ.at[r].add(jnp.sum(jnp.where(valid, lens - sl, 0))))
+    return store
+
+
+def _evict_rows(store, *, r, vrow, cap_r, stream, params, st: Static, prio, is_lfu, last):
+    """Evict (last step): the replica row down to its capacity (less pinned blocks under kv_pressure),
+    the index row down to index_capacity (always leaf-first)."""
+    leaf = params.leaf_first
+    if st.priority:
+        store = evict(store, r, cap_r, leaf, stream, st.window, last & ~prio)
+        kv, o = evict_priority(store.kv, store.occ[r], r, cap_r, stream.run_len, is_lfu, st.max_depth,
+                               last & prio)
+        store = store._replace(kv=kv, occ=store.occ.at[r].set(o))
+    else:
+        store = evict(store, r, cap_r, leaf, stream, st.window, last)
+    if st.index:
+        store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, last)
+    return store
+
+
+def _simulate(stream: Stream, params, key, st: Static):
+    if st.scheduler == "vllm":
+        from cacheresearch.replica.vllm import simulate_vllm  # noqa: PLC0415
+
+        return simulate_vllm(stream, params, key, st, request_bits, _finish_vllm)
+    K, R = stream.n_keys, st.max_replicas
+    F = _row_fields(st)
+    N1, E1 = stream.arrival_ms.shape[0], stream.log.shape[-2]
+    zR = jnp.zeros(R, jnp.int32)
+    carry = _init_carry(stream, st)
     replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
     instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
     ridx = jnp.arange(R, dtype=jnp.int32)
@@ -198,7 +266,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         )
         match_r = jnp.where(first, mv, c.cur.match)
         # ---- cache: lookup on row r (and the approximate index row of (u, r)), one gather, one scatter
-        valid = runs != PAD
+        valid = runs != K
         vrow = R + u * R + r
         rows = jnp.stack([r, vrow]) if st.index else r[None]
         if st.index:
@@ -214,47 +282,12 @@ def _simulate(stream: Stream, params, key, st: Static):
         hit0 = jnp.where(first, 0, c.cur.hit)
         hit, alive = leading(hit0, alive0, lens, valid, full, part)
         # ---- write: restamp every run of the step
-        leaf_b = leaf_stamp(base, n, j0s, lens)
-        new_s = jnp.where(leaf, leaf_b, base + j0s)
-        present = (sl > 0) & ((now - g[:, 1]) <= params.ttl_ms)
-        new_t = jnp.where(params.refresh | ~present, now, g[:, 1])
-        fields = [new_s, new_t]
-        if st.stale:
-            keep = g[:, 0] < sy.frontier  # the old value is the as-of-sync value
-            fields += [jnp.where(keep, g[:, 0], g[:, 2]), jnp.where(keep, g[:, 1], g[:, 3])]
-        if st.priority:  # count of requests on this row containing the run; all of it stored; its depth
-            fields += [g[:, COUNT] + 1, lens, j0s]
-        vals = jnp.stack(fields, axis=-1)[None]
-        if st.index:  # the index row: leaf-first stamps, no clock
-            vals = jnp.concatenate([vals, jnp.stack([leaf_b] + [jnp.zeros_like(leaf_b)] * (F - 1), axis=-1)[None]])
-        tgt = jnp.where(runs < K, runs, K)
-        lane_e = jnp.where(valid, e0 + qs, 0)
-        nv = jnp.sum(valid.astype(jnp.int32))
-        wl = jnp.arange(runs.shape[0], dtype=jnp.int32)
-        if st.index:
-            kv = store.kv.at[rows[:, None], tgt[None, :]].set(vals, mode="drop")
-            sli = stored_len(gall[1, :, 0], lens, store.thr[vrow])
-            new_blocks = jnp.stack([jnp.sum(jnp.where(valid, lens - sl, 0)), jnp.sum(jnp.where(valid, lens - sli, 0))])
-            pos = jnp.where(valid[None, :], store.cnt[rows][:, None] + wl[None, :], E1)
-            rq = store.rq.at[rows[:, None], pos].set(jnp.broadcast_to(lane_e, (2, lane_e.shape[0])), mode="drop")
-            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[rows].add(nv), occ=store.occ.at[rows].add(new_blocks))
-        else:
-            kv = store.kv.at[r, tgt].set(vals[0], mode="drop")
-            rq = store.rq.at[r, jnp.where(valid, store.cnt[r] + wl, E1)].set(lane_e, mode="drop")
-            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[r].add(nv),
-                                   occ=store.occ.at[r].add(jnp.sum(jnp.where(valid, lens - sl, 0))))
-        # ---- evict (last step): the replica row down to its capacity (less pinned blocks under
-        # kv_pressure), the index row down to index_capacity (always leaf-first)
+        store = _write_runs(store, g, gall, sl, sy, r=r, rows=rows, vrow=vrow, runs=runs, lens=lens, j0s=j0s, qs=qs,
+                            base=base, n=n, e0=e0, now=now, params=params, st=st, K=K, E1=E1, F=F)
+        # ---- evict (last step)
         cap_r = jnp.where(params.kv_pressure, jnp.maximum(params.capacity - pinned_all[r], 0), params.capacity)
-        if st.priority:
-            store = evict(store, r, cap_r, leaf, stream, st.window, last & ~prio)
-            kv, o = evict_priority(store.kv, store.occ[r], r, cap_r, stream.run_len, is_lfu, st.max_depth,
-                                   last & prio)
-            store = store._replace(kv=kv, occ=store.occ.at[r].set(o))
-        else:
-            store = evict(store, r, cap_r, leaf, stream, st.window, last)
-        if st.index:
-            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, last)
+        store = _evict_rows(store, r=r, vrow=vrow, cap_r=cap_r, stream=stream, params=params, st=st, prio=prio,
+                            is_lfu=is_lfu, last=last)
         # ---- s3fifo: per-block queues, the whole request at its last step (its own lookup)
         s3 = c.s3
         occ_r = store.occ[r]
@@ -282,9 +315,7 @@ def _simulate(stream: Stream, params, key, st: Static):
         out = (ttft,) + ((hit, hit_tok, r, match_r) if st.per_request else ())
         return c, out
 
-    xs = (stream.step_run, stream.step_len, stream.step_j0, stream.step_q, stream.step_req, stream.step_first,
-          stream.step_last)
-    c, out = jax.lax.scan(step, carry, xs)
+    c, out = jax.lax.scan(step, carry, _step_inputs(stream))
     return _finish(stream, params, c, out, st, active, replicas, is_s3)
 
 

@@ -825,7 +825,8 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks
     except studies.StudyError as e:
         raise SweepError(str(e)) from None
     store_of = _chunk_stores(cfg, output_dir) if chunks else None
-    mb = None if cfg.engine.max_batch is None else _integer("engine.max_batch", cfg.engine.max_batch, 1)
+    mb = OmegaConf.select(cfg, "engine.max_batch", default=None)  # a bare study config may have no engine
+    mb = None if mb is None else _integer("engine.max_batch", mb, 1)
     try:
         ds = run_study(study, cfg, store_of=store_of, max_batch=mb, launch=_launch_args(cfg), log=_log)
     except (PipelineError, studies.StudyError) as e:
@@ -835,7 +836,7 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks
     if write:
         if output_dir is None:
             raise ValueError("output_dir is required when write=True")
-        write_outputs(ds, output_dir, figure=bool(cfg.output.figure))
+        write_outputs(ds, output_dir, figure=bool(OmegaConf.select(cfg, "output.figure", default=True)))
     return ds
 
 

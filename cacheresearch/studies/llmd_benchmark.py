@@ -26,7 +26,6 @@ Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -36,12 +35,11 @@ import xarray as xr
 from omegaconf import OmegaConf
 
 from cacheresearch.core.params import make_params
-from cacheresearch.core.simulate import simulate
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.replica.hardware import kv_blocks
 from cacheresearch.replica.roofline import step_coefficients, vllm_scheduler_defaults
 from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
-from cacheresearch.studies.base import Study, StudyError, common_attrs
+from cacheresearch.studies.base import Cells, Study, StudyError, common_attrs
 from cacheresearch.workload.inference_perf import (
     InferencePerfError,
     read_inference_perf,
@@ -134,6 +132,41 @@ def _nearest_rank(v: np.ndarray, pct: int) -> float:
     return float(s[max(-(-pct * s.size // 100) - 1, 0)])
 
 
+def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stage):
+    """One arm's per-stage figures (TTFT p90 and mean with the fixed overhead, output tokens/s, requests/s,
+    token hit rate), the summary over the non-warm-up stages, and which stages drained."""
+    arr = w.arrival_ms.astype(np.float64)
+    ttft = np.asarray(m.ttft_ms).astype(np.float64)
+    e2e = np.asarray(m.e2e_ms).astype(np.float64)
+    hit = np.asarray(m.hit_tokens).astype(np.float64)
+    served = (ttft >= 0) & (e2e >= 0)
+    fin = np.where(served, arr + e2e, -1)
+    tt = (ttft + ov) / 1000.0
+    per = {v: np.full(K, np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s",
+                                           "token_hit_rate")}
+    span_all, tok_all, sel_all = 0.0, 0.0, np.zeros(arr.shape[0], bool)
+    for k in range(K):
+        sel = stage == k
+        ok = sel & served
+        per["ttft_p90_s"][k] = _nearest_rank(tt[ok], 90)
+        per["ttft_mean_s"][k] = float(tt[ok].mean()) if ok.any() else np.nan
+        span = (fin[ok].max() - starts[k]) / 1000.0 if ok.any() else np.nan
+        tok = float(w.output_tokens[ok].sum())
+        per["output_tokens_per_s"][k] = tok / span if ok.any() else np.nan
+        send = (arr[sel].max() - starts[k]) / 1000.0 if sel.sum() > 1 else np.nan
+        per["requests_per_s"][k] = sel.sum() / send if send and send > 0 else np.nan
+        per["token_hit_rate"][k] = float(hit[ok].sum() / w.input_tokens[ok].sum()) if ok.any() else np.nan
+        if k >= warm:
+            span_all += span if ok.any() else 0.0
+            tok_all += tok
+            sel_all |= ok
+    alls = dict(ttft_p90_s_all=_nearest_rank(tt[sel_all], 90),
+                ttft_mean_s_all=float(tt[sel_all].mean()) if sel_all.any() else np.nan,
+                output_tokens_per_s_all=tok_all / span_all if span_all > 0 else np.nan,
+                requests_per_s_all=float(n_stage[warm:].sum() / durs[warm:].sum()))
+    return per, alls, stage_drained(arr, fin, stage)
+
+
 def llmd_benchmark_study(cfg) -> xr.Dataset:
     t0 = time.perf_counter()
     try:
@@ -187,45 +220,25 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
                                                          "wall_s")}
     alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
                                                      "requests_per_s_all")}
-    arr = w.arrival_ms.astype(np.float64)
     starts = w.meta["stage_start_ms"].astype(np.float64)
     durs = np.array([s.duration for s in ip.stages])
-    for i, a in enumerate(names):
+    ps = []
+    for a in names:
         kn = dict(base)
         kn.update({k: v for k, v in arms[a].items() if k != "router"})
-        p = make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn)
-        t1 = time.perf_counter()
-        m = simulate(stream, p, jax.random.key(seed), max_replicas=R, scheduler="vllm", max_running=S,
-                     queue_slots=Q)
-        run_vars["wall_s"][i] = time.perf_counter() - t1
-        print(f"llmd_benchmark: arm {a} done in {run_vars['wall_s'][i]:.0f} s", file=sys.stderr, flush=True)
-        ttft = np.asarray(m.ttft_ms).astype(np.float64)
-        e2e = np.asarray(m.e2e_ms).astype(np.float64)
-        hit = np.asarray(m.hit_tokens).astype(np.float64)
-        served = (ttft >= 0) & (e2e >= 0)
-        fin = np.where(served, arr + e2e, -1)
-        drained[i] = stage_drained(arr, fin, stage)
-        tt = (ttft + ov) / 1000.0
-        span_all, tok_all, sel_all = 0.0, 0.0, np.zeros(arr.shape[0], bool)
-        for k in range(K):
-            sel = stage == k
-            ok = sel & served
-            per["ttft_p90_s"][i, k] = _nearest_rank(tt[ok], 90)
-            per["ttft_mean_s"][i, k] = float(tt[ok].mean()) if ok.any() else np.nan
-            span = (fin[ok].max() - starts[k]) / 1000.0 if ok.any() else np.nan
-            tok = float(w.output_tokens[ok].sum())
-            per["output_tokens_per_s"][i, k] = tok / span if ok.any() else np.nan
-            send = (arr[sel].max() - starts[k]) / 1000.0 if sel.sum() > 1 else np.nan
-            per["requests_per_s"][i, k] = sel.sum() / send if send and send > 0 else np.nan
-            per["token_hit_rate"][i, k] = float(hit[ok].sum() / w.input_tokens[ok].sum()) if ok.any() else np.nan
-            if k >= warm:
-                span_all += span if ok.any() else 0.0
-                tok_all += tok
-                sel_all |= ok
-        alls["ttft_p90_s_all"][i] = _nearest_rank(tt[sel_all], 90)
-        alls["ttft_mean_s_all"][i] = float(tt[sel_all].mean()) if sel_all.any() else np.nan
-        alls["output_tokens_per_s_all"][i] = tok_all / span_all if span_all > 0 else np.nan
-        alls["requests_per_s_all"][i] = float(n_stage[warm:].sum() / durs[warm:].sum())
+        ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
+    t1 = time.perf_counter()
+    # every arm is a cell of one batch: the pipeline runs them as chunks (resumable; engine.max_batch=N)
+    mm = yield Cells([stream], [0] * len(ps), ps, [seed] * len(ps), max_replicas=R,
+                     options=dict(per_request=True, scheduler="vllm", max_running=S, queue_slots=Q))
+    run_vars["wall_s"][:] = (time.perf_counter() - t1) / len(ps)
+    for i, a in enumerate(names):
+        m = jax.tree.map(lambda x, i=i: x[i], mm)
+        st_i, all_i, drained[i] = _arm_metrics(m, w, stage, K, warm, ov, starts, durs, n_stage)
+        for v, x in st_i.items():
+            per[v][i] = x
+        for v, x in all_i.items():
+            alls[v][i] = x
         run_vars["kv_usage_mean"][i] = float(m.kv_util_mean)
         run_vars["waiting_mean"][i] = float(m.queue_len_mean)
         run_vars["preemptions"][i] = int(m.preemptions)
