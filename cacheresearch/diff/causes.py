@@ -107,19 +107,20 @@ def _parts(req: ChatRequest):
 
 
 def _content_equal(a: ChatRequest, b: ChatRequest) -> bool:
-    key = lambda r: (r.system, [_canon(t.as_dict()) for t in r.tools], list(r.documents),  # noqa: E731
+    key = lambda r: (r.system, [json.dumps(t.as_dict()) for t in r.tools], list(r.documents),  # noqa: E731
                      [(m.role, m.content, m.images) for m in r.messages])
     return key(a) == key(b)
 
 
-def classify(req_a: ChatRequest, req_b: ChatRequest, *, label, text_a: str, text_b: str) -> dict:
+def classify(req_a: ChatRequest, req_b: ChatRequest, *, label, text_a: str, text_b: str,
+             same_tokenizer: bool = True) -> dict:
     """``{"cause", "detail", "part"}`` for two requests whose first differing token has render label
     ``label`` (``(kind, index, name)``) and whose rendered texts are ``text_a`` / ``text_b``."""
     if (req_a.adapter or None) != (req_b.adapter or None):
         return dict(cause="adapter", detail=f"adapter {req_a.adapter!r} -> {req_b.adapter!r}", part=None)
     if (req_a.cache_salt or None) != (req_b.cache_salt or None):
         return dict(cause="salt", detail=f"cache_salt {req_a.cache_salt!r} -> {req_b.cache_salt!r}", part=None)
-    if text_a == text_b:
+    if text_a == text_b and not same_tokenizer:
         return dict(cause="tokenizer", detail="the same text, tokenized differently", part=label)
     if _content_equal(req_a, req_b):
         return dict(cause="template", detail="the same content, rendered differently", part=label)
@@ -140,6 +141,12 @@ def classify(req_a: ChatRequest, req_b: ChatRequest, *, label, text_a: str, text
         if idx is not None and idx < min(len(ta), len(tb)) and ta[idx] == tb[idx]:
             return dict(cause="reordered", detail=f"tool {req_a.tools[idx].name!r}: its JSON schema's keys come in "
                                                   "another order (equal once parsed)", part=label)
+    if kind == "message":
+        ma = next((m for m in req_a.messages if m.index == idx), None)
+        mb = next((m for m in req_b.messages if m.index == idx), None)
+        if ma is not None and mb is not None and ma.content == mb.content and ma.images != mb.images:
+            return dict(cause="content", detail=f"another image ({len(ma.images)} -> {len(mb.images)} images, "
+                                                "identified by hash)", part=label)
     a, b = part_text(req_a, kind, idx), part_text(req_b, kind, idx)
     if a is None or b is None:
         return dict(cause="content", detail=f"{kind} {idx} exists in only one request", part=label)

@@ -80,8 +80,8 @@ def diff_requests(req_a: ChatRequest, req_b: ChatRequest, *, tokenizer="word", t
         label = eb.labels[len(ea.tokens)]
     else:
         label = ("markup", None, None)
-    c = classify(req_a, req_b, label=label, text_a=ea.text, text_b=eb.text)
-    if d is None and ea.adapter == eb.adapter and ea.salt == eb.salt:
+    c = classify(req_a, req_b, label=label, text_a=ea.text, text_b=eb.text, same_tokenizer=ea.tokenizer == eb.tokenizer)
+    if d is None and r["first_block"] is None:
         c = dict(cause=None, detail="no difference: one prompt is a prefix of the other", part=None)
     # the hit with the difference fixed
     if c["cause"] in ("adapter", "salt"):

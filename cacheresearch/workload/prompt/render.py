@@ -324,7 +324,7 @@ def encode_request(req: ChatRequest, template="chatml", tokenizer="word", *, mem
         import bisect  # noqa: PLC0415
 
         for h, a, b in r.images:
-            i, j = bisect.bisect_left(starts, a), bisect.bisect_left(starts, b)
+            i, j = max(bisect.bisect_right(starts, a) - 1, 0), bisect.bisect_left(starts, b)
             images.append((int(h, 16) & 0xFFFFFFFF, i, max(j - i, 1)))
     return Encoded(list(ids), labels, r.text, starts or [], images, extra_key(req.adapter), extra_key(req.cache_salt),
                    tok_id, tpl.name)
