@@ -83,3 +83,25 @@ def test_overflow_effect():
     assert ttl_only(hi, cfg) - r_hi.cached_share > 0.1 and ttl_only(lo, cfg) - r_lo.cached_share < 0.03
     ck = np.arange(hi.n_requests) % 8
     assert replay(hi, cfg, cache_key=ck).cached_share > r_hi.cached_share + 0.05
+
+
+def test_hosted_study_small():
+    from omegaconf import OmegaConf
+
+    from cacheresearch.shell.sweep import run
+
+    cfg = OmegaConf.create(dict(name="hosted_small", kind="hosted", seed=0, seeds=1, study=dict(
+        workload=dict(n_prefixes=2, prefix_tokens=1536, suffix_tokens=128, duration_s=600.0, block_tokens=256),
+        rates_per_min=[4, 40], machines=[64], cache_keys=[0, 4], pricing=["openai_auto", "anthropic_5m"])))
+    ds = run(cfg, write=False)
+    assert ds.attrs["study_kind"] == "hosted" and ds.cached_share_replay.dims == ("rate_per_min", "machines",
+                                                                                  "cache_keys", "seed")
+    x = ds.isel(machines=0, seed=0)
+    assert float(x.overflow_share_replay.sel(rate_per_min=40, cache_keys=0)) > 0.4
+    assert float(x.cached_share_replay.sel(rate_per_min=40, cache_keys=0)) < float(
+        x.cached_share_ttl.sel(rate_per_min=40, cache_keys=0)) - 0.1
+    assert (ds.usd_per_day <= ds.usd_per_day_uncached.broadcast_like(ds.usd_per_day) * 1.25 + 1e-9).all()
+    from cacheresearch.studies import plot, summarize
+
+    assert "largest |replay - estimate|" in summarize(ds)
+    plot(ds)

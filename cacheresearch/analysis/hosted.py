@@ -23,8 +23,8 @@ servers and holding time ``window_s`` admits (a sliding-window limiter is exactl
 formula is insensitive to the holding-time distribution, so the admitted share ``1 - B(R, lambda * W)``
 holds for Poisson arrivals), the rest spreads evenly over the other machines, and a request reaching
 machine ``m`` finds its prefix there with the TTL formula ``1 - exp(-Lambda_m * TTL)`` (``Lambda_m``: the
-prefix's total rate into ``m``, treated as Poisson), except the first request on each machine (a cold
-miss: ``1 - exp(-Lambda_m * D)`` of them over a run of ``D`` seconds). :func:`ttl_only` is the analytic
+prefix's total rate into ``m``, treated as Poisson), counted over a run of ``D`` seconds that starts cold
+(an arrival in the first TTL seconds only hits if another came since the start). :func:`ttl_only` is the analytic
 TTL estimate that ignores routing and overflow (``1 - exp(-lambda * TTL)`` per prefix), shown beside both.
 :func:`usage_cost_usd` prices the reported split under a :mod:`cacheresearch.analysis.pricing` preset.
 """
@@ -248,10 +248,11 @@ def estimate(w, cfg: HostedConfig = HostedConfig(), *, cache_key=None, duration_
             Lam += spill
             Lam[home] += lam * (1 - b) - spill
             over_g += lam * b
-        h = 1.0 - np.exp(-Lam * ttl)
-        # expected hits over the run: Lambda_m D h_m, less the first arrival on each machine (a cold miss the
-        # stationary formula would credit with h_m): (1 - exp(-Lambda_m D)) h_m
-        hits = Lam * duration_s * h - (1.0 - np.exp(-Lam * duration_s)) * h
+        # expected hits over a run of D seconds starting cold (Poisson arrivals at Lambda into a machine): an
+        # arrival at t hits iff another came in [t - TTL, t), so hits = int_0^D Lambda (1 - exp(-Lambda min(t, TTL)))
+        # dt = Lambda (D - T) (1 - exp(-Lambda TTL)) + Lambda T - (1 - exp(-Lambda T)), T = min(TTL, D)
+        T = min(ttl, duration_s)
+        hits = Lam * (duration_s - T) * (1.0 - np.exp(-Lam * ttl)) + Lam * T - (1.0 - np.exp(-Lam * T))
         share = float(np.sum(np.maximum(hits, 0.0)) / idx.size)  # of this group's requests, the share that hits
         per_group[g] = share
         tok = cached_reported(np.minimum(shared[g], inp[idx]), inp[idx], cfg)
