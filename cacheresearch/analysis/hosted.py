@@ -24,8 +24,11 @@ formula is insensitive to the holding-time distribution, so the admitted share `
 holds for Poisson arrivals), the rest spreads evenly over the other machines, and a request reaching
 machine ``m`` finds its prefix there with the TTL formula ``1 - exp(-Lambda_m * TTL)`` (``Lambda_m``: the
 prefix's total rate into ``m``, treated as Poisson), counted over a run of ``D`` seconds that starts cold
-(an arrival in the first TTL seconds only hits if another came since the start). :func:`ttl_only` is the analytic
-TTL estimate that ignores routing and overflow (``1 - exp(-lambda * TTL)`` per prefix), shown beside both.
+and, on a home machine, conditioned on the run's own request counts (:func:`_run_hits`: ``nu = Lambda_m D``
+arrivals uniform over the run); a machine reached only by overflow gets a Poisson count
+(``Lambda (D - T) (1 - exp(-Lambda TTL)) + Lambda T - (1 - exp(-Lambda T))`` hits, ``T = min(TTL, D)``).
+:func:`ttl_only` is the analytic TTL estimate that ignores routing and overflow (``1 - exp(-lambda * TTL)``
+per prefix), shown beside both.
 :func:`usage_cost_usd` prices the reported split under a :mod:`cacheresearch.analysis.pricing` preset.
 """
 
@@ -216,6 +219,20 @@ def group_requests(w, cfg: HostedConfig, cache_key=None):
     return rid, gi, ck, shared
 
 
+def _run_hits(nu, ttl: float, d: float):
+    """Expected hits among ``nu`` arrivals spread uniformly over a run of ``d`` seconds that starts cold (the
+    Poisson process conditioned on its count): an arrival at ``t`` hits iff another came in ``[t - TTL, t)``,
+    probability ``1 - (1 - min(t, TTL) / d) ** (nu - 1)``, integrated over ``t``. For many arrivals this is
+    the TTL formula ``1 - exp(-lambda TTL)`` per arrival; ``nu`` may be fractional (an expected count)."""
+    nu = np.asarray(nu, np.float64)
+    k = np.maximum(nu - 1.0, 0.0)
+    T = min(ttl, d)
+    x = min(ttl / d, 1.0)
+    stationary = (d - T) / d * (1.0 - (1.0 - x) ** k)
+    cold = (T - d / (k + 1.0) * (1.0 - (1.0 - T / d) ** (k + 1.0))) / d
+    return np.where(nu > 1.0, nu * (stationary + cold), 0.0)
+
+
 def estimate(w, cfg: HostedConfig = HostedConfig(), *, cache_key=None, duration_s: float | None = None) -> dict:
     """The closed-form cached share of ``w`` under the hosted model (module docstring), from the rates.
 
@@ -236,11 +253,13 @@ def estimate(w, cfg: HostedConfig = HostedConfig(), *, cache_key=None, duration_
         idx = np.nonzero(gi == g)[0]
         keys, counts = np.unique(ck[idx], return_counts=True)
         Lam = np.zeros(M)
+        is_home = np.zeros(M, bool)
         over_g = 0.0
         for k, c in zip(keys, counts):
             lam = c / duration_s
             b = float(erlang_b(R, lam * W))
             home = home_machine(int(rid[idx[0]]), None if k < 0 else int(k), M)
+            is_home[home] = True
             if M == 1:
                 Lam[home] += lam
                 continue
@@ -248,11 +267,11 @@ def estimate(w, cfg: HostedConfig = HostedConfig(), *, cache_key=None, duration_
             Lam += spill
             Lam[home] += lam * (1 - b) - spill
             over_g += lam * b
-        # expected hits over a run of D seconds starting cold (Poisson arrivals at Lambda into a machine): an
-        # arrival at t hits iff another came in [t - TTL, t), so hits = int_0^D Lambda (1 - exp(-Lambda min(t, TTL)))
-        # dt = Lambda (D - T) (1 - exp(-Lambda TTL)) + Lambda T - (1 - exp(-Lambda T)), T = min(TTL, D)
+        # a home machine's count is the route key's own (known) count: conditioned on it; a machine reached only
+        # by overflow gets a random (Poisson) count: the finite-run Poisson formula
         T = min(ttl, duration_s)
-        hits = Lam * (duration_s - T) * (1.0 - np.exp(-Lam * ttl)) + Lam * T - (1.0 - np.exp(-Lam * T))
+        poisson = Lam * (duration_s - T) * (1.0 - np.exp(-Lam * ttl)) + Lam * T - (1.0 - np.exp(-Lam * T))
+        hits = np.where(is_home, _run_hits(Lam * duration_s, ttl, duration_s), poisson)
         share = float(np.sum(np.maximum(hits, 0.0)) / idx.size)  # of this group's requests, the share that hits
         per_group[g] = share
         tok = cached_reported(np.minimum(shared[g], inp[idx]), inp[idx], cfg)

@@ -39,7 +39,6 @@ __all__ = ["Tokenizer", "TokenizerUnavailable", "get_tokenizer", "TOKENIZERS", "
 #: GPT-2's pre-tokenizer pattern, without Unicode classes (``\w`` stands in for letters and digits).
 _PIECES = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""")
 WORD_VOCAB = 128_256
-_CUT = re.compile(r"(?<=\S)\n(?=\S)")
 
 TOKENIZERS = ("word", "cl100k_base", "tekken", "tekken_240718", "tekken_240911")
 
@@ -213,21 +212,34 @@ def get_tokenizer(spec: str) -> Tokenizer:
     raise ValueError(f"--tokenizer {s!r}: choose one of {list(TOKENIZERS)} or a path to a tokenizer.json")
 
 
-def encode_cached(tok: Tokenizer, text: str, memo: dict | None = None) -> list[int]:
-    """``tok.encode(text)`` through memoised pieces cut after newlines (module docstring)."""
+def _cut_pieces(text: str) -> list[str]:
+    """``text`` cut after every newline between two non-space characters (the pieces join to ``text``)."""
+    parts = text.split("\n")
+    out, cur = [], parts[0]
+    for p in parts[1:]:
+        if cur and p and not cur[-1].isspace() and not p[0].isspace():
+            out.append(cur + "\n")
+            cur = p
+        else:
+            cur = cur + "\n" + p
+    out.append(cur)
+    return out
+
+
+def encode_cached(tok: Tokenizer, text: str, memo: dict | None = None, *, as_array: bool = False):
+    """``tok.encode(text)`` through memoised pieces cut after newlines (module docstring); ``as_array``:
+    an int32 NumPy array instead of a list."""
     if not tok.cut_safe:
-        return tok.encode(text)
+        ids = tok.encode(text)
+        return np.asarray(ids, np.int32) if as_array else ids
     memo = {} if memo is None else memo
-    out: list[int] = []
-    pos = 0
-    cuts = [m.end() for m in _CUT.finditer(text)] + [len(text)]
-    for c in cuts:
-        piece = text[pos:c]
-        pos = c
+    arrs = []
+    for piece in _cut_pieces(text):
         if not piece:
             continue
-        ids = memo.get(piece)
-        if ids is None:
-            ids = memo[piece] = tok.encode(piece)
-        out.extend(ids)
-    return out
+        a = memo.get(piece)
+        if a is None:
+            a = memo[piece] = np.asarray(tok.encode(piece), np.int32)
+        arrs.append(a)
+    out = np.concatenate(arrs) if arrs else np.zeros(0, np.int32)
+    return out if as_array else out.tolist()
