@@ -102,11 +102,13 @@ def _tool_pool(rng, n=12):
 
 
 def tenant_requests(*, n_tenants=16, prefix_tokens=10_000, suffix_tokens=200, n_requests=1000, duration_s=28_800.0,
-                    users_per_tenant=50, tools_per_tenant=6, seed=0):
+                    users_per_tenant=50, tools_per_tenant=6, documents_per_tenant=4, shared_head=False,
+                    seed=0):
     """``(requests, arrival_ms, tenant, user)`` of the templated design scenario (module docstring).
 
     Token counts are approximate (about 1.3 tokens per word for the real tokenizers); the rendered lengths
-    are what the studies report.
+    are what the studies report. ``shared_head``: every tenant gets tenant 0's system prompt and tools (a
+    platform's head shared by all tenants), then its own documents.
     """
     r_c, r_q, r_t, r_a = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
     pool = _tool_pool(r_c)
@@ -116,8 +118,11 @@ def tenant_requests(*, n_tenants=16, prefix_tokens=10_000, suffix_tokens=200, n_
         system = f"You are the support assistant of tenant {k}. " + _para(r_c, 150)
         tools = tuple(pool[j] for j in r_c.choice(len(pool), size=tools_per_tenant, replace=False))
         tool_words = sum(len(str(t.as_dict()).split()) for t in tools)
+        if shared_head and tenants:
+            system, tools = tenants[0].system, tenants[0].tools
         doc_words = max(words - 150 - tool_words, 50)
-        docs = tuple("\n".join(_para(r_c, 120) for _ in range(max(doc_words // 4 // 120, 1))) for _ in range(4))
+        nd = max(int(documents_per_tenant), 1)
+        docs = tuple("\n".join(_para(r_c, 120) for _ in range(max(doc_words // nd // 120, 1))) for _ in range(nd))
         tenants.append(ChatRequest(system=system, tools=tools, documents=docs, system_index=0))
     tenant = r_t.integers(0, n_tenants, n_requests).astype(np.int32)
     user = r_t.integers(0, users_per_tenant, n_requests).astype(np.int32)
