@@ -75,7 +75,29 @@ class Sample:
 
     @classmethod
     def from_requests(cls, reqs, t_s, *, template="chatml", tokenizer="word", duration_s=None):
-        rows = [content_blocks(r, template, tokenizer) for r in reqs]
+        """Content blocks of every request. Requests that differ only in their last message (a fresh turn)
+        share the blocks before it: those are computed once (the text before the last message is the same,
+        and it ends at a newline the memoised tokenization cuts at exactly), the last block's end is the
+        prompt's full length."""
+        from cacheresearch.workload.prompt import encode_cached, get_template, get_tokenizer  # noqa: PLC0415
+
+        tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        tpl = get_template(template) if isinstance(template, str) else template
+        static: dict = {}
+        memo: dict = {}
+        rows = []
+        for r in reqs:
+            if not (tok.cut_safe and r.messages and tpl.name in ("chatml", "chatml_v2", "sorted")):
+                rows.append(content_blocks(r, template, tokenizer))
+                continue
+            key = (r.system, tuple(repr(t.as_dict()) for t in r.tools), r.documents,
+                   tuple((m.role, m.content, m.images) for m in r.messages[:-1]), r.messages[-1].role)
+            if key not in static:
+                static[key] = content_blocks(r, tpl, tok)
+            ids, toks = static[key]
+            last = hashlib.sha256((ids[-2] if len(ids) > 1 else "").encode() + repr(r.messages[-1].content).encode())
+            n = len(encode_cached(tok, tpl.render(r, tok).text, memo, as_array=True))
+            rows.append((ids[:-1] + [last.hexdigest()[:16]], toks[:-1] + [n]))
         n = {len(i) for i, _ in rows}
         if len(n) != 1:
             raise ValueError(f"requests of one template need the same number of content blocks, got {sorted(n)}")
