@@ -88,12 +88,12 @@ def test_overflow_effect():
 def test_hosted_study_small():
     from omegaconf import OmegaConf
 
-    from cacheresearch.shell.sweep import run
+    from cacheresearch.studies import run_study
 
     cfg = OmegaConf.create(dict(name="hosted_small", kind="hosted", seed=0, seeds=1, study=dict(
         workload=dict(n_prefixes=2, prefix_tokens=1536, suffix_tokens=128, duration_s=600.0, block_tokens=256),
         rates_per_min=[4, 40], machines=[64], cache_keys=[0, 4], pricing=["openai_auto", "anthropic_5m"])))
-    ds = run(cfg, write=False)
+    ds = run_study(cfg)
     assert ds.attrs["study_kind"] == "hosted" and ds.cached_share_replay.dims == ("rate_per_min", "machines",
                                                                                   "cache_keys", "seed")
     x = ds.isel(machines=0, seed=0)

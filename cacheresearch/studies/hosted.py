@@ -20,9 +20,11 @@ import xarray as xr
 
 from cacheresearch.analysis.hosted import HostedConfig, estimate, replay, ttl_only, usage_cost_usd
 from cacheresearch.analysis.pricing import preset
+from cacheresearch.studies import base as SB
+from cacheresearch.studies.base import Study, StudyError
 from cacheresearch.workload.synthetic import prefix_poisson_workload
 
-__all__ = ["HOSTED_DEFAULTS", "hosted_study", "summarize_hosted", "plot_hosted", "register"]
+__all__ = ["HOSTED_DEFAULTS", "hosted_study", "summarize_hosted", "plot_hosted", "STUDIES"]
 
 DAY = 86_400.0
 HOSTED_DEFAULTS = dict(
@@ -36,28 +38,22 @@ HOSTED_DEFAULTS = dict(
 )
 
 
-def _studies():
-    from cacheresearch import studies  # noqa: PLC0415 - studies imports this module at its end
-
-    return studies
-
-
 def hosted_study(cfg) -> xr.Dataset:
-    s = _studies()
+    s = SB
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, HOSTED_DEFAULTS)
+    c = s.study_cfg(cfg, HOSTED_DEFAULTS)
     wl, hc = dict(c["workload"]), dict(c["hosted"])
     rates = [float(r) for r in c["rates_per_min"]]
     machines = [int(m) for m in c["machines"]]
     keys = [int(k) for k in c["cache_keys"]]
-    seeds = s._seeds(cfg)
+    seeds = s.seeds(cfg)
     try:
         prices = [preset(str(p)) for p in c["pricing"]]
         cfgs = {m: HostedConfig(machines=m, **hc) for m in machines}
     except (ValueError, TypeError) as e:
-        raise s.StudyError(f"study: {e}") from None
+        raise StudyError(f"study: {e}") from None
     if not rates or any(r <= 0 for r in rates) or any(k < 0 for k in keys):
-        raise s.StudyError("study.rates_per_min must be > 0 and study.cache_keys >= 0")
+        raise StudyError("study.rates_per_min must be > 0 and study.cache_keys >= 0")
     shape = (len(rates), len(machines), len(keys), len(seeds))
     names = ("cached_share_replay", "cached_share_estimate", "cached_share_ttl", "overflow_share_replay",
              "overflow_share_estimate")
@@ -73,7 +69,7 @@ def hosted_study(cfg) -> xr.Dataset:
                                             duration_s=float(wl["duration_s"]), block_tokens=int(wl["block_tokens"]),
                                             seed=sd)
             except ValueError as e:
-                raise s.StudyError(f"study.workload: {e}") from None
+                raise StudyError(f"study.workload: {e}") from None
             scale = DAY / float(wl["duration_s"])
             for ip, p in enumerate(prices):
                 usd_none[ir, isd, ip] = p.base_per_mtok / 1e6 * float(w.input_tokens.sum()) * scale
@@ -99,7 +95,7 @@ def hosted_study(cfg) -> xr.Dataset:
                             "pricing": [p.name for p in prices]})
     ds["usd_per_day"] = (dims + ("pricing",), usd)
     ds["usd_per_day_uncached"] = (("rate_per_min", "seed", "pricing"), usd_none)
-    s._doc(ds, {
+    s.doc(ds, {
         "cached_share_replay": ("share of input tokens usage reports as cached (Monte Carlo replay)", "1"),
         "cached_share_estimate": ("cached share, closed form (Erlang loss overflow, TTL hit per machine)", "1"),
         "cached_share_ttl": ("cached share, TTL-only estimate (one cache per prefix, no overflow)", "1"),
@@ -110,15 +106,15 @@ def hosted_study(cfg) -> xr.Dataset:
     })
     ds["cache_keys"].attrs["long_name"] = "prompt_cache_key values per prefix (0: none sent)"
     ds["rate_per_min"].attrs["long_name"] = "requests per minute per prefix"
-    ds.attrs.update(s._common_attrs(cfg, "hosted", t0, dict(
+    ds.attrs.update(s.common_attrs(cfg, "hosted", t0, dict(
         workload=json.dumps(wl), hosted=json.dumps(hc), hosted_source=next(iter(cfgs.values())).source,
         pricing_sources=json.dumps({p.name: p.source for p in prices}), simulate_time_s=t_sim)))
     return ds
 
 
 def summarize_hosted(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    s = SB
+    out = s.header(ds)
     wl, hc = json.loads(ds.attrs["workload"]), json.loads(ds.attrs["hosted"])
     out.append(f"workload: {wl['n_prefixes']} prefixes x {wl['prefix_tokens']} tokens + {wl['suffix_tokens']} fresh, "
                f"{wl['duration_s']:.0f} s; overflow past {hc['overflow_per_min']:g}/min per route key, TTL "
@@ -132,20 +128,20 @@ def summarize_hosted(ds) -> str:
             for k in ds.cache_keys.values:
                 x = m.sel(rate_per_min=r, machines=mc, cache_keys=k)
                 rows.append([f"{float(r):g}", str(int(mc)), str(int(k)) if k else "none",
-                             s._pct(float(x.cached_share_replay)), s._pct(float(x.cached_share_estimate)),
-                             s._pct(float(x.cached_share_ttl)),
+                             s.pct(float(x.cached_share_replay)), s.pct(float(x.cached_share_estimate)),
+                             s.pct(float(x.cached_share_ttl)),
                              f"{100 * abs(float(x.cached_share_replay - x.cached_share_estimate)):.2f} pt",
-                             s._pct(float(x.overflow_share_replay)), s._usd(float(x.usd_per_day.sel(pricing=p0)))])
+                             s.pct(float(x.overflow_share_replay)), s.usd(float(x.usd_per_day.sel(pricing=p0)))])
     gap = float(np.abs(ds.cached_share_replay - ds.cached_share_estimate).max())
     gap_mean = float(np.abs(m.cached_share_replay - m.cached_share_estimate).max())
-    out += ["", s._table(rows), "",
+    out += ["", s.table(rows), "",
             f"largest |replay - estimate|: {100 * gap_mean:.2f} points on the mean over {ds.sizes['seed']} seeds, "
             f"{100 * gap:.2f} points in a single seed (the estimate uses each run's own request counts)"]
     return "\n".join(out)
 
 
 def plot_hosted(ds):
-    fig = _studies()._fig(11, 4.2)
+    fig = SB.fig(11, 4.2)
     ax1, ax2 = fig.subplots(1, 2)
     m = ds.mean("seed")
     x = ds.rate_per_min.values
@@ -171,7 +167,5 @@ def plot_hosted(ds):
     return fig
 
 
-def register(studies: dict, summaries: dict, plots: dict) -> None:
-    studies.update(hosted=hosted_study)
-    summaries.update(hosted=summarize_hosted)
-    plots.update(hosted=plot_hosted)
+STUDIES = [Study("hosted", hosted_study, summarize_hosted, plot_hosted,
+                 SB.defaults_class("HostedDefaults", HOSTED_DEFAULTS))]

@@ -27,12 +27,13 @@ import numpy as np
 import xarray as xr
 
 from cacheresearch.analysis.pricing import cacheable_tokens, preset
-from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.studies import base as SB
+from cacheresearch.studies.base import Cells, Study, StudyError
 from cacheresearch.workload.prompt.scenario import FIXES, LAYOUTS, apply_layout, layout_template, requests_to_workload
 from cacheresearch.workload.prompt.scenario import tenant_requests as _tenant_requests
 
-__all__ = ["LAYOUTS_DEFAULTS", "layouts_study", "summarize_layouts", "plot_layouts", "register"]
+__all__ = ["LAYOUTS_DEFAULTS", "layouts_study", "summarize_layouts", "plot_layouts", "STUDIES"]
 
 LAYOUTS_DEFAULTS = dict(
     scenario=dict(n_tenants=16, prefix_tokens=10_000, suffix_tokens=200, tenant_requests_per_day=250.0,
@@ -48,31 +49,25 @@ LAYOUTS_DEFAULTS = dict(
 )
 
 
-def _studies():
-    from cacheresearch import studies  # noqa: PLC0415 - studies imports this module at its end
-
-    return studies
-
-
 def layouts_study(cfg) -> xr.Dataset:
-    s = _studies()
+    s = SB
     t0 = time.perf_counter()
-    c = s._study_cfg(cfg, LAYOUTS_DEFAULTS)
+    c = s.study_cfg(cfg, LAYOUTS_DEFAULTS)
     sc = dict(c["scenario"])
     lays = list(c["layouts"])
     bad = [x for x in lays if x not in LAYOUTS]
     if bad or not lays:
-        raise s.StudyError(f"study.layouts: unknown {bad}; choose from {list(LAYOUTS)}")
+        raise StudyError(f"study.layouts: unknown {bad}; choose from {list(LAYOUTS)}")
     toks = list(c["tokenizers"])
-    seeds = s._seeds(cfg)
+    seeds = s.seeds(cfg)
     try:
         pr = preset(str(c["pricing"]))
     except ValueError as e:
-        raise s.StudyError(f"study.pricing: {e}") from None
+        raise StudyError(f"study.pricing: {e}") from None
     n_req = int(round(float(sc["n_tenants"]) * float(sc["tenant_requests_per_day"]) * float(sc["duration_s"])
                       / 86_400.0))
     if n_req < 1:
-        raise s.StudyError("study.scenario: fewer than one request")
+        raise StudyError("study.scenario: fewer than one request")
     bt = int(c["block_tokens"])
     streams, meta = [], []
     tb = time.perf_counter()
@@ -91,16 +86,15 @@ def layouts_study(cfg) -> xr.Dataset:
                     w = requests_to_workload(rq, arr, tokenizer=tok, templates=tpls, block_tokens=bt, tenant=ten,
                                              output_tokens=int(c["output_tokens"]), name=f"{tok}/{lay}")
                 except (ValueError, RuntimeError) as e:
-                    raise s.StudyError(f"study.tokenizers: {tok}: {e}") from None
+                    raise StudyError(f"study.tokenizers: {tok}: {e}") from None
                 streams.append(compile_stream(w))
                 meta.append(dict(n=w.n_requests, inp=float(w.input_tokens.sum()),
                                  mean_tokens=float(w.input_tokens.mean())))
     t_build = time.perf_counter() - tb
     params = make_params("ttl_refresh", ttl_s=pr.ttl_s, replicas=1, router="round_robin", latency=str(c["latency"]))
     ts = time.perf_counter()
-    m, _ = simulate_cells(streams, np.arange(len(streams)), [params] * len(streams),
-                          np.asarray([seeds[(k // len(lays)) % len(seeds)] for k in range(len(streams))], np.uint32),
-                          max_replicas=1, per_request=True)
+    m = yield Cells(streams, np.arange(len(streams)), [params] * len(streams),
+                    [seeds[(k // len(lays)) % len(seeds)] for k in range(len(streams))], max_replicas=1)
     t_sim = time.perf_counter() - ts
     shape = (len(toks), len(lays), len(seeds))
     names = ("token_hit_rate", "provider_hit_rate", "ttft_p50_s", "ttft_p99_s", "usd_per_day", "prompt_tokens")
@@ -122,7 +116,7 @@ def layouts_study(cfg) -> xr.Dataset:
         out["prompt_tokens"][ix] = mt["mean_tokens"]
     ds = xr.Dataset({v: (("tokenizer", "layout", "seed"), a) for v, a in out.items()},
                     coords={"tokenizer": toks, "layout": lays, "seed": seeds})
-    s._doc(ds, {
+    s.doc(ds, {
         "token_hit_rate": ("token hit rate of the engine (TTL cache, one machine, every full block counts)", "1"),
         "provider_hit_rate": ("the hit as the provider bills it: below its minimum cacheable length nothing, else "
                               "rounded to its increments", "1"),
@@ -131,7 +125,7 @@ def layouts_study(cfg) -> xr.Dataset:
                         "USD/day"),
         "prompt_tokens": ("mean rendered prompt length", "tokens"),
     })
-    ds.attrs.update(s._common_attrs(cfg, "layouts", t0, dict(
+    ds.attrs.update(s.common_attrs(cfg, "layouts", t0, dict(
         scenario=json.dumps(sc), n_requests=n_req, template=str(c["template"]), block_tokens=bt,
         requests_per_day=rpd, pricing=pr.name, pricing_source=pr.source, fixes=json.dumps(FIXES),
         simulate_time_s=t_sim, build_time_s=t_build)))
@@ -139,8 +133,8 @@ def layouts_study(cfg) -> xr.Dataset:
 
 
 def summarize_layouts(ds) -> str:
-    s = _studies()
-    out = s._header(ds)
+    s = SB
+    out = s.header(ds)
     sc = json.loads(ds.attrs["scenario"])
     out.append(f"{sc['n_tenants']} tenants x ~{sc['prefix_tokens']} tokens (system, {sc['tools_per_tenant']} tools, "
                f"documents) + ~{sc['suffix_tokens']}-token question, {ds.attrs['n_requests']} requests over "
@@ -160,18 +154,18 @@ def summarize_layouts(ds) -> str:
                 a = x.sel(layout=lay)
                 b = x.sel(layout=f) if f in lays else None
                 na = "n/a"
-                rows.append([str(t), lay, f if lay != "stable" else "-", s._pct(float(a.token_hit_rate)),
-                             s._pct(float(b.token_hit_rate)) if b is not None else na,
-                             s._pct(float(a.provider_hit_rate)), s._pct(float(b.provider_hit_rate)) if b is not None
+                rows.append([str(t), lay, f if lay != "stable" else "-", s.pct(float(a.token_hit_rate)),
+                             s.pct(float(b.token_hit_rate)) if b is not None else na,
+                             s.pct(float(a.provider_hit_rate)), s.pct(float(b.provider_hit_rate)) if b is not None
                              else na,
                              f"{float(a.ttft_p50_s):.3f} s", f"{float(b.ttft_p50_s):.3f} s" if b is not None else "n/a",
-                             s._usd(float(a.usd_per_day)), s._usd(float(b.usd_per_day)) if b is not None else "n/a"])
-    out += ["", s._table(rows)]
+                             s.usd(float(a.usd_per_day)), s.usd(float(b.usd_per_day)) if b is not None else "n/a"])
+    out += ["", s.table(rows)]
     return "\n".join(out)
 
 
 def plot_layouts(ds):
-    fig = _studies()._fig(11, 4.2)
+    fig = SB.fig(11, 4.2)
     ax1, ax2 = fig.subplots(1, 2)
     m = ds.mean("seed")
     xs = np.arange(ds.sizes["layout"])
@@ -189,7 +183,5 @@ def plot_layouts(ds):
     return fig
 
 
-def register(studies: dict, summaries: dict, plots: dict) -> None:
-    studies.update(layouts=layouts_study)
-    summaries.update(layouts=summarize_layouts)
-    plots.update(layouts=plot_layouts)
+STUDIES = [Study("layouts", layouts_study, summarize_layouts, plot_layouts,
+                 SB.defaults_class("LayoutsDefaults", LAYOUTS_DEFAULTS))]
