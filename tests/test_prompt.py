@@ -155,11 +155,11 @@ def test_mistral_request_encoder():
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
-    from cacheresearch.workload.prompt.tokenizers import _mistral_data
+    from cacheresearch.workload.prompt.tokenizers import mistral_data
 
     r = parse_request({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})
     e = encode_request(r, "mistral", "tekken")
-    mt = MistralTokenizer.from_file(_mistral_data("tekken_240911.json"))
+    mt = MistralTokenizer.from_file(mistral_data("tekken_240911.json"))
     ref = mt.encode_chat_completion(ChatCompletionRequest(messages=[SystemMessage(content="Be brief."),
                                                                     UserMessage(content="Hi")])).tokens
     assert e.tokens == ref and e.tokens[0] == 1  # BOS, then the instruct template's control tokens

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from cacheresearch.diff.requests import diff_requests
-from cacheresearch.diff.tokens import _changepoints, _text, diff_keys, diff_tokens, tokenize
+from cacheresearch.diff.tokens import changepoints_main, diff_keys, diff_tokens, text_report, tokenize
 from cacheresearch.workload.prompt.request import RequestError, parse_request
 from cacheresearch.workload.prompt.tokenizers import TokenizerUnavailable, get_tokenizer
 
@@ -87,7 +87,7 @@ def _text_request(r: dict) -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["changepoints"]:
-        return _changepoints(argv[1:])
+        return changepoints_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m cacheresearch.diff", description=__doc__.split("\n")[0])
     ap.add_argument("a", nargs="?", help="A: a chat request or token-id JSON file (or text with --text / --strings)")
     ap.add_argument("b", nargs="?", help="B")
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                     "first_block")
             print(json.dumps({k: r[k] for k in keep if k in r}))
     else:
-        print(_text_request(r) if kind == "request" else _text(r))
+        print(_text_request(r) if kind == "request" else text_report(r))
     return 0
 
 

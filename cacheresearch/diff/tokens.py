@@ -122,7 +122,7 @@ def _read_tokens(path: str, text: bool) -> list[int]:
     return v
 
 
-def _text(r: dict) -> str:
+def text_report(r: dict) -> str:
     bs = r["block_tokens"]
     lines = []
     if "tokens_a" in r:
@@ -150,7 +150,7 @@ def _text(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _changepoints(argv) -> int:
+def changepoints_main(argv) -> int:
     from cacheresearch.analysis.changepoint import change_points, format_report, potential_hits  # noqa: PLC0415
     from cacheresearch.workload.keys import rekey_after  # noqa: PLC0415
     from cacheresearch.workload.trace import load_trace  # noqa: PLC0415

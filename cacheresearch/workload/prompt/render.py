@@ -239,9 +239,9 @@ class MistralTemplate(Template):
         from mistral_common.tokens.tokenizers.base import SpecialTokenPolicy  # noqa: PLC0415
         from mistral_common.tokens.tokenizers.mistral import MistralTokenizer  # noqa: PLC0415
 
-        from cacheresearch.workload.prompt.tokenizers import _byte_to_char_starts, _mistral_data  # noqa: PLC0415
+        from cacheresearch.workload.prompt.tokenizers import byte_to_char_starts, mistral_data  # noqa: PLC0415
 
-        mt = _mistral(self.file, MistralTokenizer, _mistral_data)
+        mt = _mistral(self.file, MistralTokenizer, mistral_data)
         msgs = [SystemMessage(content=req.system)] if req.system else []
         for m in req.messages:
             if m.role == "user":
@@ -265,7 +265,7 @@ class MistralTemplate(Template):
         for p in pieces:
             bstarts.append(b)
             b += len(p)
-        starts = _byte_to_char_starts(text, bstarts) if text.encode("utf-8") == raw else bstarts
+        starts = byte_to_char_starts(text, bstarts) if text.encode("utf-8") == raw else bstarts
         parts = [(req.system, ("system", req.system_index, "system"))]
         parts += [(json.dumps(t.parameters, ensure_ascii=False)[1:-1], ("tool", k, t.name))
                   for k, t in enumerate(req.tools)]

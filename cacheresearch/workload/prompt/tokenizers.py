@@ -52,7 +52,7 @@ def word_tokenize(text: str, vocab_size: int = WORD_VOCAB) -> list[int]:
     return [zlib.crc32(p.encode("utf-8")) % vocab_size for p in _PIECES.findall(text)]
 
 
-def _byte_to_char_starts(text: str, byte_starts) -> list[int]:
+def byte_to_char_starts(text: str, byte_starts) -> list[int]:
     lens = np.fromiter((len(ch.encode("utf-8")) for ch in text), dtype=np.int64, count=len(text))
     char_byte = np.concatenate([[0], np.cumsum(lens)])  # byte offset of each char (and the end)
     return (np.searchsorted(char_byte, np.asarray(byte_starts, dtype=np.int64), side="right") - 1).tolist()
@@ -120,10 +120,10 @@ class TiktokenTokenizer(Tokenizer):
         for t in ids:
             byte_starts.append(b)
             b += len(self._enc.decode_single_token_bytes(t))
-        return ids, _byte_to_char_starts(text, byte_starts)
+        return ids, byte_to_char_starts(text, byte_starts)
 
 
-def _mistral_data(fname: str) -> str:
+def mistral_data(fname: str) -> str:
     try:
         import mistral_common  # noqa: PLC0415
     except ImportError as e:
@@ -137,7 +137,7 @@ class TekkenTokenizer(Tokenizer):
     def __init__(self, file: str = "tekken_240911.json"):
         from mistral_common.tokens.tokenizers.tekken import Tekkenizer  # noqa: PLC0415
 
-        self._tk = Tekkenizer.from_file(_mistral_data(file))
+        self._tk = Tekkenizer.from_file(mistral_data(file))
         self.name, self.version, self.vocab_size = "tekken", file.removesuffix(".json"), self._tk.n_words
         self.file = file
 
@@ -152,7 +152,7 @@ class TekkenTokenizer(Tokenizer):
         for t in ids:
             byte_starts.append(b)
             b += len(self._tk.id_to_byte_piece(t, SpecialTokenPolicy.KEEP))
-        return ids, _byte_to_char_starts(text, byte_starts)
+        return ids, byte_to_char_starts(text, byte_starts)
 
 
 class HFTokenizer(Tokenizer):
