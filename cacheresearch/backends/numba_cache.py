@@ -383,7 +383,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         ttft_n=np.full(G, n, np.int32), busy_time=per_r[:, 4].astype(np.int32), horizon_time=horizon.astype(np.int32),
         replicas_active=nrep.astype(np.int32), copies_sum=ints[:, 4].astype(np.int32),
         copies_n=ints[:, 5].astype(np.int32), over_n=ints[:, 6].astype(np.int32), over_q=ints[:, 7].astype(np.int32),
-        tpot_ticks_hi=z, tpot_ticks_lo=z, tpot_frac_hi=z, tpot_frac_lo=z, tpot_n=z, output_tokens_hi=z,
+        tpot_ms_hi=z, tpot_ms_lo=z, tpot_ns_hi=z, tpot_ns_lo=z, tpot_n=z, output_tokens_hi=z,
         output_tokens_lo=z, kv_capacity=P["capacity"].astype(np.int32), kv_acc=zf, q_acc=zf.copy(),
     )
 
