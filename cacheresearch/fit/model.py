@@ -229,7 +229,8 @@ def _pmf(x: np.ndarray, lo: int, hi: int) -> list:
 COMPONENTS = ("arrivals", "session", "first", "step", "output")
 MIN_PARAMETRIC = 30  # fewer values than this: the component's law is its empirical law
 KS_MAX = 0.05  # a parametric law rejected at 1% by KS *and* farther than this from its data is replaced
-MEAN_TOL = 0.05  # a parametric law whose mean (or implied volume) is off the data's by more is replaced
+MEAN_TOL = 0.05  # a law whose mean is off the data's by more (and by 3 standard errors), or whose implied
+# request volume is, is replaced
 
 
 class _Checks:
@@ -267,7 +268,7 @@ def _choose(key: str, x, fit, checks: _Checks, *, discrete: bool, force: bool, m
             fig = {"family": law.family, "ks": d, "ks_p": p, "mean_rel_error": rel}
             if p < 0.01 and d > KS_MAX:
                 why = f"KS distance {d:.3f} > {KS_MAX} (p {p:.2g})"
-            elif mean_matters and rel > MEAN_TOL:
+            elif mean_matters and rel > MEAN_TOL and abs(m - float(x.mean())) > 3 * float(x.std()) / math.sqrt(x.size):
                 why = f"mean off by {rel:.1%} (> {MEAN_TOL:.0%})" if math.isfinite(rel) else "infinite mean"
             else:
                 checks.add(key, "parametric", "", **fig)
@@ -528,6 +529,20 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
         if stp.sum() >= 1:
             d, a = st.dropped[stp], st.appended[stp]
             cls = _step_class(d, a, st.shared[stp])
+            # an agent compacts when its context nears a limit: rewrites (steps keeping at most half of
+            # their parent) are a class of their own, length-triggered, when their parents are longer
+            # than the other steps' (one-sided Mann-Whitney, p < 0.01); else they stay branches
+            pbl = nb[st.parent[stp]]
+            cp = cls == 4
+            mw_p = 1.0
+            if cp.sum() >= 2 and (~cp).sum() >= 2:
+                mw_p = float(stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater").pvalue)
+            if cp.any():
+                ck.add("step.compaction_trigger", "empirical" if mw_p < 0.01 else "none",
+                       f"rewrites at longer contexts (Mann-Whitney p {mw_p:.2g})" if mw_p < 0.01 else
+                       f"rewrites not at longer contexts (p {mw_p:.2g}): branches", mannwhitney_p=mw_p)
+            if mw_p >= 0.01:
+                cls = np.where(cp, 2, cls)
             # whole empirical sessions keep their own steps (drawn at random within the session): a
             # session's growth and compaction rates stay its own
             sstep = np.searchsorted(uniq, st.session[stp])
@@ -544,19 +559,9 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
             cp = cls == 4
             compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
                         "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
-            # an agent compacts when its context nears a limit: compactions are length-triggered when
-            # their parents are longer than the other steps' (one-sided Mann-Whitney, p < 0.01); the
-            # sampler then compacts a context once it reaches a limit drawn from the parents' lengths
-            # at compaction (the empirical law), and never at random
-            trigger = None
-            pbl = nb[st.parent[stp]]
-            if cp.sum() >= 2 and (~cp).sum() >= 2:
-                mw = stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater")
-                ck.add("step.compaction_trigger", "empirical" if mw.pvalue < 0.01 else "none",
-                       "compactions at longer contexts (Mann-Whitney p {:.2g})".format(float(mw.pvalue))
-                       if mw.pvalue < 0.01 else "", mannwhitney_p=float(mw.pvalue))
-                if mw.pvalue < 0.01:
-                    trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions")
+            # the sampler compacts a context once it reaches a limit drawn from the parents' lengths at
+            # compaction (the empirical law), and never at random
+            trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions") if cp.any() else None
             steps = {}
             for fe in (False, True):
                 sub = _Checks() if fe else ck
@@ -566,9 +571,11 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
                 nz = delta[delta != 0]
                 bdrop = None
                 if br.sum() >= 1:
+                    # censored at the parent's length (at_least) and clamped to it when sampled: the
+                    # law's mean is not the data's, so only its shape is checked
                     bdrop = _choose("step.branch_dropped", d[br],
                                     lambda x, c=(st.shared[stp] <= 1)[br]: L.fit_count(x, at_least=c), sub,
-                                    discrete=True, force=frc)
+                                    discrete=True, force=frc, mean_matters=False)
                 # a branch's appended blocks may depend on its dropped ones (a compaction drops many
                 # and appends a summary): unless a chi-square test on their quartile bins finds them
                 # independent (p >= 0.01), the pairs are drawn jointly from the trace
