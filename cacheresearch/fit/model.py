@@ -723,8 +723,9 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
             if emp_sess:
                 j = int(pick[si])
                 times = np.concatenate([[s0], s0 + np.cumsum(sess0["gaps"][j])])
-                if emp_first:  # both empirical: the session's own first length (the joint law)
-                    n_first = int(sess0["first_tokens"][j]) or n_first
+                # the session's own first length: a session drawn whole keeps its joint law with its
+                # first request (a separately fitted length law would lose the length-count dependence)
+                n_first = int(sess0["first_tokens"][j]) or n_first
             else:
                 sess = kinds[min(kind, len(kinds) - 1)]
                 rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
