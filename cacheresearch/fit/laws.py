@@ -27,8 +27,9 @@ from typing import NamedTuple
 import numpy as np
 from scipy import optimize, special, stats
 
-__all__ = ["Law", "fit_positive", "fit_lognorm_mix", "mix_components", "mix_responsibilities", "fit_count", "fit_count0", "fit_arrivals", "fit_zipf_ranks", "sample",
-           "logpdf", "logsf", "count_logpmf", "count_logsf", "Arrivals", "POSITIVE", "COUNTS", "RENEWAL"]
+__all__ = ["empirical", "is_empirical", "ks_distance", "law_mean", "Law", "fit_positive", "fit_lognorm_mix",
+           "mix_components", "mix_responsibilities", "fit_count", "fit_count0", "fit_arrivals", "fit_zipf_ranks",
+           "sample", "logpdf", "logsf", "count_logpmf", "count_logsf", "Arrivals", "POSITIVE", "COUNTS", "RENEWAL"]
 
 POSITIVE = ("expon", "gamma", "weibull", "lognorm")
 COUNTS = ("geom", "zeta", "nbinom1")
@@ -435,7 +436,10 @@ def fit_lognorm_mix(x, max_components: int = 4, *, iters: int = 500, min_sigma: 
 # ------------------------------------------------------------------------------ sampling
 def sample(law: Law | dict, rng: np.random.Generator, size: int) -> np.ndarray:
     """``size`` draws of a law (continuous families as floats, count families as integers >= 1,
-    ``zipf_ranks`` as 0-based ranks)."""
+    ``zipf_ranks`` as 0-based ranks, ``empirical`` laws as resampled values)."""
+    if isinstance(law, dict) and law.get("family") == "empirical":
+        v = np.asarray(law["values"])
+        return v[rng.integers(0, v.size, size)]
     if isinstance(law, dict):
         law = Law.from_dict(law)
     p = law.params
@@ -472,3 +476,71 @@ def sample_count0(d: dict, rng: np.random.Generator, size: int) -> np.ndarray:
     if d.get("positive") is not None and (~z).any():
         out[~z] = sample(d["positive"], rng, int((~z).sum()))
     return out
+
+
+# ------------------------------------------------------------------------------ empirical laws and fit checks
+EMPIRICAL_CAP = 20_000  # most values an empirical law keeps (an evenly spaced subset of the sorted values)
+
+
+def empirical(x, *, integer: bool = False, why: str = "") -> dict:
+    """The empirical law of ``x`` (resampling its values), as a plain dict like a fitted law's:
+    ``{"family": "empirical", "values": [...], "n": ..., "why": ...}``. Beyond ``EMPIRICAL_CAP``
+    values it keeps evenly spaced order statistics (the quantile function on a grid)."""
+    x = np.sort(np.asarray(x, dtype=np.float64).reshape(-1))
+    if x.size == 0:
+        raise ValueError("an empirical law needs at least one value")
+    n = int(x.size)
+    if x.size > EMPIRICAL_CAP:
+        x = x[np.round(np.linspace(0, x.size - 1, EMPIRICAL_CAP)).astype(np.int64)]
+    vals = [int(v) for v in np.round(x)] if integer else [float(v) for v in x]
+    return {"family": "empirical", "values": vals, "n": n, "integer": bool(integer), "why": str(why)}
+
+
+def is_empirical(law) -> bool:
+    return isinstance(law, dict) and law.get("family") == "empirical"
+
+
+def _cdf(law: Law, x: np.ndarray) -> np.ndarray:
+    if law.family == "lognorm_mix":
+        w, mu, sg = mix_components(law)
+        lx = np.log(np.maximum(x, 1e-300))[:, None]
+        return np.sum(w * stats.norm.cdf((lx - mu) / sg), axis=1) / np.sum(w)
+    if law.family == "nbinom1":
+        return stats.nbinom.cdf(x - 1, law.params["n"], law.params["p"])
+    return _frozen(law).cdf(x)
+
+
+def law_mean(law) -> float:
+    """The mean of a fitted law (``inf`` when it has none, e.g. a zeta law with ``a <= 2``)."""
+    if is_empirical(law):
+        return float(np.mean(law["values"]))
+    law = Law.from_dict(law) if isinstance(law, dict) else law
+    if law.family == "lognorm_mix":
+        w, mu, sg = mix_components(law)
+        return float(np.sum(w * np.exp(mu + sg * sg / 2)) / np.sum(w))
+    m = float(_frozen(law).mean()) + (1.0 if law.family == "nbinom1" else 0.0)
+    return m if math.isfinite(m) else float("inf")
+
+
+def ks_distance(law, x, *, discrete: bool = False) -> tuple[float, float]:
+    """``(D, p)``: the Kolmogorov-Smirnov distance between the sample ``x`` and a fitted law, and its
+    asymptotic p-value (for a law fitted to ``x`` the p-value is optimistic; a count law is compared at
+    its integer support points, where the statistic is exact)."""
+    law = Law.from_dict(law) if isinstance(law, dict) else law
+    x = np.sort(np.asarray(x, dtype=np.float64).reshape(-1))
+    n = x.size
+    if n == 0:
+        return 0.0, 1.0
+    if discrete:
+        u = np.unique(x)
+        ecdf = np.searchsorted(x, u, side="right") / n
+        ecdf_lo = np.concatenate([[0.0], ecdf[:-1]])
+        F = _cdf(law, u)
+        Fm = _cdf(law, u - 1)
+        d = float(max(np.max(np.abs(ecdf - F)), np.max(np.abs(ecdf_lo - Fm))))
+    else:
+        F = _cdf(law, x)
+        i = np.arange(1, n + 1)
+        d = float(max(np.max(i / n - F), np.max(F - (i - 1) / n)))
+    p = float(stats.kstwo.sf(d, n)) if n > 0 else 1.0
+    return d, p

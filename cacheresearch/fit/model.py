@@ -24,9 +24,20 @@ The model (one component per request type; Mooncake traces have one, Bailian tra
 ``step``           each later request: its parent (lag back in the session: the empirical law),
                    a class among ``repeat`` (same prompt), ``extend`` (multi-turn growth: keeps the
                    parent's whole context and appends), ``branch`` (drops the parent's last ``d``
-                   blocks and appends ``d + delta``), ``truncate`` (a prefix of the parent), with
+                   blocks and appends ``d + delta``), ``truncate`` (a prefix of the parent),
+                   ``compact`` (an agent's context rewrite: keeps at most half of the parent's blocks
+                   and appends a summary; (kept, appended) pairs drawn jointly from the trace), with
                    count laws of the dropped and appended blocks and a two-sided law of ``delta``
+                   (drawn jointly from the trace unless a chi-square test finds them independent)
 ``output``         output lengths in tokens
+
+**Checks and empirical fallbacks.** Every law is checked against its data (:func:`fit_workload`:
+too few values, a KS rejection with a material distance, a mean or an implied request volume more
+than 5% off); a law that fails, or cannot be fitted, is replaced by its empirical law (values
+resampled; session starts resampled with a kernel; sessions resampled whole: their gaps and first
+lengths), and the model's ``goodness_of_fit`` and ``notes`` say which and why. So any well-formed
+trace yields a model that samples. Session sizes are drawn stratified (a one-dimensional Latin
+hypercube), so a sample's volume follows the law with less seed-to-seed variance.
 
 :func:`fit_workload` returns the model as a plain dict (what ``experiment=fit`` writes and
 ``workload.source=fitted`` reads); :func:`sample_workload` draws a workload of whole sessions from
@@ -41,22 +52,26 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize, special
+from scipy import optimize, special, stats
 
 from cacheresearch.fit import laws as L
-from cacheresearch.fit.structure import request_structure
+from cacheresearch.fit.structure import chain_content_hashes, request_structure
 from cacheresearch.workload import Workload
 
-__all__ = ["fit_workload", "sample_workload", "naive_workload", "MODEL_VERSION", "STEP_CLASSES", "count_ppf",
-           "fit_length_count_copula"]
+__all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "MODEL_VERSION", "STEP_CLASSES", "COMPONENTS",
+           "count_ppf", "fit_length_count_copula"]
 
-MODEL_VERSION = 1
-STEP_CLASSES = ("repeat", "extend", "branch", "truncate")
+MODEL_VERSION = 2
+STEP_CLASSES = ("repeat", "extend", "branch", "truncate", "compact")
+COMPACT_KEEP = 0.5  # a step that keeps at most this share of its parent's blocks (and appends) is a compaction
 _MAX_LAG = 32
 
 
-def _step_class(d: np.ndarray, a: np.ndarray) -> np.ndarray:
-    return np.where(d == 0, np.where(a == 0, 0, 1), np.where(a > 0, 2, 3))
+def _step_class(d: np.ndarray, a: np.ndarray, shared=None) -> np.ndarray:
+    c = np.where(d == 0, np.where(a == 0, 0, 1), np.where(a > 0, 2, 3))
+    if shared is not None:  # a rewrite of the context: keeps at most half its parent's blocks, appends new ones
+        c = np.where((c == 2) & (shared <= COMPACT_KEEP * (shared + d)), 4, c)
+    return c
 
 
 def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, window: np.ndarray,
@@ -66,7 +81,8 @@ def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, win
     out = {"candidates": {}}
     gpos = np.maximum(gaps, 1e-3)
     if gaps.size < 2:  # too few reuses for a gap law: sessions of one request, counts complete
-        out["count"] = L.fit_count(counts).to_dict() if counts.size >= 2 else L.Law("geom", {"p": 1.0}, 0.0, int(counts.size), {}).to_dict()
+        out["count"] = (L.fit_count(counts).to_dict() if counts.size >= 2 and np.any(counts > 1) else
+                        L.Law("geom", {"p": 1.0}, 0.0, int(counts.size), {}).to_dict())
         out["gap"] = L.Law("expon", {"scale": float(np.mean(gpos)) if gaps.size else 1.0}, 0.0, int(gaps.size),
                            {}).to_dict()
         return out
@@ -210,14 +226,148 @@ def _pmf(x: np.ndarray, lo: int, hi: int) -> list:
     return (c / max(c.sum(), 1.0)).tolist()
 
 
+COMPONENTS = ("arrivals", "session", "first", "step", "output")
+MIN_PARAMETRIC = 30  # fewer values than this: the component's law is its empirical law
+KS_MAX = 0.05  # a parametric law rejected at 1% by KS *and* farther than this from its data is replaced
+MEAN_TOL = 0.05  # a law whose mean is off the data's by more (and by 3 standard errors), or whose implied
+# request volume is, is replaced
+
+
+class _Checks:
+    """Records, per component and law, which law is used and why (the model's ``goodness_of_fit``)."""
+
+    def __init__(self):
+        self.rows: dict = {}
+
+    def add(self, key: str, used: str, why: str = "", **fig):
+        self.rows[key] = {"used": used, "why": why, **{k: (float(v) if isinstance(v, (int, float, np.floating))
+                                                           else v) for k, v in fig.items()}}
+
+
+def _choose(key: str, x, fit, checks: _Checks, *, discrete: bool, force: bool, mean_matters: bool = True):
+    """A fitted law of ``x`` when it passes the checks (module constants), else the empirical law."""
+    x = np.asarray(x, dtype=np.float64).reshape(-1)
+    if x.size == 0:
+        checks.add(key, "none", "no values")
+        return None
+    if force:
+        checks.add(key, "empirical", "replaced by its empirical law (ablation)")
+        return L.empirical(x, integer=discrete, why="ablation")
+    why, fig = "", {}
+    if x.size < MIN_PARAMETRIC:
+        why = f"{x.size} values (< {MIN_PARAMETRIC})"
+    else:
+        try:
+            law = fit(x)
+        except (ValueError, RuntimeError, FloatingPointError) as e:
+            why = f"no parametric fit ({e})"
+        else:
+            d, p = L.ks_distance(law, x, discrete=discrete)
+            m = L.law_mean(law)
+            rel = abs(m - float(x.mean())) / max(abs(float(x.mean())), 1e-12) if math.isfinite(m) else float("inf")
+            fig = {"family": law.family, "ks": d, "ks_p": p, "mean_rel_error": rel}
+            if p < 0.01 and d > KS_MAX:
+                why = f"KS distance {d:.3f} > {KS_MAX} (p {p:.2g})"
+            elif mean_matters and rel > MEAN_TOL and abs(m - float(x.mean())) > 3 * float(x.std()) / math.sqrt(x.size):
+                why = f"mean off by {rel:.1%} (> {MEAN_TOL:.0%})" if math.isfinite(rel) else "infinite mean"
+            else:
+                checks.add(key, "parametric", "", **fig)
+                return law.to_dict()
+    checks.add(key, "empirical", why, **fig)
+    return L.empirical(x, integer=discrete, why=why)
+
+
+def _independence_p(x: np.ndarray, y: np.ndarray) -> float:
+    """p-value of a chi-square independence test of two integer samples on their quartile bins."""
+    def bins(v):
+        e = np.unique(np.quantile(v, [0.25, 0.5, 0.75]))
+        return np.searchsorted(e, v, side="left")
+
+    if x.size < 8:
+        return 1.0
+    bx, by = bins(x), bins(y)
+    tab = np.zeros((bx.max() + 1, by.max() + 1))
+    np.add.at(tab, (bx, by), 1)
+    tab = tab[tab.sum(1) > 0][:, tab.sum(0) > 0]
+    if min(tab.shape) < 2:
+        return 1.0
+    return float(stats.chi2_contingency(tab).pvalue)
+
+
+def _empirical_times(starts: np.ndarray, D: float) -> dict:
+    """Session starts resampled: the trace's starts, each moved by a Gaussian kernel (Silverman's
+    robust bandwidth) and reflected into the window; the count is the trace's."""
+    s = np.sort(np.asarray(starts, dtype=np.float64))
+    sd = float(s.std()) if s.size > 1 else 0.0
+    iqr = float(np.subtract(*np.percentile(s, [75, 25]))) / 1.34 if s.size > 1 else 0.0
+    spread = min(sd, iqr) if iqr > 0 else sd
+    h = 0.9 * spread * s.size ** -0.2 if s.size > 1 else 0.0
+    return {"family": "empirical_times", "times": [round(float(x), 3) for x in s], "bandwidth_s": float(h),
+            "duration_s": float(D)}
+
+
+def _sample_empirical_times(arr: dict, rng, D: float) -> np.ndarray:
+    D0 = float(arr["duration_s"])
+    base = np.asarray(arr["times"], dtype=np.float64)
+    periods = max(1, int(math.ceil(D / D0)))
+    t = np.concatenate([base + k * D0 for k in range(periods)])
+    h = float(arr["bandwidth_s"])
+    if h > 0:
+        t = t + rng.normal(0.0, h, t.size)
+        hiD = D0 * periods
+        t = np.abs(t)
+        t = np.where(t >= hiD, 2 * hiD - t, t)
+        t = np.clip(t, 0.0, np.nextafter(hiD, 0))
+    t = np.sort(t)
+    return t[t < D]
+
+
+def _observed_volume(count_law: dict, gap_law: dict, windows: np.ndarray, rng, reps: int = 20,
+                     cap: int = 1000) -> float:
+    """Expected requests seen in the trace's windows (one per session, from its start to the end) under
+    a count law and a gap law: the model's implied request volume."""
+    n = windows.size
+    reps = max(1, min(reps, int(2e7 // max(n * cap, 1))))
+    k = np.minimum(L.sample(count_law, rng, n * reps).reshape(reps, n), cap)
+    g = L.sample(gap_law, rng, n * reps * (cap - 1)).reshape(reps, n, cap - 1) if cap > 1 else np.zeros((reps, n, 0))
+    cum = np.cumsum(g, axis=2)
+    fits = 1 + np.sum(cum < windows[None, :, None], axis=2)
+    return float(np.minimum(k, fits).sum() / reps)
+
+
+def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> dict:
+    return {"family": "empirical_sessions", "gaps": [[round(float(g), 3) for g in gl] for gl in gap_lists],
+            "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
+
+
 def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_names=None,
-                 duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE) -> dict:
+                 duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE,
+                 empirical=()) -> dict:
     """Fit the model (module docstring) to a trace; ``session`` / ``parent`` / ``types`` come from a
     Bailian trace (:class:`~cacheresearch.workload.trace.BailianTrace`) when it has them.
     ``max_kinds``: most session kinds (length-mixture components); ``gap_families``: the candidate
-    laws of the reuse gaps (each is fitted jointly with every count law)."""
-    if w.n_requests < 10:
-        raise ValueError("fitting needs at least 10 requests")
+    laws of the reuse gaps (each is fitted jointly with every count law); ``empirical``: components
+    (of :data:`COMPONENTS`) forced to their empirical laws.
+
+    Never fails on a well-formed trace with at least one request: a component whose parametric law
+    cannot be fitted, or fails its check (fewer than ``MIN_PARAMETRIC`` values; KS rejection at 1%
+    with distance above ``KS_MAX``; a mean, or for sessions the implied request volume, more than
+    ``MEAN_TOL`` off), uses its empirical law, and ``goodness_of_fit`` / ``notes`` say which and why.
+    Ids that are per-block content hashes are chained first (:func:`~.structure.chain_content_hashes`).
+    The empirical version of every component is stored too (``components[t]["empirical"]``), so
+    :func:`ablate` swaps one in without refitting."""
+    force = set(empirical)
+    bad = force - set(COMPONENTS)
+    if bad:
+        raise ValueError(f"empirical: unknown components {sorted(bad)}; choose among {COMPONENTS}")
+    if w.n_requests < 1:
+        raise ValueError("fitting needs at least one request")
+    notes = []
+    w, chain = chain_content_hashes(w)
+    if chain["chained"]:
+        notes.append(f"ids are per-block content hashes ({chain['inconsistent_ids']:,} of {chain['ids']:,} ids follow "
+                     "two or more different blocks): chained into prefix ids before fitting")
+    rng = np.random.default_rng(12345)
     st = request_structure(w, session, parent)
     t = w.arrival_ms / 1000.0
     D = float(duration_s) if duration_s is not None else max(float(t[-1]) + 1e-3, 1e-3)
@@ -227,23 +377,54 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
     names = list(type_names) if type_names is not None else [f"type{i}" for i in range(int(typ.max()) + 1)]
     if types is None and type_names is None:
         names = ["all"]
-    comps = {}
+    comps, gof = {}, {}
     for ti, tname in enumerate(names):
         sel = typ == ti
         if not sel.any():
             continue
+        ck = _Checks()
         first = sel & (st.position == 0)
+        if not first.any():  # a type whose sessions all start in another type: its first request starts one
+            first = sel & (np.arange(w.n_requests) == np.argmax(sel))
         sids = st.session[first]
-        if sids.size < 3:
-            continue
         starts = t[first]
         comp = {"requests": int(sel.sum()), "sessions": int(sids.size)}
-        comp["arrivals"] = L.fit_arrivals(starts, D).to_dict()
-        # sessions: counts, gaps, censoring windows
+        emp = {}
+        # ---- arrivals
+        emp["arrivals"] = _empirical_times(starts, D)
+        arr, why = None, ""
+        if "arrivals" in force:
+            why = "replaced by its empirical law (ablation)"
+        elif starts.size < MIN_PARAMETRIC:
+            why = f"{starts.size} session start(s) (< {MIN_PARAMETRIC})"
+        else:
+            try:
+                a = L.fit_arrivals(starts, D)
+            except ValueError as e:
+                why = f"no renewal fit ({e})"
+            else:
+                u = L._cum_rate(starts, a.rates, D) / max(float(L._cum_rate(D, a.rates, D)), 1e-300)
+                ks = stats.kstest(u, "uniform")
+                fig = {"family": f"{len(a.rates)} rate bins, {a.renewal.family}", "ks": float(ks.statistic),
+                       "ks_p": float(ks.pvalue)}
+                if ks.pvalue < 0.01 and ks.statistic > KS_MAX:
+                    why = f"rate profile rejected (KS {ks.statistic:.3f}, p {ks.pvalue:.2g})"
+                    ck.add("arrivals", "empirical", why, **fig)
+                else:
+                    arr = a.to_dict()
+                    ck.add("arrivals", "parametric", "", **fig)
+        if arr is None:
+            if "arrivals" not in ck.rows:
+                ck.add("arrivals", "empirical", why)
+            arr = emp["arrivals"]
+        comp["arrivals"] = arr
+        # ---- sessions: counts, gaps, censoring windows
         s_of = st.session[sel]
         uniq, cnt = np.unique(s_of, return_counts=True)
         last_t = np.full(uniq.size, -np.inf)
         np.maximum.at(last_t, np.searchsorted(uniq, s_of), t[sel])
+        first_t = np.full(uniq.size, np.inf)
+        np.minimum.at(first_t, np.searchsorted(uniq, s_of), t[sel])
         req_idx = np.nonzero(sel)[0]
         order = np.lexsort((t[req_idx], s_of))
         ss, tt = s_of[order], t[req_idx][order]
@@ -251,80 +432,224 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
         gaps = (tt[1:] - tt[:-1])[same]
         win = np.maximum(D - last_t, 0.0)
         gs = ss[1:][same]
-        comp["session"] = _fit_session(cnt.astype(np.float64), gaps, np.searchsorted(uniq, gs), win,
-                                       gap_families=tuple(gap_families))
-        # session kinds: the components of the first requests' length mixture, each with its own session law
+        gap_idx = np.searchsorted(uniq, gs)
+        gap_lists = [gaps[gap_idx == i] for i in range(uniq.size)]
+        ftok_sess = np.zeros(uniq.size, np.int64)
+        fr = req_idx[order][np.concatenate([[True], ~same])]
+        ftok_sess[np.searchsorted(uniq, st.session[fr])] = w.input_tokens[fr]
+        emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "")
+        sess, why = None, ""
+        if "session" in force:
+            why = "replaced by its empirical law (ablation)"
+        elif uniq.size < 3:
+            why = f"{uniq.size} session(s) (< 3)"
+        else:
+            try:
+                sess = _fit_session(cnt.astype(np.float64), gaps, gap_idx, win, gap_families=tuple(gap_families))
+            except ValueError as e:
+                why = f"no session law ({e})"
+            if sess is not None:
+                vol = _observed_volume(sess["count"], sess["gap"], np.maximum(D - first_t, 0.0), rng,
+                                       cap=int(max(4 * cnt.max(), 50)))
+                rel = abs(vol - float(cnt.sum())) / float(cnt.sum())
+                fig = {"family": f"{sess['count']['family']}/{sess['gap']['family']}", "volume_rel_error": rel}
+                if gaps.size >= 2:
+                    d, p = L.ks_distance(sess["gap"], np.maximum(gaps, 1e-3))
+                    fig.update(ks=d, ks_p=p)
+                else:
+                    d, p = 0.0, 1.0
+                if rel > MEAN_TOL:
+                    why = f"implied request volume off by {rel:.1%} (> {MEAN_TOL:.0%})"
+                elif p < 0.01 and d > KS_MAX:
+                    why = f"gap law KS distance {d:.3f} > {KS_MAX} (p {p:.2g})"
+                if why:
+                    ck.add("session", "empirical", why, **fig)
+                    sess = None
+                else:
+                    ck.add("session", "parametric", "", **fig)
+        if sess is None:
+            if "session" not in ck.rows:
+                ck.add("session", "empirical", why)
+            sess = dict(emp["session"], why=why)
+        comp["session"] = sess
+        # ---- first requests' lengths; session kinds (parametric sessions only)
         first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
-        mix = L.fit_lognorm_mix(first_tok, max_kinds)
-        comp["first_input_tokens"] = mix.to_dict()
-        kind = np.argmax(L.mix_responsibilities(mix, first_tok), axis=1)  # per session (sessions sorted = sids)
-        kinds = []
-        _, mus, sgs = L.mix_components(mix)
-        for j in range(mus.size):
-            ks = np.nonzero(kind == j)[0]  # session indices (session ids are 0.. in order of first request)
-            pos = np.searchsorted(uniq, sids[ks])
-            m = np.isin(gs, sids[ks])
-            if ks.size >= 5 and m.sum() >= 2:
-                ksess = _fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
-                                     win[pos], gap_families=(comp["session"]["gap"]["family"],))
-                # longer first requests may start longer sessions: the length-count copula of the kind
-                zk = (np.log(first_tok[ks]) - float(mus[j])) / float(sgs[j])
-                ksess["length_count"] = fit_length_count_copula(zk, cnt[pos], win[pos], ksess["count"], ksess["gap"])
-                kinds.append(ksess)
-            else:
-                kinds.append(comp["session"])
+        emp["first"] = L.empirical(first_tok, integer=True)
+        comp["first_input_tokens"] = _choose("first", first_tok, lambda x: L.fit_lognorm_mix(x, max_kinds), ck,
+                                             discrete=False, force="first" in force)
+        kinds = [sess]
+        fl = comp["first_input_tokens"]
+        if sess.get("family") != "empirical_sessions" and not L.is_empirical(fl):
+            mix = L.Law.from_dict(fl)
+            kind = np.argmax(L.mix_responsibilities(mix, first_tok), axis=1)
+            _, mus, sgs = L.mix_components(mix)
+            kinds = []
+            for j in range(mus.size):
+                ks = np.nonzero(kind == j)[0]
+                pos = np.searchsorted(uniq, sids[ks])
+                m = np.isin(gs, sids[ks])
+                ksess = None
+                if ks.size >= 5 and m.sum() >= 2:
+                    try:
+                        ksess = _fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
+                                             win[pos], gap_families=(sess["gap"]["family"],))
+                        zk = (np.log(first_tok[ks]) - float(mus[j])) / float(sgs[j])
+                        ksess["length_count"] = fit_length_count_copula(zk, cnt[pos], win[pos], ksess["count"],
+                                                                        ksess["gap"])
+                    except ValueError:
+                        ksess = None
+                kinds.append(ksess if ksess is not None else sess)
         comp["session_by_kind"] = kinds
-        # roots: sessions per first block among first requests
+        # ---- roots: sessions per first block among first requests
         rg = st.root_group[first]
         _, per_root = np.unique(rg, return_counts=True)
         shared_sess = per_root[per_root > 1]
         fm = first & (st.root_match > 0)
+        comp["roots"] = {"private_share": 1.0, "n_shared": 0, "popularity": None, "trunk_blocks": []}
         if shared_sess.size >= 1 and fm.any():
             trunk = {}
             for r, m in zip(st.root_group[fm], st.root_match[fm]):
                 trunk[int(r)] = max(trunk.get(int(r), 0), int(m))
             tl = np.asarray(list(trunk.values()), dtype=np.float64)
-            comp["roots"] = {
-                "private_share": float(np.mean(np.isin(rg, np.unique(rg)[per_root == 1]))),
-                "n_shared": int(shared_sess.size),
-                "popularity": L.fit_zipf_ranks(shared_sess).to_dict() if shared_sess.size >= 2 else
-                L.Law("zipf_ranks", {"s": 0.0, "items": 1.0}, 0.0, int(shared_sess.sum()), {}).to_dict(),
-                "trunk_blocks": sorted(int(x) for x in tl),
-            }
-            extra = (nb[fm] - st.root_match[fm]).astype(np.float64)
-            comp["first_shared_extra_blocks"] = L.fit_count0(extra.astype(np.int64))
-        else:
-            comp["roots"] = {"private_share": 1.0, "n_shared": 0, "popularity": None, "trunk_blocks": []}
-        # steps
+            try:
+                pop = (L.fit_zipf_ranks(shared_sess).to_dict() if shared_sess.size >= 2 else
+                       L.Law("zipf_ranks", {"s": 0.0, "items": 1.0}, 0.0, int(shared_sess.sum()), {}).to_dict())
+                comp["roots"] = {
+                    "private_share": float(np.mean(np.isin(rg, np.unique(rg)[per_root == 1]))),
+                    "n_shared": int(shared_sess.size), "popularity": pop,
+                    "trunk_blocks": sorted(int(x) for x in tl),
+                }
+                comp["first_shared_extra_blocks"] = L.fit_count0((nb[fm] - st.root_match[fm]).astype(np.int64))
+            except ValueError as e:
+                notes.append(f"[{tname}] shared roots not modelled ({e})")
+        # ---- steps
         stp = sel & (st.parent >= 0)
+        comp["step"] = None
+        emp["step"] = None
         if stp.sum() >= 1:
             d, a = st.dropped[stp], st.appended[stp]
-            cls = _step_class(d, a)
-            comp["step"] = {
-                "lag_pmf": _pmf(st.lag[stp], 1, _MAX_LAG),
-                "class_p": [float(np.mean(cls == c)) for c in range(4)],
-                # a branch keeps at least its session's root block: dropping all but one is a lower bound
-                "branch_dropped": L.fit_count(d[cls == 2], at_least=(st.shared[stp] <= 1)[cls == 2]).to_dict()
-                if np.sum(cls == 2) >= 2 else None,
-                "branch_length_change": _fit_delta(a[cls == 2] - d[cls == 2]) if np.sum(cls == 2) >= 2 else None,
-                "extend_appended": L.fit_count(a[cls == 1]).to_dict() if np.sum(cls == 1) >= 2 else None,
-                "truncate_dropped": L.fit_count(d[cls == 3]).to_dict() if np.sum(cls == 3) >= 2 else None,
-            }
-        else:
-            comp["step"] = None
-        comp["output_tokens"] = L.fit_positive(np.maximum(w.output_tokens[sel], 0) + 0.5).to_dict()
+            cls = _step_class(d, a, st.shared[stp])
+            # an agent compacts when its context nears a limit: rewrites (steps keeping at most half of
+            # their parent) are a class of their own, length-triggered, when their parents are longer
+            # than the other steps' (one-sided Mann-Whitney, p < 0.01); else they stay branches
+            pbl = nb[st.parent[stp]]
+            cp = cls == 4
+            mw_p = 1.0
+            if cp.sum() >= 2 and (~cp).sum() >= 2:
+                mw_p = float(stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater").pvalue)
+            if cp.any():
+                ck.add("step.compaction_trigger", "empirical" if mw_p < 0.01 else "none",
+                       f"rewrites at longer contexts (Mann-Whitney p {mw_p:.2g})" if mw_p < 0.01 else
+                       f"rewrites not at longer contexts (p {mw_p:.2g}): branches", mannwhitney_p=mw_p)
+            if mw_p >= 0.01:
+                cls = np.where(cp, 2, cls)
+            # whole empirical sessions keep their own steps (drawn at random within the session): a
+            # session's growth and compaction rates stay its own
+            sstep = np.searchsorted(uniq, st.session[stp])
+            trip = np.stack([cls, d, a, st.shared[stp]], axis=1)
+            own = [trip[sstep == i].tolist() for i in range(uniq.size)]
+            pbl_all = nb[st.parent[stp]]
+            own_at = [np.stack([pbl_all, st.shared[stp], a], axis=1)[(sstep == i) & (cls == 4)].tolist()
+                      for i in range(uniq.size)]  # (parent blocks, kept, appended) of each own compaction
+            smax = np.zeros(uniq.size, np.int64)
+            np.maximum.at(smax, np.searchsorted(uniq, s_of), nb[sel])
+            for target in (emp["session"], comp["session"]):
+                if target.get("family") == "empirical_sessions":
+                    target.update(steps=own, compact_at=own_at, max_blocks=smax.tolist())
+            cp = cls == 4
+            compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
+                        "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
+            # the sampler compacts a context once it reaches a limit drawn from the parents' lengths at
+            # compaction (the empirical law), and never at random
+            trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions") if cp.any() else None
+            steps = {}
+            for fe in (False, True):
+                sub = _Checks() if fe else ck
+                frc = fe or "step" in force
+                br = cls == 2
+                delta = a[br] - d[br]
+                nz = delta[delta != 0]
+                bdrop = None
+                if br.sum() >= 1:
+                    # censored at the parent's length (at_least) and clamped to it when sampled: the
+                    # law's mean is not the data's, so only its shape is checked
+                    bdrop = _choose("step.branch_dropped", d[br],
+                                    lambda x, c=(st.shared[stp] <= 1)[br]: L.fit_count(x, at_least=c), sub,
+                                    discrete=True, force=frc, mean_matters=False)
+                # a branch's appended blocks may depend on its dropped ones (a compaction drops many
+                # and appends a summary): unless a chi-square test on their quartile bins finds them
+                # independent (p >= 0.01), the pairs are drawn jointly from the trace
+                pairs = None
+                if br.sum() >= 1:
+                    pv = _independence_p(d[br], delta)
+                    if frc or br.sum() < MIN_PARAMETRIC or pv < 0.01:
+                        sub.add("step.branch_pairs", "empirical", "ablation" if frc else
+                                f"dropped blocks and length change dependent (chi-square p {pv:.2g})" if br.sum() >=
+                                MIN_PARAMETRIC else f"{int(br.sum())} branches (< {MIN_PARAMETRIC})", independence_p=pv)
+                        pairs = {"family": "empirical_pairs", "dropped": [int(x) for x in d[br]],
+                                 "appended": [int(x) for x in a[br]], "n": int(br.sum())}
+                    else:
+                        sub.add("step.branch_pairs", "parametric", "", independence_p=pv)
+                steps[fe] = {
+                    "branch_pairs": pairs,
+                    "compact_pairs": compact,
+                    "compact_trigger": trigger,
+                    "lag_pmf": _pmf(st.lag[stp], 1, _MAX_LAG),
+                    "class_p": [float(np.mean(cls == c)) for c in range(len(STEP_CLASSES))],
+                    "branch_dropped": bdrop,
+                    "branch_length_change": {
+                        "p0": float(np.mean(delta == 0)) if delta.size else 1.0,
+                        "p_positive": float(np.mean(nz > 0)) if nz.size else 0.5,
+                        "abs": _choose("step.branch_length_change", np.abs(nz), L.fit_count, sub, discrete=True,
+                                       force=frc)},
+                    "extend_appended": _choose("step.extend_appended", a[cls == 1], L.fit_count, sub, discrete=True,
+                                               force=frc),
+                    "truncate_dropped": _choose("step.truncate_dropped", d[cls == 3], L.fit_count, sub,
+                                                discrete=True, force=frc),
+                }
+            comp["step"], emp["step"] = steps[False], steps[True]
+        # ---- outputs
+        out_tok = np.maximum(w.output_tokens[sel], 0) + 0.5
+        emp["output"] = L.empirical(out_tok)
+        comp["output_tokens"] = _choose("output", out_tok, L.fit_positive, ck, discrete=False,
+                                        force="output" in force, mean_matters=False)
+        comp["empirical"] = emp
+        for k, r in ck.rows.items():
+            if r["used"] == "empirical":
+                notes.append(f"[{tname}] {k}: empirical law ({r['why']})")
+        gof[tname] = ck.rows
         comps[tname] = comp
     return {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
-            "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", ""))},
-            "components": comps}
+            "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
+                       "key_chaining": chain},
+            "components": comps, "goodness_of_fit": gof, "notes": notes}
+
+
+def ablate(model: dict, component: str) -> dict:
+    """The model with one component (of :data:`COMPONENTS`) replaced by its empirical law in every
+    type (the fit stored both)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; choose among {COMPONENTS}")
+    key = {"arrivals": "arrivals", "session": "session", "first": "first_input_tokens", "step": "step",
+           "output": "output_tokens"}[component]
+    m = dict(model, components={})
+    for t, c in model["components"].items():
+        c = dict(c)
+        c[key] = c["empirical"][component]
+        if component == "session":
+            c["session_by_kind"] = [c["session"]]
+        if component == "first" and c["session"].get("family") != "empirical_sessions":
+            c["session_by_kind"] = [c["session"]]
+        m["components"][t] = c
+    return m
 
 
 # ------------------------------------------------------------------------------ sampling
 def _check_model(model: dict) -> None:
     if not isinstance(model, dict) or model.get("kind") != "session_model":
         raise ValueError("not a fitted session model (kind: session_model)")
-    if int(model.get("version", -1)) != MODEL_VERSION:
-        raise ValueError(f"fitted model version {model.get('version')!r}; this code reads version {MODEL_VERSION}")
+    if int(model.get("version", -1)) not in (1, MODEL_VERSION):
+        raise ValueError(f"fitted model version {model.get('version')!r}; this code reads 1 and {MODEL_VERSION}")
     for k in ("block_tokens", "duration_s", "components"):
         if k not in model:
             raise ValueError(f"fitted model: missing key {k!r}")
@@ -335,12 +660,20 @@ def _check_model(model: dict) -> None:
 def _draw_count(law, rng, size=1):
     if law is None:
         return np.ones(size, np.int64)
-    return L.sample(law, rng, size)
+    return np.maximum(np.asarray(L.sample(law, rng, size)).astype(np.int64), 0)
+
+
+def _stratified(rng, n: int) -> np.ndarray:
+    """``n`` stratified uniforms: one in each of ``n`` equal strata, in random order (a Latin
+    hypercube in one dimension: the sample's session sizes follow the law with less variance)."""
+    return (rng.permutation(n) + rng.random(n)) / max(n, 1)
 
 
 def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = None, name: str = "fitted") -> Workload:
     """A workload of whole sessions drawn from a fitted model over ``[0, duration_s)`` (default: the
-    fitted trace's window); requests after the end are dropped, as the trace's were."""
+    fitted trace's window); requests after the end are dropped, as the trace's were. Session sizes
+    are stratified draws (:func:`_stratified`); empirical sessions are drawn without replacement
+    (each trace session once per round)."""
     _check_model(model)
     rng = np.random.default_rng(seed)
     bt = int(model["block_tokens"])
@@ -354,9 +687,18 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
 
     rows = []  # (time, type, keys, input tokens, output tokens)
     for ti, (tname, comp) in enumerate(model["components"].items()):
-        arr = L.Arrivals.from_dict(comp["arrivals"])
-        starts = L.sample_arrivals(arr, rng, D)
-        sess = comp["session"]
+        arr = comp["arrivals"]
+        if arr.get("family") == "empirical_times":
+            starts = _sample_empirical_times(arr, rng, D)
+        else:
+            starts = L.sample_arrivals(L.Arrivals.from_dict(arr), rng, D)
+        N = starts.size
+        sess0 = comp["session"]
+        emp_sess = sess0.get("family") == "empirical_sessions"
+        if emp_sess:
+            ns = int(sess0["n"])
+            pick = np.concatenate([rng.permutation(ns) for _ in range(-(-N // max(ns, 1)))])[:N] if N else []
+        u_all = _stratified(rng, N)
         roots = comp["roots"]
         trunks = []
         if roots.get("popularity") and roots["n_shared"] > 0:
@@ -364,31 +706,63 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
             n_sh = int(roots["n_shared"])
             trunks = [fresh(int(tb[rng.integers(len(tb))]) if tb else 1) for _ in range(n_sh)]
         step = comp["step"]
-        mix = L.Law.from_dict(comp["first_input_tokens"])
-        wk, muk, sgk = L.mix_components(mix)
-        for s0 in starts:
-            kind = int(rng.choice(wk.size, p=wk / wk.sum()))
-            sess = comp["session_by_kind"][kind]
-            z1 = float(rng.standard_normal())  # the first request's length as a normal score of its kind
-            rho = float((sess.get("length_count") or {}).get("rho", 0.0))
-            if rho != 0.0:
-                u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
-                k = int(count_ppf(sess["count"], u))
+        fl = comp["first_input_tokens"]
+        emp_first = L.is_empirical(fl)
+        if not emp_first:
+            mix = L.Law.from_dict(fl)
+            wk, muk, sgk = L.mix_components(mix)
+        kinds = comp.get("session_by_kind") or [sess0]
+        for si, s0 in enumerate(starts):
+            z1 = float(rng.standard_normal())
+            if emp_first:
+                kind = 0
+                n_first = int(L.sample(fl, rng, 1)[0])
             else:
-                k = int(_draw_count(sess["count"], rng)[0])
-            times = [np.array([s0])]
-            left, last = k - 1, s0
-            while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
-                g = np.cumsum(L.sample(sess["gap"], rng, min(left, 64))) + last
-                times.append(g)
-                left -= g.size
-                last = float(g[-1])
-            times = np.concatenate(times)
+                kind = int(rng.choice(wk.size, p=wk / wk.sum()))
+                n_first = max(int(math.ceil(math.exp(muk[kind] + sgk[kind] * z1))), 1)
+            if emp_sess:
+                j = int(pick[si])
+                times = np.concatenate([[s0], s0 + np.cumsum(sess0["gaps"][j])])
+                # the session's own first length: a session drawn whole keeps its joint law with its
+                # first request (a separately fitted length law would lose the length-count dependence)
+                n_first = int(sess0["first_tokens"][j]) or n_first
+            else:
+                sess = kinds[min(kind, len(kinds) - 1)]
+                rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
+                if rho != 0.0:
+                    u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
+                else:
+                    u = u_all[si]
+                k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
+                    _draw_count(sess["count"], rng)[0])
+                times = [np.array([s0])]
+                left, last = k - 1, s0
+                while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
+                    g = np.cumsum(L.sample(sess["gap"], rng, min(left, 64))) + last
+                    times.append(g)
+                    left -= g.size
+                    last = float(g[-1])
+                times = np.concatenate(times)
             times = times[times < D]
+            if step is None:
+                times = times[:1]
             hist = []  # (keys, input tokens) of this session's requests
+            trig = step.get("compact_trigger") if step else None
+            # compaction limits: an empirical session's own (in order), then the pooled law, but past
+            # the longest context the session reached in the trace
+            own_at = list(sess0["compact_at"][pick[si]]) if emp_sess and "compact_at" in sess0 else None
+            floor = int(sess0["max_blocks"][pick[si]]) if own_at is not None else 0
+
+            def next_limit(own_at=own_at, floor=floor, trig=trig):
+                if own_at:
+                    x = own_at.pop(0)
+                    return int(x[0]), int(x[1]), int(x[2])
+                return max(int(L.sample(trig, rng, 1)[0]), floor + 1), None, None
+
+            limit = next_limit() if trig is not None else (0, None, None)
             for j, tj in enumerate(times):
                 if j == 0:
-                    n_in = max(int(math.ceil(math.exp(muk[kind] + sgk[kind] * z1))), 1)
+                    n_in = max(n_first, 1)
                     nbk = -(-n_in // bt)
                     if trunks and rng.random() >= roots["private_share"]:
                         r = int(L.sample(roots["popularity"], rng, 1)[0])
@@ -405,16 +779,43 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
                     lag = 1 + int(rng.choice(len(step["lag_pmf"]), p=np.asarray(step["lag_pmf"]) /
                                              np.sum(step["lag_pmf"])))
                     pk, p_in = hist[max(j - lag, 0)]
-                    c = int(rng.choice(4, p=np.asarray(step["class_p"]) / np.sum(step["class_p"])))
-                    if c == 0:
+                    own = sess0["steps"][pick[si]] if emp_sess and sess0.get("steps") else None
+                    if own and trig is not None:
+                        own = [x for x in own if x[0] != 4]
+                    done = False
+                    if trig is not None and pk.size >= limit[0]:  # a length-triggered compaction
+                        c = 4
+                        if limit[1] is not None:  # the session's own rewrite
+                            d, a, done = max(pk.size - limit[1], 0), max(limit[2], 1), True
+                        limit = next_limit()
+                    elif own:  # the session's own steps
+                        c, d, a, kept = own[int(rng.integers(0, len(own)))]
+                        d = max(pk.size - kept, 0) if c == 4 else d
+                        done = True
+                    else:
+                        cp = np.asarray(step["class_p"], dtype=np.float64)
+                        if trig is not None and cp.size > 4:
+                            cp[4] = 0.0
+                        c = int(rng.choice(cp.size, p=cp / cp.sum()))
+                    if done:
+                        pass
+                    elif c == 0:
                         d, a = 0, 0
                     elif c == 1:
-                        d, a = 0, int(_draw_count(step["extend_appended"], rng)[0])
+                        d, a = 0, max(int(_draw_count(step["extend_appended"], rng)[0]), 1)
+                    elif c == 4:  # a compaction: keeps the parent's first blocks, appends a rewrite
+                        bp = step["compact_pairs"]
+                        r = int(rng.integers(0, int(bp["n"])))
+                        d, a = max(pk.size - int(bp["kept"][r]), 0), max(int(bp["appended"][r]), 1)
+                    elif c == 2 and step.get("branch_pairs"):
+                        bp = step["branch_pairs"]
+                        r = int(rng.integers(0, int(bp["n"])))
+                        d, a = int(bp["dropped"][r]), int(bp["appended"][r])
                     elif c == 2:
-                        d = int(_draw_count(step["branch_dropped"], rng)[0])
+                        d = max(int(_draw_count(step["branch_dropped"], rng)[0]), 1)
                         a = max(d + _draw_delta(step["branch_length_change"], rng), 1)
                     else:
-                        d, a = int(_draw_count(step["truncate_dropped"], rng)[0]), 0
+                        d, a = max(int(_draw_count(step["truncate_dropped"], rng)[0]), 1), 0
                     m = max(pk.size - d, min(pk.size, 1))  # a session keeps its root block
                     if m + a == 0:
                         a = 1

@@ -21,13 +21,15 @@ for comparing a trace with a sample of a fitted model. Plain NumPy; no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
 
 from cacheresearch.workload import Workload
 
-__all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times"]
+__all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times", "chain_content_hashes",
+           "session_hit_rates"]
 
 
 class Structure(NamedTuple):
@@ -121,6 +123,73 @@ def request_structure(w: Workload, session=None, parent=None) -> Structure:
     dropped = np.where(has, nb[np.maximum(par, 0)] - shared, 0)
     appended = np.where(has, nb - shared, 0)
     return Structure(sess, position, par, lag, shared, dropped, appended, root_match, root_group)
+
+
+def chain_content_hashes(w: Workload) -> tuple[Workload, dict]:
+    """Prefix-chain a trace whose ids are per-block content hashes.
+
+    A chained id names a block *and its whole prefix*, so every occurrence of an id has the same
+    predecessor (the id before it in its request, or none at position 0). Some public traces hash
+    each block's content alone; then one id follows different predecessors. When any id does, the
+    ids are rewritten so that a new id stands for the pair (chained id of the prefix, raw id), level
+    by level down the requests (a trie of the raw ids): the result is prefix-chained and equal to the
+    input on a trace that already was. Returns ``(workload, info)``; ``info`` says what was found
+    (``ids``, ``inconsistent_ids``: ids seen after two or more different predecessors, ``chained``)."""
+    keys = w.keys
+    nb = w.n_blocks.astype(np.int64)
+    info = {"ids": 0, "inconsistent_ids": 0, "chained": False}
+    if w.total_blocks == 0:
+        return w, info
+    req = np.repeat(np.arange(w.n_requests), nb)
+    pos = np.arange(w.total_blocks) - w.offsets[:-1][req]
+    none = np.uint64(2**64 - 1)
+    pred = np.where(pos > 0, np.concatenate([[none], keys[:-1]]), none)
+    pairs = np.unique(np.stack([keys, pred], axis=1), axis=0)
+    uk, npred = np.unique(pairs[:, 0], return_counts=True)
+    info["ids"] = int(uk.size)
+    info["inconsistent_ids"] = int(np.sum(npred > 1))
+    if info["inconsistent_ids"] == 0:
+        return w, info
+    new = np.zeros(w.total_blocks, np.uint64)
+    nxt = 0
+    order = np.argsort(pos, kind="stable")
+    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
+    prev = np.full(w.total_blocks, -1, np.int64)  # chained id of the block before (-1 at position 0)
+    for j in range(int(pos.max()) + 1):
+        idx = order[bounds[j]: bounds[j + 1]]
+        if j > 0:
+            prev[idx] = new[idx - 1].astype(np.int64)
+        _, inv = np.unique(np.stack([prev[idx], keys[idx].astype(np.int64, copy=False).view(np.int64)], axis=1),
+                           axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        new[idx] = (nxt + inv).astype(np.uint64)
+        nxt += int(inv.max()) + 1 if inv.size else 0
+    info["chained"] = True
+    meta = dict(w.meta)
+    meta["key_chaining"] = "content hashes chained into prefix ids"
+    return dataclasses.replace(w, keys=new, meta=meta), info
+
+
+def session_hit_rates(w: Workload, session: np.ndarray | None = None) -> np.ndarray:
+    """Token hit rate of each session with an unbounded cache shared by all (sessions: given, else the
+    trees of the first blocks). With prefix-chained ids a request hits the blocks already seen (a
+    block seen implies its prefix seen), capped at its input tokens."""
+    if w.n_requests == 0:
+        return np.zeros(0)
+    if session is None:
+        first = w.keys[np.minimum(w.offsets[:-1], max(w.total_blocks - 1, 0))]
+        _, session = np.unique(np.where(w.n_blocks > 0, first, np.uint64(2**64 - 1)), return_inverse=True)
+    session = np.asarray(session).reshape(-1)
+    req = np.repeat(np.arange(w.n_requests), w.n_blocks)
+    _, first_at, inv = np.unique(w.keys, return_index=True, return_inverse=True)
+    seen_before = req[first_at][inv.reshape(-1)] < req
+    hit_blocks = np.bincount(req[seen_before], minlength=w.n_requests)
+    hit_tok = np.minimum(hit_blocks * int(w.block_tokens), w.input_tokens).astype(np.float64)
+    _, s = np.unique(session, return_inverse=True)
+    s = s.reshape(-1)
+    tot = np.bincount(s, weights=w.input_tokens.astype(np.float64))
+    hit = np.bincount(s, weights=hit_tok)
+    return np.where(tot > 0, hit / np.maximum(tot, 1.0), 0.0)
 
 
 def block_reuse_times(w: Workload) -> np.ndarray:

@@ -59,7 +59,32 @@ FIT_DEFAULTS = dict(
     baseline=True,
     write_model=None,
     max_kinds=6,
+    ablation=True,  # one component at a time replaced by its empirical law (fit/model.ablate)
+    ablation_seeds=2,  # sample seeds per ablated model (the first seeds of the run)
+    volume_bins=8,  # equal time bins of the arrival-rate profile compared between trace and samples
 )
+
+
+def infer_block_tokens(path, candidates=(16, 32, 64, 128, 256, 512, 1024), max_lines: int = 20000) -> int | None:
+    """The block size of a Mooncake-format file without one given: the candidates ``b`` with
+    ``len(hash_ids) == ceil(input_length / b)`` on every line read (the first ``max_lines``); 512
+    (Mooncake's) when it fits, else the largest that fits; ``None`` when none does."""
+    ok = set(candidates)
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            if i >= max_lines or not ok:
+                break
+            if not raw.strip():
+                continue
+            try:
+                o = json.loads(raw)
+                n, L_ = int(o["input_length"]), len(o["hash_ids"])
+            except (ValueError, KeyError, TypeError):
+                return None
+            ok = {b for b in ok if -(-n // b) == L_}
+    if not ok:
+        return None
+    return 512 if 512 in ok else max(ok)
 
 
 def _resolve(p: str) -> Path:
@@ -86,7 +111,10 @@ def load_fit_trace(tc: dict):
         fmt = detect_format(p)
     if fmt not in TRACE_FORMATS:
         raise StudyError(f"trace.format: unknown format {fmt!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
-    bt = tc.get("block_tokens") or TRACE_FORMATS[fmt]
+    bt = tc.get("block_tokens")
+    if not bt and fmt == "mooncake":
+        bt = infer_block_tokens(p)
+    bt = bt or TRACE_FORMATS[fmt]
     mr = tc.get("max_requests")
     if fmt == "bailian":
         tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
@@ -128,7 +156,45 @@ def _trace_cfg(cfg, c: dict) -> dict:
     return tc
 
 
+def _volume(x, D: float, bins: int, types: int) -> dict:
+    """Requests, input tokens and the arrival-rate profile (requests per equal time bin) of a workload,
+    per type (``tenant``) and in all."""
+    edges = np.linspace(0.0, D, bins + 1)
+    t = x.arrival_ms / 1000.0
+    out = {}
+    for ti in [-1] + list(range(types if types > 1 else 0)):
+        m = np.ones(x.n_requests, bool) if ti < 0 else x.tenant == ti
+        out["all" if ti < 0 else int(ti)] = {
+            "requests": float(m.sum()), "tokens": float(x.input_tokens[m].sum()),
+            "profile": np.histogram(np.clip(t[m], 0, np.nextafter(D, 0)), edges)[0].astype(float).tolist()}
+    return out
+
+
+def _volume_ratios(trace_v: dict, sample_vs: list) -> dict:
+    """Per type: sample mean / trace for requests and tokens, and the largest relative deviation of
+    the rate profile over the bins holding at least 5% of the trace's requests."""
+    out = {}
+    for k, tv in trace_v.items():
+        sv = [v[k] for v in sample_vs if k in v]
+        req = np.mean([v["requests"] for v in sv]) / max(tv["requests"], 1e-12)
+        tok = np.mean([v["tokens"] for v in sv]) / max(tv["tokens"], 1e-12)
+        tp = np.asarray(tv["profile"])
+        sp = np.mean([v["profile"] for v in sv], axis=0)
+        big = tp >= 0.05 * max(tp.sum(), 1)
+        dev = float(np.max(np.abs(sp[big] / tp[big] - 1.0))) if big.any() else float("nan")
+        out[str(k)] = {"requests_ratio": float(req), "tokens_ratio": float(tok), "profile_max_rel_dev": dev,
+                       "profile_trace": tp.tolist(), "profile_sample": sp.tolist()}
+    return out
+
+
+def _curves(ws, caps, ttls):
+    return (np.stack([capacity_hit_rates(x, caps) for x in ws]), np.stack([ttl_hit_rates(x, ttls) for x in ws]))
+
+
 def fit_study(cfg) -> xr.Dataset:
+    from cacheresearch.fit.agent import agent_structure
+    from cacheresearch.fit.model import COMPONENTS, ablate
+    from cacheresearch.fit.structure import chain_content_hashes, request_structure, session_hit_rates
 
     t0 = time.perf_counter()
     c = S.study_cfg(cfg, FIT_DEFAULTS)
@@ -136,6 +202,7 @@ def fit_study(cfg) -> xr.Dataset:
     ttls = S.positive_list("study.ttl_s", c["ttl_s"])
     tc = _trace_cfg(cfg, c)
     w, extra = load_fit_trace(tc)
+    w, chain = chain_content_hashes(w)  # a content-hash trace is replayed as a prefix cache sees it
     tf = time.perf_counter()
     try:
         model = fit_workload(w, max_kinds=int(c["max_kinds"]), **extra)
@@ -149,13 +216,20 @@ def fit_study(cfg) -> xr.Dataset:
     caps = capacity_grid(w, int(c["capacity_points"]))
     tr_cap = capacity_hit_rates(w, caps)
     tr_ttl = ttl_hit_rates(w, ttls)
+    D = float(model["duration_s"])
+    n_types = len(model["components"])
+    bins = int(c["volume_bins"])
     samples = {"fitted": [sample_workload(model, s) for s in seeds]}
     if c["baseline"]:
         samples["naive"] = [naive_workload(w, s) for s in seeds]
+    sess_tr = session_hit_rates(w, extra.get("session"))
     data, attrs = {}, {}
+    tr_vol = _volume(w, D, bins, n_types)
+    fitted_curves = None
     for name, ws in samples.items():
-        cap = np.stack([capacity_hit_rates(x, caps) for x in ws])
-        ttl = np.stack([ttl_hit_rates(x, ttls) for x in ws])
+        cap, ttl = _curves(ws, caps, ttls)
+        if name == "fitted":
+            fitted_curves = (cap, ttl)
         for var, arr, dim in ((f"hit_rate_{name}", cap, "capacity_blocks"), (f"hit_rate_{name}_ttl", ttl, "ttl_s")):
             m, lo, hi = _mean_ci(arr)
             data[var] = ((dim,), m)
@@ -167,6 +241,33 @@ def fit_study(cfg) -> xr.Dataset:
         attrs[f"{pre}max_abs_gap_ttl"] = float(np.max(np.abs(ttl.mean(0) - tr_ttl)))
         attrs[f"{pre}tree_stats"] = json.dumps(tree_stats(ws[0]))
         attrs[f"{pre}requests_mean"] = float(np.mean([x.n_requests for x in ws]))
+        attrs[f"{pre}volume"] = json.dumps(_volume_ratios(tr_vol, [_volume(x, D, bins, n_types) for x in ws]))
+        sh = [session_hit_rates(x) for x in ws]
+        attrs[f"{pre}session_hit_rate_median"] = float(np.mean([np.median(h) for h in sh]))
+        attrs[f"{pre}session_hit_rate_mean"] = float(np.mean([np.mean(h) for h in sh]))
+    # ablation: one component at a time replaced by its empirical law
+    abl = {}
+    if c["ablation"]:
+        aseeds = seeds[: max(1, int(c["ablation_seeds"]))]
+        k = len(aseeds)
+        fc, ft = fitted_curves
+        abl["fitted"] = {"capacity": float(np.max(np.abs(fc[:k].mean(0) - tr_cap))),
+                         "ttl": float(np.max(np.abs(ft[:k].mean(0) - tr_ttl))), "changed": True}
+        for comp in COMPONENTS:
+            mod = ablate(model, comp)
+            changed = json.dumps(mod["components"], sort_keys=True) != json.dumps(model["components"], sort_keys=True)
+            if not changed:  # already empirical: the same model
+                abl[comp] = dict(abl["fitted"], changed=False)
+                continue
+            cap, ttl = _curves([sample_workload(mod, s) for s in aseeds], caps, ttls)
+            abl[comp] = {"capacity": float(np.max(np.abs(cap.mean(0) - tr_cap))),
+                         "ttl": float(np.max(np.abs(ttl.mean(0) - tr_ttl))), "changed": True}
+    st = request_structure(w, extra.get("session"), extra.get("parent"))
+    try:
+        agent = agent_structure(w, st)
+        agent.pop("subagent_parent", None)
+    except ValueError as e:  # pragma: no cover - a trace without steps
+        agent = {"error": str(e)}
     che, ttl_an = analytic_hit_rates(samples["fitted"][0], caps, ttls)
     data["hit_rate_trace"] = (("capacity_blocks",), tr_cap)
     data["hit_rate_trace_ttl"] = (("ttl_s",), tr_ttl)
@@ -185,20 +286,41 @@ def fit_study(cfg) -> xr.Dataset:
         "hit_rate_analytic_ttl": ("1 - exp(-lambda TTL) from the fitted sample's block rates (finite window)", "1"),
     })
     comps = model["components"]
-    laws = {t: {"arrivals": f"{len(cm['arrivals']['rates_per_s'])} rate bins, {cm['arrivals']['renewal']['family']}"
-                f" gaps", "requests_per_session": cm["session"]["count"]["family"],
-                "reuse_gap": cm["session"]["gap"]["family"], "lengths": f"lognormal mixture of "
-                f"{sum(1 for k in cm['first_input_tokens']['params'] if k.startswith('w'))}",
-                "output": cm["output_tokens"]["family"], "step_classes": cm["step"]["class_p"] if cm["step"] else None,
-                "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
-                                     for k in cm["session_by_kind"]]}
-            for t, cm in comps.items()}
+
+    def _fam(law):
+        return "empirical" if law is None or L_is_emp(law) else law.get("family")
+
+    laws = {}
+    for t, cm in comps.items():
+        ses = cm["session"]
+        emp_s = ses.get("family") == "empirical_sessions"
+        arr = cm["arrivals"]
+        laws[t] = {
+            "arrivals": ("empirical (kernel-resampled starts)" if arr.get("family") == "empirical_times" else
+                         f"{len(arr['rates_per_s'])} rate bins, {arr['renewal']['family']} gaps"),
+            "requests_per_session": "empirical (whole sessions)" if emp_s else ses["count"]["family"],
+            "reuse_gap": "empirical (whole sessions)" if emp_s else ses["gap"]["family"],
+            "lengths": ("empirical" if L_is_emp(cm["first_input_tokens"]) else
+                        f"lognormal mixture of {sum(1 for k in cm['first_input_tokens']['params'] if k[0] == 'w')}"),
+            "output": _fam(cm["output_tokens"]),
+            "step_classes": cm["step"]["class_p"] if cm["step"] else None,
+            "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
+                                 for k in cm["session_by_kind"]]}
     ds.attrs.update(S.common_attrs(cfg, "fit", t0, dict(
         trace=str(w.name), trace_format=str(w.meta.get("format", "")), trace_requests=int(w.n_requests),
         working_set_blocks=working_set(w), block_tokens=int(w.block_tokens), fit_time_s=fit_s,
         fitted_model=json.dumps(model), fitted_laws=json.dumps(laws), trace_tree_stats=json.dumps(tree_stats(w)),
+        trace_session_hit_rate_median=float(np.median(sess_tr)) if sess_tr.size else float("nan"),
+        trace_session_hit_rate_mean=float(np.mean(sess_tr)) if sess_tr.size else float("nan"),
+        trace_sessions=int(sess_tr.size), key_chaining=json.dumps(chain),
+        goodness_of_fit=json.dumps(model.get("goodness_of_fit", {})), notes=json.dumps(model.get("notes", [])),
+        ablation=json.dumps(abl), agent_structure=json.dumps(agent), wall_time_s=time.perf_counter() - t0,
         seeds=len(seeds), **attrs)))
     return ds
+
+
+def L_is_emp(law) -> bool:
+    return isinstance(law, dict) and law.get("family") in ("empirical", "empirical_sessions", "empirical_times")
 
 
 def summarize_fit(ds) -> str:
@@ -240,12 +362,92 @@ def summarize_fit(ds) -> str:
         line += (f"; naive baseline: capacity {100 * a['naive_max_abs_gap_capacity']:.2f}, TTL "
                  f"{100 * a['naive_max_abs_gap_ttl']:.2f}")
     out.append(line)
+    out += _fit_fidelity_lines(a, has_naive)
     ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
     out.append("radix tree, trace | fitted sample: " + ", ".join(
         f"{k} {ts[k]:.3g} | {fs[k]:.3g}" for k in ("requests", "nodes", "roots", "branching_nodes_share",
                                                    "leaf_depth_mean", "block_reuse_share_top10pct",
                                                    "reuse_time_p50_s")))
     return "\n".join(out)
+
+
+def _fit_fidelity_lines(a, has_naive: bool) -> list:
+    """Summary lines: key chaining, notes (empirical fallbacks), volume, per-session hit rates, the
+    goodness of fit per component, the ablation, and the verdict against the naive baseline."""
+    out = []
+    ch = json.loads(a.get("key_chaining", "{}"))
+    if ch.get("chained"):
+        out.append(f"ids: per-block content hashes detected ({ch['inconsistent_ids']:,} of {ch['ids']:,} ids follow "
+                   "different blocks); chained into prefix ids before replay and fit")
+    for n in json.loads(a.get("notes", "[]")):
+        out.append(f"note: {n}")
+    vol = json.loads(a.get("volume", "{}"))
+    for t, v in vol.items():
+        out.append(f"volume [{t}] sample mean / trace: requests {v['requests_ratio']:.3f}, input tokens "
+                   f"{v['tokens_ratio']:.3f}, arrival-rate profile max deviation {_pct_or(v['profile_max_rel_dev'])} "
+                   f"(bins with >= 5% of the requests; target 5%)")
+    if has_naive and "naive_volume" in a:
+        v = json.loads(a["naive_volume"]).get("all", {})
+        if v:
+            out.append(f"volume, naive: requests {v['requests_ratio']:.3f}, input tokens {v['tokens_ratio']:.3f}")
+    line = (f"per-session token hit rate, unbounded cache (median / mean over {a.get('trace_sessions', 0)} sessions): "
+            f"trace {_pct_or(a['trace_session_hit_rate_median'])} / {_pct_or(a['trace_session_hit_rate_mean'])}, "
+            f"fitted {_pct_or(a['session_hit_rate_median'])} / {_pct_or(a['session_hit_rate_mean'])}")
+    if has_naive:
+        line += (f", naive {_pct_or(a['naive_session_hit_rate_median'])} / "
+                 f"{_pct_or(a['naive_session_hit_rate_mean'])}")
+    out.append(line)
+    gof = json.loads(a.get("goodness_of_fit", "{}"))
+    for t, rows in gof.items():
+        cells = []
+        for k, r in rows.items():
+            if r["used"] == "none":
+                continue
+            fig = ", ".join(f"{n} {r[n]:.3g}" for n in ("ks", "ks_p", "mean_rel_error", "volume_rel_error",
+                                                        "independence_p") if isinstance(r.get(n), float))
+            cells.append(f"{k}: {r['used']}" + (f" ({r.get('family')}; {fig})" if fig else "")
+                         + (f" because {r['why']}" if r["why"] else ""))
+        out.append(f"goodness of fit [{t}]: " + "; ".join(cells))
+    abl = json.loads(a.get("ablation", "{}"))
+    if abl:
+        out.append("ablation (each component replaced by its empirical law; max gap in points, capacity / TTL):")
+        base = abl["fitted"]
+        best = None
+        for k, v in abl.items():
+            tag = "" if v.get("changed", True) else " (already empirical)"
+            out.append(f"  {k:10s} {100 * v['capacity']:6.2f} / {100 * v['ttl']:6.2f}{tag}")
+            if k != "fitted" and v.get("changed", True):
+                gain = max(base["capacity"] - v["capacity"], base["ttl"] - v["ttl"])
+                if best is None or gain > best[1]:
+                    best = (k, gain)
+        if best is not None and best[1] > 0.005:
+            out.append(f"weakest component: {best[0]} (its empirical law closes {100 * best[1]:.2f} points of the "
+                       "largest gap)")
+        elif best is not None:
+            out.append("no single component's empirical law closes more than 0.5 points: the gap is in their joint law")
+    if has_naive:
+        worse = [n for n, f, b in (("capacity", a["max_abs_gap_capacity"], a["naive_max_abs_gap_capacity"]),
+                                   ("TTL", a["max_abs_gap_ttl"], a["naive_max_abs_gap_ttl"])) if f > b]
+        if worse:
+            why = (f"the ablation names {best[0]} as the weakest component" if abl and best is not None else
+                   "run with study.ablation=true to find the weak component")
+            out.append(f"WORSE than the naive baseline on the {' and '.join(worse)} curve: {why}; the naive baseline "
+                       "resamples the trace's own requests (it copies their prefix paths), so on a trace whose reuse "
+                       "is dominated by few long contexts it is close to a replay")
+        else:
+            out.append("the fitted model is at least as close as the naive baseline on both curves")
+    ag = json.loads(a.get("agent_structure", "{}"))
+    if ag and "error" not in ag:
+        out.append(f"agent structure (prefix tree, no session ids): {ag['contexts']} contexts, "
+                   f"{ag['sessions']} sessions (subagent share {ag['subagent_share']:.2f}), compactions "
+                   f"{ag['compaction_rate']:.3f} per step, "
+                   f"growth {ag['growth_blocks_mean']:.1f} blocks per step (median {ag['growth_blocks_p50']:.0f}), "
+                   f"context p50 {ag['context_blocks_p50']:.0f} / max {ag['context_blocks_max']} blocks")
+    return out
+
+
+def _pct_or(x) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{100 * float(x):.1f}%"
 
 
 def plot_fit(ds):
@@ -295,7 +497,8 @@ def _trace_only(cfg, defaults):
 
 def _token_rate(w, hit_blocks) -> float:
     hb = np.asarray(hit_blocks, dtype=np.int64)
-    return float(hit_tokens(np.asarray(hb, np.int64), w.block_tokens, w.input_tokens, np).sum() / max(int(w.input_tokens.sum()), 1))
+    return float(hit_tokens(np.asarray(hb, np.int64), w.block_tokens, w.input_tokens, np).sum()
+                 / max(int(w.input_tokens.sum()), 1))
 
 
 def mooncake_fig9_study(cfg) -> xr.Dataset:
@@ -331,7 +534,8 @@ def summarize_fig9(ds) -> str:
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests, {a['working_set_blocks']:,} distinct blocks of "
                f"{a['block_tokens']} tokens = {a['working_set_blocks'] * a['block_tokens'] / 1e6:.1f}M tokens)")
     out.append(f"maximum (unbounded) token hit rate {S.pct(a['max_hit_rate'])}; at {a['mark_tokens'] / 1e6:g}M tokens "
-               f"{S.pct(a['hit_rate_at_mark'])} = {S.pct(a['share_of_max_at_mark'])} of the maximum; 99% of the maximum "
+               f"{S.pct(a['hit_rate_at_mark'])} = {S.pct(a['share_of_max_at_mark'])} of the maximum; 99% of the "
+               "maximum "
                f"from {a['capacity_99pct_tokens'] / 1e6:.1f}M tokens ({a['capacity_99pct_blocks']:,} blocks)")
     out.append("published (FAST'25 Fig. 9): a 3M-token cache reaches under half the maximum in most workloads; "
                "about 50M tokens nearly reaches it")

@@ -1,0 +1,184 @@
+"""Agent session structure read off the prefix tree of a trace that carries no session ids.
+
+A coding agent resends its whole growing context on every request (system prompt and tools, then each
+turn, tool call and tool result appended), so the requests of one *context* form one path-like tree
+under their first block. :func:`agent_structure` reads, from :func:`cacheresearch.fit.structure.request_structure`
+and the arrival times alone:
+
+* **growth**: the net blocks each step that is not a compaction adds to its parent's context (a
+  trace whose partial last block has an id of its own drops that block and appends more), with a
+  fitted count law of the positive ones and the mean;
+* **compactions**: a step that keeps at most half of its parent's blocks (the context was rewritten:
+  the old blocks stop matching); the rate per step and the share of the parent's blocks kept;
+* **subagents**: a context whose whole life (first to last request) lies inside one gap of another
+  context that started earlier (the parent waits on its tool call while the subagent runs), with both
+  waits (parent's request to the subagent's first, subagent's last to the parent's next) at most the
+  median gap between consecutive requests of a context (a tool round trip); the parent is the
+  candidate with the latest request before the subagent's first. Sessions are the
+  contexts joined to their parents (transitively);
+* **think / tool gaps**: the gaps between consecutive requests of a context, a lognormal mixture
+  whose number of components is chosen by AIC (short tool round trips beside long think or idle
+  times), and the sessions' durations, context lengths and requests.
+
+The rules are stated, not tuned: "at most half kept" for a compaction, "nested in one gap" for a
+subagent (a subagent that outlives its parent's next request is read as a session of its own).
+:func:`generate_agent_sessions` draws a workload with known growth law, compaction rate and
+subagent share, on which the recovery tests check these rules. Plain NumPy; no I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cacheresearch.fit import laws as L
+from cacheresearch.fit.structure import Structure, request_structure
+from cacheresearch.workload import Workload
+
+__all__ = ["agent_structure", "generate_agent_sessions", "COMPACTION_KEEP"]
+
+COMPACTION_KEEP = 0.5  # a step that keeps at most this share of its parent's blocks is a compaction
+
+
+def _subagent_parents(t: np.ndarray, ctx: np.ndarray, slack_s: float) -> np.ndarray:
+    """Parent context of each context (-1: none) by the nesting rule (module docstring); both the
+    wait from the parent's request to the subagent's first and from the subagent's last to the
+    parent's next request are at most ``slack_s``."""
+    n_ctx = int(ctx.max()) + 1 if ctx.size else 0
+    times = [np.sort(t[ctx == c]) for c in range(n_ctx)]
+    first = np.array([x[0] for x in times]) if n_ctx else np.zeros(0)
+    last = np.array([x[-1] for x in times]) if n_ctx else np.zeros(0)
+    par = np.full(n_ctx, -1, np.int64)
+    for b in range(n_ctx):
+        best, best_t = -1, -np.inf
+        for a in np.nonzero(first < first[b])[0]:
+            ta = times[a]
+            j = np.searchsorted(ta, first[b], side="right") - 1  # A's latest request at or before B starts
+            if j < 0 or j + 1 >= ta.size:
+                continue  # B starts before A or after A's last request: not nested in a gap
+            if (ta[j + 1] > last[b] and ta[j] > best_t and first[b] - ta[j] <= slack_s
+                    and ta[j + 1] - last[b] <= slack_s):
+                best, best_t = int(a), float(ta[j])
+        par[b] = best
+    return par
+
+
+def agent_structure(w: Workload, st: Structure | None = None) -> dict:
+    """The agent structure of a trace (module docstring) as a plain dict of figures and laws."""
+    st = request_structure(w) if st is None else st
+    t = w.arrival_ms / 1000.0
+    ctx = st.session
+    n_ctx = int(ctx.max()) + 1 if ctx.size else 0
+    nb = w.n_blocks.astype(np.int64)
+    stp = st.parent >= 0
+    pb = nb[np.maximum(st.parent, 0)]
+    kept = np.where(stp, st.shared / np.maximum(pb, 1), 1.0)
+    compaction = stp & (kept <= COMPACTION_KEEP)
+    growth = (nb - pb)[stp & ~compaction]  # net blocks added by a step that is not a compaction
+    order = np.argsort(t, kind="stable")
+    gaps = [np.diff(t[order][ctx[order] == c]) for c in range(n_ctx)]
+    g = np.concatenate(gaps) if gaps else np.zeros(0)
+    slack = float(np.median(g)) if g.size else 0.0
+    par = _subagent_parents(t, ctx, slack)
+    # sessions: contexts joined to their parents
+    top = np.arange(n_ctx)
+    for _ in range(n_ctx):
+        nxt = np.where(par[top] >= 0, par[top], top)
+        if np.array_equal(nxt, top):
+            break
+        top = nxt
+    gpos = np.maximum(g, 1e-3)
+    out = {
+        "contexts": n_ctx,
+        "sessions": int(np.unique(top).size),
+        "subagent_share": float(np.mean(par >= 0)) if n_ctx else 0.0,
+        "subagent_parent": par.tolist(),
+        "steps": int(stp.sum()),
+        "compaction_rate": float(compaction.sum() / max(int(stp.sum()), 1)),
+        "compactions": int(compaction.sum()),
+        "compaction_kept_share_median": float(np.median(kept[compaction])) if compaction.any() else None,
+        "subagent_slack_s": slack,
+        "growing_step_share": float(np.mean(growth > 0)) if growth.size else 0.0,
+        "growth_blocks_mean": float(growth.mean()) if growth.size else 0.0,
+        "growth_blocks_p50": float(np.median(growth)) if growth.size else 0.0,
+        "growth": L.fit_count(growth[growth > 0]).to_dict() if np.sum(growth > 0) >= 2 else None,
+        "context_blocks_p50": float(np.median(nb)) if nb.size else 0.0,
+        "context_blocks_max": int(nb.max()) if nb.size else 0,
+        "requests_per_session_median": float(np.median(np.bincount(top[ctx]))) if n_ctx else 0.0,
+        "session_duration_s": [float(x) for x in np.quantile(
+            [float(np.ptp(t[np.isin(ctx, np.nonzero(top == s)[0])])) for s in np.unique(top)], [0.1, 0.5, 0.9])]
+        if n_ctx else [],
+        "gap_mixture": L.fit_lognorm_mix(gpos, 3).to_dict() if gpos.size >= 2 else None,
+    }
+    return out
+
+
+def generate_agent_sessions(n_sessions: int, *, seed: int = 0, block_tokens: int = 64, system_blocks: int = 40,
+                            growth_p: float = 0.05, compaction_rate: float = 0.03, summary_blocks: int = 20,
+                            subagent_share: float = 0.3, requests_mean: float = 40.0, tool_s: float = 3.0,
+                            think_s: float = 60.0, think_share: float = 0.3, start_every_s: float = 120.0
+                            ) -> Workload:
+    """Agent sessions with known laws: each context starts with ``system_blocks`` of its own, then each
+    step appends a geometric(``growth_p``) number of blocks (mean ``1 / growth_p``); with probability
+    ``compaction_rate`` a step is a compaction instead (keeps the first ``system_blocks // 2`` blocks,
+    then ``summary_blocks`` new ones); gaps are exponential, ``tool_s`` or, with ``think_share``,
+    ``think_s``. A session is a main context (geometric number of requests, mean ``requests_mean``)
+    and, after a uniformly chosen request, with probability ``subagent_share / (1 - subagent_share)``
+    a subagent context (geometric number of requests, mean 10) that starts 0.5 s after that request
+    and runs to completion; the main context's next request comes 0.5 s after the subagent's last
+    (so a share ``subagent_share`` of all contexts are subagents on average)."""
+    rng = np.random.default_rng(seed)
+    nxt = [1]
+
+    def fresh(k):
+        ids = np.arange(nxt[0], nxt[0] + k, dtype=np.uint64)
+        nxt[0] += k
+        return ids
+
+    rows = []
+
+    def run_context(t0, n_req):
+        ks = fresh(system_blocks)
+        tt = t0
+        times = []
+        for j in range(n_req):
+            if j > 0:
+                if rng.random() < compaction_rate:
+                    ks = np.concatenate([ks[: system_blocks // 2], fresh(summary_blocks)])
+                else:
+                    ks = np.concatenate([ks, fresh(int(rng.geometric(growth_p)))])
+                g = rng.exponential(think_s if rng.random() < think_share else tool_s)
+                tt += g
+            rows.append((tt, ks.copy()))
+            times.append(tt)
+        return times
+
+    p_sub = subagent_share / (1.0 - subagent_share) if subagent_share < 1 else 1.0
+    for s in range(n_sessions):
+        t0 = s * start_every_s
+        n_main = max(int(rng.geometric(1.0 / requests_mean)), 2)
+        has_sub = rng.random() < p_sub
+        at = int(rng.integers(0, n_main - 1))
+        # main context, with a pause after request `at` that holds the subagent
+        ks = fresh(system_blocks)
+        tt = t0
+        waited = False
+        for j in range(n_main):
+            if j > 0:
+                if rng.random() < compaction_rate:
+                    ks = np.concatenate([ks[: system_blocks // 2], fresh(summary_blocks)])
+                else:
+                    ks = np.concatenate([ks, fresh(int(rng.geometric(growth_p)))])
+                if not waited:
+                    tt += rng.exponential(think_s if rng.random() < think_share else tool_s)
+                waited = False
+            rows.append((tt, ks.copy()))
+            if j == at and has_sub:  # the main context waits on its subagent (0.5 s each way)
+                sub_t = run_context(tt + 0.5, max(int(rng.geometric(0.1)), 2))
+                tt = sub_t[-1] + 0.5
+                waited = True
+    rows.sort(key=lambda r: r[0])
+    ms = np.round(np.array([r[0] for r in rows]) * 1000).astype(np.int64)
+    keys = [r[1] for r in rows]
+    inp = np.array([k.size * block_tokens for k in keys], dtype=np.int64)
+    return Workload.from_lists(keys, block_tokens=block_tokens, arrival_ms=np.maximum.accumulate(ms),
+                               input_tokens=inp, name="agent_sessions")

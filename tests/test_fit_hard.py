@@ -1,0 +1,155 @@
+"""The fit never fails on a well-formed trace (issue 18, point 1), and the agent structure is read
+off the prefix tree (point 2): hard cases built here, each fitted, sampled and validated.
+
+Hard cases: no repeated roots; one session; only single-request sessions; 16 / 32 / 64 / 512-token
+blocks; timestamps spanning days; per-block content hashes (detected, chained, reported). Recovery:
+a generator with known compaction rate, subagent share and growth law (fit/agent.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cacheresearch.fit import fit_workload, sample_workload
+from cacheresearch.fit.agent import agent_structure, generate_agent_sessions
+from cacheresearch.fit.model import COMPONENTS, ablate
+from cacheresearch.fit.structure import chain_content_hashes, request_structure, session_hit_rates
+from cacheresearch.fit.validate import capacity_grid, capacity_hit_rates
+from cacheresearch.workload import Workload
+
+
+def _check(w: Workload, model: dict):
+    """The model samples a well-formed workload and validates (a hit-rate curve on its grid)."""
+    assert model["components"]
+    for seed in (0, 1):
+        x = sample_workload(model, seed)
+        assert x.n_requests >= 1 and np.all(np.diff(x.arrival_ms) >= 0)
+        assert np.array_equal(x.n_blocks, -(-x.input_tokens // w.block_tokens))
+        caps = capacity_grid(w, 4)
+        h = capacity_hit_rates(x, caps)
+        assert np.all((h >= 0) & (h <= 1))
+    for c in COMPONENTS:  # every ablated model samples too
+        assert sample_workload(ablate(model, c), 0).n_requests >= 1
+
+
+def _chains(n_req, rng, bt, span_s, share_root=False, single=False):
+    keys, t, nxt = [], [], 1
+    root = np.arange(10**6, 10**6 + 3, dtype=np.uint64)
+    for i in range(n_req):
+        k = int(rng.integers(1, 6))
+        own = np.arange(nxt, nxt + k, dtype=np.uint64)
+        nxt += k
+        keys.append(np.concatenate([root, own]) if share_root else own)
+        t.append(rng.uniform(0, span_s))
+    t = np.sort(np.round(np.asarray(t) * 1000).astype(np.int64))
+    return Workload.from_lists(keys, block_tokens=bt, arrival_ms=t)
+
+
+@pytest.mark.parametrize("bt", [16, 32, 64, 512])
+def test_no_repeated_roots_every_block_size(bt):
+    """Every request its own root (single-request sessions, nothing shared): the fit falls back and samples."""
+    rng = np.random.default_rng(bt)
+    w = _chains(60, rng, bt, 3600.0)
+    m = fit_workload(w)
+    g = m["goodness_of_fit"]["all"]
+    assert g["session"]["used"] == "empirical" or g["session"]["used"] == "parametric"
+    assert m["components"]["all"]["step"] is None  # no request has a parent
+    _check(w, m)
+
+
+def test_one_session_spanning_days():
+    """One growing context over three days (timestamps spanning days), fewer than 10 requests."""
+    ks, keys, t = list(range(1, 6)), [], []
+    for i in range(8):
+        ks = ks + list(range(100 * (i + 1), 100 * (i + 1) + 3))
+        keys.append(np.asarray(ks, dtype=np.uint64))
+        t.append(i * 9 * 3600 * 1000)
+    w = Workload.from_lists(keys, block_tokens=32, arrival_ms=np.asarray(t))
+    m = fit_workload(w)
+    assert m["components"]["all"]["sessions"] == 1
+    assert any("empirical" in n for n in m["notes"])  # the fallbacks are named
+    x = sample_workload(m, 0)
+    assert x.n_requests == 8  # the one session, whole
+    assert x.arrival_ms[-1] > 2 * 86_400_000
+    _check(w, m)
+
+
+def test_shared_root_single_requests_and_a_single_request():
+    rng = np.random.default_rng(3)
+    w = _chains(40, rng, 64, 600.0, share_root=True)
+    m = fit_workload(w)
+    _check(w, m)
+    w1 = Workload.from_lists([np.arange(1, 4, dtype=np.uint64)], block_tokens=16, arrival_ms=np.array([0]))
+    m1 = fit_workload(w1)
+    assert sample_workload(m1, 0).n_requests == 1
+
+
+def test_content_hashes_detected_and_chained():
+    """Ids that hash each block's content alone (a repeated block content after different prefixes):
+    detected, chained into prefix ids (a trie of the raw ids), and reported in the model's notes."""
+    rng = np.random.default_rng(4)
+    common = np.arange(500, 520, dtype=np.uint64)  # a boilerplate block run that follows many prefixes
+    keys = []
+    for i in range(80):
+        head = np.array([1 + i % 5], dtype=np.uint64)  # five system prompts
+        keys.append(np.concatenate([head, common[: rng.integers(2, 20)],
+                                    np.array([10_000 + i], dtype=np.uint64)]))
+    w = Workload.from_lists(keys, block_tokens=64, arrival_ms=np.sort(rng.integers(0, 10**6, 80)))
+    c, info = chain_content_hashes(w)
+    assert info["chained"] and info["inconsistent_ids"] > 0
+    # chained: every id has one predecessor; requests under the same head share exactly their common run
+    pred = {}
+    for i in range(c.n_requests):
+        ks = c.request_keys(i).tolist()
+        for j, k in enumerate(ks):
+            assert pred.setdefault(k, ks[j - 1] if j else None) == (ks[j - 1] if j else None)
+    a, b = c.request_keys(0), c.request_keys(5)  # same head (0 % 5 == 5 % 5)
+    n = min(int(w.n_blocks[0]), int(w.n_blocks[5])) - 1
+    assert np.array_equal(a[:n], b[:n]) and not np.array_equal(c.request_keys(0)[:1], c.request_keys(1)[:1])
+    again, info2 = chain_content_hashes(c)  # a chained trace is left alone
+    assert not info2["chained"] and np.array_equal(again.keys, c.keys)
+    m = fit_workload(w)
+    assert m["source"]["key_chaining"]["chained"] and "content hashes" in m["notes"][0]
+    _check(c, m)
+
+
+def test_session_hit_rates_unbounded():
+    keys = [np.array([1, 2, 3], np.uint64), np.array([1, 2, 3, 4], np.uint64), np.array([9], np.uint64)]
+    w = Workload.from_lists(keys, block_tokens=16)
+    h = session_hit_rates(w)
+    assert h.tolist() == [pytest.approx(48 / 112), 0.0]  # session {0, 1}: 3 of 7 blocks hit
+
+
+@pytest.fixture(scope="module")
+def agents():
+    w = generate_agent_sessions(120, seed=7, compaction_rate=0.04, subagent_share=0.3, growth_p=0.05)
+    return w, agent_structure(w)
+
+
+def test_agent_structure_recovered(agents):
+    """Known laws: growth geometric(0.05) blocks per step (mean 20), compaction 4% of steps, 30% of the
+    contexts subagents. Tolerances: several standard errors at this size (about 4,000 steps, 170 contexts)."""
+    w, a = agents
+    assert a["growth_blocks_mean"] == pytest.approx(20.0, rel=0.08)
+    assert a["growth"]["family"] in ("geom", "nbinom1")
+    assert a["compaction_rate"] == pytest.approx(0.04, abs=0.012)
+    assert a["subagent_share"] == pytest.approx(0.3, abs=0.08)
+    assert a["sessions"] == pytest.approx(120, abs=15)
+
+
+def test_agent_fit_samples_whole_sessions_with_compactions(agents):
+    """The fitted model keeps the agent shape: growing contexts, compactions (length-triggered), and
+    volume within 5% of the trace (mean of three seeds)."""
+    w, _ = agents
+    m = fit_workload(w)
+    xs = [sample_workload(m, s) for s in range(3)]
+    assert np.mean([x.n_requests for x in xs]) == pytest.approx(w.n_requests, rel=0.05)
+    # token volume: this generator compacts at random (not near a length limit), so the fit reads its
+    # rewrites as branches, whose (dropped, appended) pairs do not carry over between contexts of
+    # other lengths: the samples' contexts run about 30% long (a known gap, issue 18 report)
+    assert np.mean([x.input_tokens.sum() for x in xs]) == pytest.approx(w.input_tokens.sum(), rel=0.4)
+    st = request_structure(xs[0])
+    later = st.parent >= 0
+    assert np.mean(st.appended[later] > 0) > 0.9  # contexts grow
+    assert agent_structure(xs[0])["compactions"] > 0
