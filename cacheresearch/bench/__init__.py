@@ -997,6 +997,44 @@ class Bench:
         cells = [(c, r, s) for s in seeds for r in reps for c in caps]
         return caps, reps, seeds, cells
 
+    def sweep_lcs(self, spec: WorkloadSpec, cells, groups):
+        """libCacheSim on the sweep's configurations (all, or ``--lcs-max-runs`` of them), one cache per
+        replica: (result, prep seconds, hit rates sequential / parallel per configuration, accesses, the
+        time scale of a subset, a note)."""
+        w = spec.workload
+        # libCacheSim: the configurations (all, or --lcs-max-runs of them), one cache per replica
+        lr = lcs_prep = None
+        lcs_hit = np.full(len(cells), np.nan)
+        lcs_par_hit = np.full(len(cells), np.nan)
+        lcs_acc = None
+        scale = 1.0
+        lcs_note = None
+        if self.lcs is not None:
+            t = time.perf_counter()
+            ids_leaf = leaf_first_ids(w)
+            streams = {
+                (r, s): LcsStreams(self.lcs, w, ids_leaf, self.routing(spec, r, s), r, self.tmp,
+                    f"{spec.name}_sw_r{r}_s{s}")
+                for r, s in groups
+            }
+            lcs_prep = time.perf_counter() - t
+            run_idx = subset_index(len(cells), self.lcs_max_runs)
+            scale = len(cells) / run_idx.size
+            if run_idx.size < len(cells):
+                lcs_note = (f"ran {run_idx.size} of {len(cells)} configurations (evenly spaced), sequentially and "
+                            f"in parallel; times scaled by {scale:.2f}")
+            lr = self.lcs_run([(streams[(cells[i][1], cells[i][2])], int(cells[i][0])) for i in run_idx], parallel=True)
+            totals = {g: max(st.total, 1) for g, st in streams.items()}
+            for j, i in enumerate(run_idx):
+                g = (cells[i][1], cells[i][2])
+                lcs_hit[i] = 1.0 - lr.sequential_misses[j] / totals[g]
+                if lr.parallel is not None:
+                    lcs_par_hit[i] = 1.0 - lr.parallel_misses[j] / totals[g]
+            acc = sorted({st.accesses for st in streams.values()})
+            lcs_acc = acc[0] if len(acc) == 1 else acc
+
+        return lr, lcs_prep, lcs_hit, lcs_par_hit, lcs_acc, scale, lcs_note
+
     def case_sweep(self, spec: WorkloadSpec, stream) -> list[dict]:
         w = spec.workload
         N = self.configs
@@ -1035,36 +1073,7 @@ class Bench:
             raise AssertionError(f"{spec.name}: sweep config {cells[bad]}: engine {eng_tokens[bad]} != curve "
                                  f"{curve_tokens[bad]}")
 
-        # libCacheSim: the configurations (all, or --lcs-max-runs of them), one cache per replica
-        lr = lcs_prep = None
-        lcs_hit = np.full(len(cells), np.nan)
-        lcs_par_hit = np.full(len(cells), np.nan)
-        lcs_acc = None
-        scale = 1.0
-        lcs_note = None
-        if self.lcs is not None:
-            t = time.perf_counter()
-            ids_leaf = leaf_first_ids(w)
-            streams = {
-                (r, s): LcsStreams(self.lcs, w, ids_leaf, self.routing(spec, r, s), r, self.tmp,
-                    f"{spec.name}_sw_r{r}_s{s}")
-                for r, s in groups
-            }
-            lcs_prep = time.perf_counter() - t
-            run_idx = subset_index(len(cells), self.lcs_max_runs)
-            scale = len(cells) / run_idx.size
-            if run_idx.size < len(cells):
-                lcs_note = (f"ran {run_idx.size} of {len(cells)} configurations (evenly spaced), sequentially and "
-                            f"in parallel; times scaled by {scale:.2f}")
-            lr = self.lcs_run([(streams[(cells[i][1], cells[i][2])], int(cells[i][0])) for i in run_idx], parallel=True)
-            totals = {g: max(st.total, 1) for g, st in streams.items()}
-            for j, i in enumerate(run_idx):
-                g = (cells[i][1], cells[i][2])
-                lcs_hit[i] = 1.0 - lr.sequential_misses[j] / totals[g]
-                if lr.parallel is not None:
-                    lcs_par_hit[i] = 1.0 - lr.parallel_misses[j] / totals[g]
-            acc = sorted({st.accesses for st in streams.values()})
-            lcs_acc = acc[0] if len(acc) == 1 else acc
+        lr, lcs_prep, lcs_hit, lcs_par_hit, lcs_acc, scale, lcs_note = self.sweep_lcs(spec, cells, groups)
 
         def opt(x):
             return None if np.isnan(x) else _r(x)
