@@ -340,6 +340,263 @@ def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> 
             "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
 
 
+def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq):
+    """The step classes of a type's requests (their laws, or the empirical law), into ``comp`` and ``emp``."""
+    stp = sel & (st.parent >= 0)
+    comp["step"] = None
+    emp["step"] = None
+    if stp.sum() >= 1:
+        d, a = st.dropped[stp], st.appended[stp]
+        cls = _step_class(d, a, st.shared[stp])
+        # an agent compacts when its context nears a limit: rewrites (steps keeping at most half of
+        # their parent) are a class of their own, length-triggered, when their parents are longer
+        # than the other steps' (one-sided Mann-Whitney, p < 0.01); else they stay branches
+        pbl = nb[st.parent[stp]]
+        cp = cls == 4
+        mw_p = 1.0
+        if cp.sum() >= 2 and (~cp).sum() >= 2:
+            mw_p = float(stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater").pvalue)
+        if cp.any():
+            ck.add("step.compaction_trigger", "empirical" if mw_p < 0.01 else "none",
+                   f"rewrites at longer contexts (Mann-Whitney p {mw_p:.2g})" if mw_p < 0.01 else
+                   f"rewrites not at longer contexts (p {mw_p:.2g}): branches", mannwhitney_p=mw_p)
+        if mw_p >= 0.01:
+            cls = np.where(cp, 2, cls)
+        # whole empirical sessions keep their own steps (drawn at random within the session): a
+        # session's growth and compaction rates stay its own
+        sstep = np.searchsorted(uniq, st.session[stp])
+        trip = np.stack([cls, d, a, st.shared[stp]], axis=1)
+        own = [trip[sstep == i].tolist() for i in range(uniq.size)]
+        pbl_all = nb[st.parent[stp]]
+        own_at = [np.stack([pbl_all, st.shared[stp], a], axis=1)[(sstep == i) & (cls == 4)].tolist()
+                  for i in range(uniq.size)]  # (parent blocks, kept, appended) of each own compaction
+        smax = np.zeros(uniq.size, np.int64)
+        np.maximum.at(smax, np.searchsorted(uniq, s_of), nb[sel])
+        for target in (emp["session"], comp["session"]):
+            if target.get("family") == "empirical_sessions":
+                target.update(steps=own, compact_at=own_at, max_blocks=smax.tolist())
+        cp = cls == 4
+        compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
+                    "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
+        # the sampler compacts a context once it reaches a limit drawn from the parents' lengths at
+        # compaction (the empirical law), and never at random
+        trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions") if cp.any() else None
+        steps = {}
+        for fe in (False, True):
+            sub = _Checks() if fe else ck
+            frc = fe or "step" in force
+            br = cls == 2
+            delta = a[br] - d[br]
+            nz = delta[delta != 0]
+            bdrop = None
+            if br.sum() >= 1:
+                # censored at the parent's length (at_least) and clamped to it when sampled: the
+                # law's mean is not the data's, so only its shape is checked
+                bdrop = _choose("step.branch_dropped", d[br],
+                                lambda x, c=(st.shared[stp] <= 1)[br]: L.fit_count(x, at_least=c), sub,
+                                discrete=True, force=frc, mean_matters=False)
+            # a branch's appended blocks may depend on its dropped ones (a compaction drops many
+            # and appends a summary): unless a chi-square test on their quartile bins finds them
+            # independent (p >= 0.01), the pairs are drawn jointly from the trace
+            pairs = None
+            if br.sum() >= 1:
+                pv = _independence_p(d[br], delta)
+                if frc or br.sum() < MIN_PARAMETRIC or pv < 0.01:
+                    sub.add("step.branch_pairs", "empirical", "ablation" if frc else
+                            f"dropped blocks and length change dependent (chi-square p {pv:.2g})" if br.sum() >=
+                            MIN_PARAMETRIC else f"{int(br.sum())} branches (< {MIN_PARAMETRIC})", independence_p=pv)
+                    pairs = {"family": "empirical_pairs", "dropped": [int(x) for x in d[br]],
+                             "appended": [int(x) for x in a[br]], "n": int(br.sum())}
+                else:
+                    sub.add("step.branch_pairs", "parametric", "", independence_p=pv)
+            steps[fe] = {
+                "branch_pairs": pairs,
+                "compact_pairs": compact,
+                "compact_trigger": trigger,
+                "lag_pmf": _pmf(st.lag[stp], 1, _MAX_LAG),
+                "class_p": [float(np.mean(cls == c)) for c in range(len(STEP_CLASSES))],
+                "branch_dropped": bdrop,
+                "branch_length_change": {
+                    "p0": float(np.mean(delta == 0)) if delta.size else 1.0,
+                    "p_positive": float(np.mean(nz > 0)) if nz.size else 0.5,
+                    "abs": _choose("step.branch_length_change", np.abs(nz), L.fit_count, sub, discrete=True,
+                                   force=frc)},
+                "extend_appended": _choose("step.extend_appended", a[cls == 1], L.fit_count, sub, discrete=True,
+                                           force=frc),
+                "truncate_dropped": _choose("step.truncate_dropped", d[cls == 3], L.fit_count, sub,
+                                            discrete=True, force=frc),
+            }
+        comp["step"], emp["step"] = steps[False], steps[True]
+
+
+def _fit_sessions(D, ck, comp, emp, fig, force, gap_families, rng, sel, st, t, w, why):
+    """A type's sessions: request counts, reuse gaps and censoring windows, their law (or the empirical one)."""
+    s_of = st.session[sel]
+    uniq, cnt = np.unique(s_of, return_counts=True)
+    last_t = np.full(uniq.size, -np.inf)
+    np.maximum.at(last_t, np.searchsorted(uniq, s_of), t[sel])
+    first_t = np.full(uniq.size, np.inf)
+    np.minimum.at(first_t, np.searchsorted(uniq, s_of), t[sel])
+    req_idx = np.nonzero(sel)[0]
+    order = np.lexsort((t[req_idx], s_of))
+    ss, tt = s_of[order], t[req_idx][order]
+    same = ss[1:] == ss[:-1]
+    gaps = (tt[1:] - tt[:-1])[same]
+    win = np.maximum(D - last_t, 0.0)
+    gs = ss[1:][same]
+    gap_idx = np.searchsorted(uniq, gs)
+    gap_lists = [gaps[gap_idx == i] for i in range(uniq.size)]
+    ftok_sess = np.zeros(uniq.size, np.int64)
+    fr = req_idx[order][np.concatenate([[True], ~same])]
+    ftok_sess[np.searchsorted(uniq, st.session[fr])] = w.input_tokens[fr]
+    emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "")
+    sess, why = None, ""
+    if "session" in force:
+        why = "replaced by its empirical law (ablation)"
+    elif uniq.size < 3:
+        why = f"{uniq.size} session(s) (< 3)"
+    else:
+        try:
+            sess = _fit_session(cnt.astype(np.float64), gaps, gap_idx, win, gap_families=tuple(gap_families))
+        except ValueError as e:
+            why = f"no session law ({e})"
+        if sess is not None:
+            vol = _observed_volume(sess["count"], sess["gap"], np.maximum(D - first_t, 0.0), rng,
+                                   cap=int(max(4 * cnt.max(), 50)))
+            rel = abs(vol - float(cnt.sum())) / float(cnt.sum())
+            fig = {"family": f"{sess['count']['family']}/{sess['gap']['family']}", "volume_rel_error": rel}
+            if gaps.size >= 2:
+                d, p = L.ks_distance(sess["gap"], np.maximum(gaps, 1e-3))
+                fig.update(ks=d, ks_p=p)
+            else:
+                d, p = 0.0, 1.0
+            if rel > MEAN_TOL:
+                why = f"implied request volume off by {rel:.1%} (> {MEAN_TOL:.0%})"
+            elif p < 0.01 and d > KS_MAX:
+                why = f"gap law KS distance {d:.3f} > {KS_MAX} (p {p:.2g})"
+            if why:
+                ck.add("session", "empirical", why, **fig)
+                sess = None
+            else:
+                ck.add("session", "parametric", "", **fig)
+    if sess is None:
+        if "session" not in ck.rows:
+            ck.add("session", "empirical", why)
+        sess = dict(emp["session"], why=why)
+    comp["session"] = sess
+    return cnt, gaps, gs, s_of, sess, uniq, win
+
+
+def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: list, comps: dict, gof: dict,
+              gap_families, max_kinds, names) -> None:
+    """Fit the components of requests of type ``ti`` into ``comps[tname]`` (goodness of fit into ``gof``)."""
+    sel = typ == ti
+    if not sel.any():
+        return
+    ck = _Checks()
+    first = sel & (st.position == 0)
+    if not first.any():  # a type whose sessions all start in another type: its first request starts one
+        first = sel & (np.arange(w.n_requests) == np.argmax(sel))
+    sids = st.session[first]
+    starts = t[first]
+    comp = {"requests": int(sel.sum()), "sessions": int(sids.size)}
+    emp = {}
+    # ---- arrivals
+    emp["arrivals"] = _empirical_times(starts, D)
+    arr, why = None, ""
+    if "arrivals" in force:
+        why = "replaced by its empirical law (ablation)"
+    elif starts.size < MIN_PARAMETRIC:
+        why = f"{starts.size} session start(s) (< {MIN_PARAMETRIC})"
+    else:
+        try:
+            a = L.fit_arrivals(starts, D)
+        except ValueError as e:
+            why = f"no renewal fit ({e})"
+        else:
+            u = L._cum_rate(starts, a.rates, D) / max(float(L._cum_rate(D, a.rates, D)), 1e-300)
+            ks = stats.kstest(u, "uniform")
+            fig = {"family": f"{len(a.rates)} rate bins, {a.renewal.family}", "ks": float(ks.statistic),
+                   "ks_p": float(ks.pvalue)}
+            if ks.pvalue < 0.01 and ks.statistic > KS_MAX:
+                why = f"rate profile rejected (KS {ks.statistic:.3f}, p {ks.pvalue:.2g})"
+                ck.add("arrivals", "empirical", why, **fig)
+            else:
+                arr = a.to_dict()
+                ck.add("arrivals", "parametric", "", **fig)
+    if arr is None:
+        if "arrivals" not in ck.rows:
+            ck.add("arrivals", "empirical", why)
+        arr = emp["arrivals"]
+    comp["arrivals"] = arr
+    # ---- sessions: counts, gaps, censoring windows
+    cnt, gaps, gs, s_of, sess, uniq, win = _fit_sessions(D, ck, comp, emp, fig, force, gap_families, rng, sel, st, t,
+                                                         w, why)
+    # ---- first requests' lengths; session kinds (parametric sessions only)
+    first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
+    emp["first"] = L.empirical(first_tok, integer=True)
+    comp["first_input_tokens"] = _choose("first", first_tok, lambda x: L.fit_lognorm_mix(x, max_kinds), ck,
+                                         discrete=False, force="first" in force)
+    kinds = [sess]
+    fl = comp["first_input_tokens"]
+    if sess.get("family") != "empirical_sessions" and not L.is_empirical(fl):
+        mix = L.Law.from_dict(fl)
+        kind = np.argmax(L.mix_responsibilities(mix, first_tok), axis=1)
+        _, mus, sgs = L.mix_components(mix)
+        kinds = []
+        for j in range(mus.size):
+            ks = np.nonzero(kind == j)[0]
+            pos = np.searchsorted(uniq, sids[ks])
+            m = np.isin(gs, sids[ks])
+            ksess = None
+            if ks.size >= 5 and m.sum() >= 2:
+                try:
+                    ksess = _fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
+                                         win[pos], gap_families=(sess["gap"]["family"],))
+                    zk = (np.log(first_tok[ks]) - float(mus[j])) / float(sgs[j])
+                    ksess["length_count"] = fit_length_count_copula(zk, cnt[pos], win[pos], ksess["count"],
+                                                                    ksess["gap"])
+                except ValueError:
+                    ksess = None
+            kinds.append(ksess if ksess is not None else sess)
+    comp["session_by_kind"] = kinds
+    # ---- roots: sessions per first block among first requests
+    rg = st.root_group[first]
+    _, per_root = np.unique(rg, return_counts=True)
+    shared_sess = per_root[per_root > 1]
+    fm = first & (st.root_match > 0)
+    comp["roots"] = {"private_share": 1.0, "n_shared": 0, "popularity": None, "trunk_blocks": []}
+    if shared_sess.size >= 1 and fm.any():
+        trunk = {}
+        for r, m in zip(st.root_group[fm], st.root_match[fm]):
+            trunk[int(r)] = max(trunk.get(int(r), 0), int(m))
+        tl = np.asarray(list(trunk.values()), dtype=np.float64)
+        try:
+            pop = (L.fit_zipf_ranks(shared_sess).to_dict() if shared_sess.size >= 2 else
+                   L.Law("zipf_ranks", {"s": 0.0, "items": 1.0}, 0.0, int(shared_sess.sum()), {}).to_dict())
+            comp["roots"] = {
+                "private_share": float(np.mean(np.isin(rg, np.unique(rg)[per_root == 1]))),
+                "n_shared": int(shared_sess.size), "popularity": pop,
+                "trunk_blocks": sorted(int(x) for x in tl),
+            }
+            comp["first_shared_extra_blocks"] = L.fit_count0((nb[fm] - st.root_match[fm]).astype(np.int64))
+        except ValueError as e:
+            notes.append(f"[{tname}] shared roots not modelled ({e})")
+    # ---- steps
+    _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq)
+    # ---- outputs
+    out_tok = np.maximum(w.output_tokens[sel], 0) + 0.5
+    emp["output"] = L.empirical(out_tok)
+    comp["output_tokens"] = _choose("output", out_tok, L.fit_positive, ck, discrete=False,
+                                    force="output" in force, mean_matters=False)
+    comp["empirical"] = emp
+    for k, r in ck.rows.items():
+        if r["used"] == "empirical":
+            notes.append(f"[{tname}] {k}: empirical law ({r['why']})")
+    gof[tname] = ck.rows
+    comps[tname] = comp
+
+
 def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_names=None,
                  duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE,
                  empirical=()) -> dict:
@@ -379,246 +636,8 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
         names = ["all"]
     comps, gof = {}, {}
     for ti, tname in enumerate(names):
-        sel = typ == ti
-        if not sel.any():
-            continue
-        ck = _Checks()
-        first = sel & (st.position == 0)
-        if not first.any():  # a type whose sessions all start in another type: its first request starts one
-            first = sel & (np.arange(w.n_requests) == np.argmax(sel))
-        sids = st.session[first]
-        starts = t[first]
-        comp = {"requests": int(sel.sum()), "sessions": int(sids.size)}
-        emp = {}
-        # ---- arrivals
-        emp["arrivals"] = _empirical_times(starts, D)
-        arr, why = None, ""
-        if "arrivals" in force:
-            why = "replaced by its empirical law (ablation)"
-        elif starts.size < MIN_PARAMETRIC:
-            why = f"{starts.size} session start(s) (< {MIN_PARAMETRIC})"
-        else:
-            try:
-                a = L.fit_arrivals(starts, D)
-            except ValueError as e:
-                why = f"no renewal fit ({e})"
-            else:
-                u = L._cum_rate(starts, a.rates, D) / max(float(L._cum_rate(D, a.rates, D)), 1e-300)
-                ks = stats.kstest(u, "uniform")
-                fig = {"family": f"{len(a.rates)} rate bins, {a.renewal.family}", "ks": float(ks.statistic),
-                       "ks_p": float(ks.pvalue)}
-                if ks.pvalue < 0.01 and ks.statistic > KS_MAX:
-                    why = f"rate profile rejected (KS {ks.statistic:.3f}, p {ks.pvalue:.2g})"
-                    ck.add("arrivals", "empirical", why, **fig)
-                else:
-                    arr = a.to_dict()
-                    ck.add("arrivals", "parametric", "", **fig)
-        if arr is None:
-            if "arrivals" not in ck.rows:
-                ck.add("arrivals", "empirical", why)
-            arr = emp["arrivals"]
-        comp["arrivals"] = arr
-        # ---- sessions: counts, gaps, censoring windows
-        s_of = st.session[sel]
-        uniq, cnt = np.unique(s_of, return_counts=True)
-        last_t = np.full(uniq.size, -np.inf)
-        np.maximum.at(last_t, np.searchsorted(uniq, s_of), t[sel])
-        first_t = np.full(uniq.size, np.inf)
-        np.minimum.at(first_t, np.searchsorted(uniq, s_of), t[sel])
-        req_idx = np.nonzero(sel)[0]
-        order = np.lexsort((t[req_idx], s_of))
-        ss, tt = s_of[order], t[req_idx][order]
-        same = ss[1:] == ss[:-1]
-        gaps = (tt[1:] - tt[:-1])[same]
-        win = np.maximum(D - last_t, 0.0)
-        gs = ss[1:][same]
-        gap_idx = np.searchsorted(uniq, gs)
-        gap_lists = [gaps[gap_idx == i] for i in range(uniq.size)]
-        ftok_sess = np.zeros(uniq.size, np.int64)
-        fr = req_idx[order][np.concatenate([[True], ~same])]
-        ftok_sess[np.searchsorted(uniq, st.session[fr])] = w.input_tokens[fr]
-        emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "")
-        sess, why = None, ""
-        if "session" in force:
-            why = "replaced by its empirical law (ablation)"
-        elif uniq.size < 3:
-            why = f"{uniq.size} session(s) (< 3)"
-        else:
-            try:
-                sess = _fit_session(cnt.astype(np.float64), gaps, gap_idx, win, gap_families=tuple(gap_families))
-            except ValueError as e:
-                why = f"no session law ({e})"
-            if sess is not None:
-                vol = _observed_volume(sess["count"], sess["gap"], np.maximum(D - first_t, 0.0), rng,
-                                       cap=int(max(4 * cnt.max(), 50)))
-                rel = abs(vol - float(cnt.sum())) / float(cnt.sum())
-                fig = {"family": f"{sess['count']['family']}/{sess['gap']['family']}", "volume_rel_error": rel}
-                if gaps.size >= 2:
-                    d, p = L.ks_distance(sess["gap"], np.maximum(gaps, 1e-3))
-                    fig.update(ks=d, ks_p=p)
-                else:
-                    d, p = 0.0, 1.0
-                if rel > MEAN_TOL:
-                    why = f"implied request volume off by {rel:.1%} (> {MEAN_TOL:.0%})"
-                elif p < 0.01 and d > KS_MAX:
-                    why = f"gap law KS distance {d:.3f} > {KS_MAX} (p {p:.2g})"
-                if why:
-                    ck.add("session", "empirical", why, **fig)
-                    sess = None
-                else:
-                    ck.add("session", "parametric", "", **fig)
-        if sess is None:
-            if "session" not in ck.rows:
-                ck.add("session", "empirical", why)
-            sess = dict(emp["session"], why=why)
-        comp["session"] = sess
-        # ---- first requests' lengths; session kinds (parametric sessions only)
-        first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
-        emp["first"] = L.empirical(first_tok, integer=True)
-        comp["first_input_tokens"] = _choose("first", first_tok, lambda x: L.fit_lognorm_mix(x, max_kinds), ck,
-                                             discrete=False, force="first" in force)
-        kinds = [sess]
-        fl = comp["first_input_tokens"]
-        if sess.get("family") != "empirical_sessions" and not L.is_empirical(fl):
-            mix = L.Law.from_dict(fl)
-            kind = np.argmax(L.mix_responsibilities(mix, first_tok), axis=1)
-            _, mus, sgs = L.mix_components(mix)
-            kinds = []
-            for j in range(mus.size):
-                ks = np.nonzero(kind == j)[0]
-                pos = np.searchsorted(uniq, sids[ks])
-                m = np.isin(gs, sids[ks])
-                ksess = None
-                if ks.size >= 5 and m.sum() >= 2:
-                    try:
-                        ksess = _fit_session(cnt[pos].astype(np.float64), gaps[m], np.searchsorted(uniq[pos], gs[m]),
-                                             win[pos], gap_families=(sess["gap"]["family"],))
-                        zk = (np.log(first_tok[ks]) - float(mus[j])) / float(sgs[j])
-                        ksess["length_count"] = fit_length_count_copula(zk, cnt[pos], win[pos], ksess["count"],
-                                                                        ksess["gap"])
-                    except ValueError:
-                        ksess = None
-                kinds.append(ksess if ksess is not None else sess)
-        comp["session_by_kind"] = kinds
-        # ---- roots: sessions per first block among first requests
-        rg = st.root_group[first]
-        _, per_root = np.unique(rg, return_counts=True)
-        shared_sess = per_root[per_root > 1]
-        fm = first & (st.root_match > 0)
-        comp["roots"] = {"private_share": 1.0, "n_shared": 0, "popularity": None, "trunk_blocks": []}
-        if shared_sess.size >= 1 and fm.any():
-            trunk = {}
-            for r, m in zip(st.root_group[fm], st.root_match[fm]):
-                trunk[int(r)] = max(trunk.get(int(r), 0), int(m))
-            tl = np.asarray(list(trunk.values()), dtype=np.float64)
-            try:
-                pop = (L.fit_zipf_ranks(shared_sess).to_dict() if shared_sess.size >= 2 else
-                       L.Law("zipf_ranks", {"s": 0.0, "items": 1.0}, 0.0, int(shared_sess.sum()), {}).to_dict())
-                comp["roots"] = {
-                    "private_share": float(np.mean(np.isin(rg, np.unique(rg)[per_root == 1]))),
-                    "n_shared": int(shared_sess.size), "popularity": pop,
-                    "trunk_blocks": sorted(int(x) for x in tl),
-                }
-                comp["first_shared_extra_blocks"] = L.fit_count0((nb[fm] - st.root_match[fm]).astype(np.int64))
-            except ValueError as e:
-                notes.append(f"[{tname}] shared roots not modelled ({e})")
-        # ---- steps
-        stp = sel & (st.parent >= 0)
-        comp["step"] = None
-        emp["step"] = None
-        if stp.sum() >= 1:
-            d, a = st.dropped[stp], st.appended[stp]
-            cls = _step_class(d, a, st.shared[stp])
-            # an agent compacts when its context nears a limit: rewrites (steps keeping at most half of
-            # their parent) are a class of their own, length-triggered, when their parents are longer
-            # than the other steps' (one-sided Mann-Whitney, p < 0.01); else they stay branches
-            pbl = nb[st.parent[stp]]
-            cp = cls == 4
-            mw_p = 1.0
-            if cp.sum() >= 2 and (~cp).sum() >= 2:
-                mw_p = float(stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater").pvalue)
-            if cp.any():
-                ck.add("step.compaction_trigger", "empirical" if mw_p < 0.01 else "none",
-                       f"rewrites at longer contexts (Mann-Whitney p {mw_p:.2g})" if mw_p < 0.01 else
-                       f"rewrites not at longer contexts (p {mw_p:.2g}): branches", mannwhitney_p=mw_p)
-            if mw_p >= 0.01:
-                cls = np.where(cp, 2, cls)
-            # whole empirical sessions keep their own steps (drawn at random within the session): a
-            # session's growth and compaction rates stay its own
-            sstep = np.searchsorted(uniq, st.session[stp])
-            trip = np.stack([cls, d, a, st.shared[stp]], axis=1)
-            own = [trip[sstep == i].tolist() for i in range(uniq.size)]
-            pbl_all = nb[st.parent[stp]]
-            own_at = [np.stack([pbl_all, st.shared[stp], a], axis=1)[(sstep == i) & (cls == 4)].tolist()
-                      for i in range(uniq.size)]  # (parent blocks, kept, appended) of each own compaction
-            smax = np.zeros(uniq.size, np.int64)
-            np.maximum.at(smax, np.searchsorted(uniq, s_of), nb[sel])
-            for target in (emp["session"], comp["session"]):
-                if target.get("family") == "empirical_sessions":
-                    target.update(steps=own, compact_at=own_at, max_blocks=smax.tolist())
-            cp = cls == 4
-            compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
-                        "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
-            # the sampler compacts a context once it reaches a limit drawn from the parents' lengths at
-            # compaction (the empirical law), and never at random
-            trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions") if cp.any() else None
-            steps = {}
-            for fe in (False, True):
-                sub = _Checks() if fe else ck
-                frc = fe or "step" in force
-                br = cls == 2
-                delta = a[br] - d[br]
-                nz = delta[delta != 0]
-                bdrop = None
-                if br.sum() >= 1:
-                    # censored at the parent's length (at_least) and clamped to it when sampled: the
-                    # law's mean is not the data's, so only its shape is checked
-                    bdrop = _choose("step.branch_dropped", d[br],
-                                    lambda x, c=(st.shared[stp] <= 1)[br]: L.fit_count(x, at_least=c), sub,
-                                    discrete=True, force=frc, mean_matters=False)
-                # a branch's appended blocks may depend on its dropped ones (a compaction drops many
-                # and appends a summary): unless a chi-square test on their quartile bins finds them
-                # independent (p >= 0.01), the pairs are drawn jointly from the trace
-                pairs = None
-                if br.sum() >= 1:
-                    pv = _independence_p(d[br], delta)
-                    if frc or br.sum() < MIN_PARAMETRIC or pv < 0.01:
-                        sub.add("step.branch_pairs", "empirical", "ablation" if frc else
-                                f"dropped blocks and length change dependent (chi-square p {pv:.2g})" if br.sum() >=
-                                MIN_PARAMETRIC else f"{int(br.sum())} branches (< {MIN_PARAMETRIC})", independence_p=pv)
-                        pairs = {"family": "empirical_pairs", "dropped": [int(x) for x in d[br]],
-                                 "appended": [int(x) for x in a[br]], "n": int(br.sum())}
-                    else:
-                        sub.add("step.branch_pairs", "parametric", "", independence_p=pv)
-                steps[fe] = {
-                    "branch_pairs": pairs,
-                    "compact_pairs": compact,
-                    "compact_trigger": trigger,
-                    "lag_pmf": _pmf(st.lag[stp], 1, _MAX_LAG),
-                    "class_p": [float(np.mean(cls == c)) for c in range(len(STEP_CLASSES))],
-                    "branch_dropped": bdrop,
-                    "branch_length_change": {
-                        "p0": float(np.mean(delta == 0)) if delta.size else 1.0,
-                        "p_positive": float(np.mean(nz > 0)) if nz.size else 0.5,
-                        "abs": _choose("step.branch_length_change", np.abs(nz), L.fit_count, sub, discrete=True,
-                                       force=frc)},
-                    "extend_appended": _choose("step.extend_appended", a[cls == 1], L.fit_count, sub, discrete=True,
-                                               force=frc),
-                    "truncate_dropped": _choose("step.truncate_dropped", d[cls == 3], L.fit_count, sub,
-                                                discrete=True, force=frc),
-                }
-            comp["step"], emp["step"] = steps[False], steps[True]
-        # ---- outputs
-        out_tok = np.maximum(w.output_tokens[sel], 0) + 0.5
-        emp["output"] = L.empirical(out_tok)
-        comp["output_tokens"] = _choose("output", out_tok, L.fit_positive, ck, discrete=False,
-                                        force="output" in force, mean_matters=False)
-        comp["empirical"] = emp
-        for k, r in ck.rows.items():
-            if r["used"] == "empirical":
-                notes.append(f"[{tname}] {k}: empirical law ({r['why']})")
-        gof[tname] = ck.rows
-        comps[tname] = comp
+        _fit_type(ti, tname, w=w, st=st, t=t, D=D, nb=nb, typ=typ, force=force, rng=rng, notes=notes, comps=comps,
+                  gof=gof, gap_families=gap_families, max_kinds=max_kinds, names=names)
     return {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
             "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
                        "key_chaining": chain},
@@ -669,6 +688,156 @@ def _stratified(rng, n: int) -> np.ndarray:
     return (rng.permutation(n) + rng.random(n)) / max(n, 1)
 
 
+def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh, kinds, muk, pick, rng, roots, rows,
+                    sess0, sgk, starts, step, ti, trunks, u_all, wk) -> None:
+    """One sampled session (its requests appended to ``rows``)."""
+    z1 = float(rng.standard_normal())
+    if emp_first:
+        kind = 0
+        n_first = int(L.sample(fl, rng, 1)[0])
+    else:
+        kind = int(rng.choice(wk.size, p=wk / wk.sum()))
+        n_first = max(int(math.ceil(math.exp(muk[kind] + sgk[kind] * z1))), 1)
+    if emp_sess:
+        j = int(pick[si])
+        times = np.concatenate([[s0], s0 + np.cumsum(sess0["gaps"][j])])
+        # the session's own first length: a session drawn whole keeps its joint law with its
+        # first request (a separately fitted length law would lose the length-count dependence)
+        n_first = int(sess0["first_tokens"][j]) or n_first
+    else:
+        sess = kinds[min(kind, len(kinds) - 1)]
+        rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
+        if rho != 0.0:
+            u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
+        else:
+            u = u_all[si]
+        k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
+            _draw_count(sess["count"], rng)[0])
+        times = [np.array([s0])]
+        left, last = k - 1, s0
+        while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
+            g = np.cumsum(L.sample(sess["gap"], rng, min(left, 64))) + last
+            times.append(g)
+            left -= g.size
+            last = float(g[-1])
+        times = np.concatenate(times)
+    times = times[times < D]
+    if step is None:
+        times = times[:1]
+    hist = []  # (keys, input tokens) of this session's requests
+    trig = step.get("compact_trigger") if step else None
+    # compaction limits: an empirical session's own (in order), then the pooled law, but past
+    # the longest context the session reached in the trace
+    own_at = list(sess0["compact_at"][pick[si]]) if emp_sess and "compact_at" in sess0 else None
+    floor = int(sess0["max_blocks"][pick[si]]) if own_at is not None else 0
+
+    def next_limit(own_at=own_at, floor=floor, trig=trig):
+        if own_at:
+            x = own_at.pop(0)
+            return int(x[0]), int(x[1]), int(x[2])
+        return max(int(L.sample(trig, rng, 1)[0]), floor + 1), None, None
+
+    limit = next_limit() if trig is not None else (0, None, None)
+    for j, tj in enumerate(times):
+        if j == 0:
+            n_in = max(n_first, 1)
+            nbk = -(-n_in // bt)
+            if trunks and rng.random() >= roots["private_share"]:
+                r = int(L.sample(roots["popularity"], rng, 1)[0])
+                tr = trunks[r % len(trunks)]
+                if nbk <= tr.size:
+                    extra = max(int(L.sample_count0(comp["first_shared_extra_blocks"], rng, 1)[0]), 1)
+                    ks = np.concatenate([tr, fresh(extra)])
+                    n_in = (ks.size - 1) * bt + int(rng.integers(1, bt + 1))
+                else:
+                    ks = np.concatenate([tr, fresh(nbk - tr.size)])
+            else:
+                ks = fresh(nbk)
+        else:
+            lag = 1 + int(rng.choice(len(step["lag_pmf"]), p=np.asarray(step["lag_pmf"]) /
+                                     np.sum(step["lag_pmf"])))
+            pk, p_in = hist[max(j - lag, 0)]
+            own = sess0["steps"][pick[si]] if emp_sess and sess0.get("steps") else None
+            if own and trig is not None:
+                own = [x for x in own if x[0] != 4]
+            done = False
+            if trig is not None and pk.size >= limit[0]:  # a length-triggered compaction
+                c = 4
+                if limit[1] is not None:  # the session's own rewrite
+                    d, a, done = max(pk.size - limit[1], 0), max(limit[2], 1), True
+                limit = next_limit()
+            elif own:  # the session's own steps
+                c, d, a, kept = own[int(rng.integers(0, len(own)))]
+                d = max(pk.size - kept, 0) if c == 4 else d
+                done = True
+            else:
+                cp = np.asarray(step["class_p"], dtype=np.float64)
+                if trig is not None and cp.size > 4:
+                    cp[4] = 0.0
+                c = int(rng.choice(cp.size, p=cp / cp.sum()))
+            if done:
+                pass
+            elif c == 0:
+                d, a = 0, 0
+            elif c == 1:
+                d, a = 0, max(int(_draw_count(step["extend_appended"], rng)[0]), 1)
+            elif c == 4:  # a compaction: keeps the parent's first blocks, appends a rewrite
+                bp = step["compact_pairs"]
+                r = int(rng.integers(0, int(bp["n"])))
+                d, a = max(pk.size - int(bp["kept"][r]), 0), max(int(bp["appended"][r]), 1)
+            elif c == 2 and step.get("branch_pairs"):
+                bp = step["branch_pairs"]
+                r = int(rng.integers(0, int(bp["n"])))
+                d, a = int(bp["dropped"][r]), int(bp["appended"][r])
+            elif c == 2:
+                d = max(int(_draw_count(step["branch_dropped"], rng)[0]), 1)
+                a = max(d + _draw_delta(step["branch_length_change"], rng), 1)
+            else:
+                d, a = max(int(_draw_count(step["truncate_dropped"], rng)[0]), 1), 0
+            m = max(pk.size - d, min(pk.size, 1))  # a session keeps its root block
+            if m + a == 0:
+                a = 1
+            ks = np.concatenate([pk[:m], fresh(a)]) if a else pk[:m]
+            n_in = p_in if (a == 0 and m == pk.size) else (ks.size - 1) * bt + int(rng.integers(1, bt + 1))
+        out = max(int(float(L.sample(comp["output_tokens"], rng, 1)[0])), 0)
+        hist.append((ks, n_in))
+        rows.append((float(tj), ti, ks, n_in, out))
+
+
+def _sample_type(ti: int, tname: str, comp: dict, *, model: dict, D: float, bt: int, rng, fresh, rows: list) -> None:
+    """Sample the sessions of one request type into ``rows`` ((time, type, keys, input, output) per request)."""
+    arr = comp["arrivals"]
+    if arr.get("family") == "empirical_times":
+        starts = _sample_empirical_times(arr, rng, D)
+    else:
+        starts = L.sample_arrivals(L.Arrivals.from_dict(arr), rng, D)
+    N = starts.size
+    sess0 = comp["session"]
+    emp_sess = sess0.get("family") == "empirical_sessions"
+    pick = wk = muk = sgk = None  # set where the session and length laws need them
+    if emp_sess:
+        ns = int(sess0["n"])
+        pick = np.concatenate([rng.permutation(ns) for _ in range(-(-N // max(ns, 1)))])[:N] if N else []
+    u_all = _stratified(rng, N)
+    roots = comp["roots"]
+    trunks = []
+    if roots.get("popularity") and roots["n_shared"] > 0:
+        tb = roots["trunk_blocks"]
+        n_sh = int(roots["n_shared"])
+        trunks = [fresh(int(tb[rng.integers(len(tb))]) if tb else 1) for _ in range(n_sh)]
+    step = comp["step"]
+    fl = comp["first_input_tokens"]
+    emp_first = L.is_empirical(fl)
+    if not emp_first:
+        mix = L.Law.from_dict(fl)
+        wk, muk, sgk = L.mix_components(mix)
+    kinds = comp.get("session_by_kind") or [sess0]
+    for si, s0 in enumerate(starts):
+        _sample_session(si, s0, D=D, bt=bt, comp=comp, emp_first=emp_first, emp_sess=emp_sess, fl=fl, fresh=fresh,
+                        kinds=kinds, muk=muk, pick=pick, rng=rng, roots=roots, rows=rows, sess0=sess0, sgk=sgk,
+                        starts=starts, step=step, ti=ti, trunks=trunks, u_all=u_all, wk=wk)
+
+
 def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = None, name: str = "fitted") -> Workload:
     """A workload of whole sessions drawn from a fitted model over ``[0, duration_s)`` (default: the
     fitted trace's window); requests after the end are dropped, as the trace's were. Session sizes
@@ -687,143 +856,7 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
 
     rows = []  # (time, type, keys, input tokens, output tokens)
     for ti, (tname, comp) in enumerate(model["components"].items()):
-        arr = comp["arrivals"]
-        if arr.get("family") == "empirical_times":
-            starts = _sample_empirical_times(arr, rng, D)
-        else:
-            starts = L.sample_arrivals(L.Arrivals.from_dict(arr), rng, D)
-        N = starts.size
-        sess0 = comp["session"]
-        emp_sess = sess0.get("family") == "empirical_sessions"
-        if emp_sess:
-            ns = int(sess0["n"])
-            pick = np.concatenate([rng.permutation(ns) for _ in range(-(-N // max(ns, 1)))])[:N] if N else []
-        u_all = _stratified(rng, N)
-        roots = comp["roots"]
-        trunks = []
-        if roots.get("popularity") and roots["n_shared"] > 0:
-            tb = roots["trunk_blocks"]
-            n_sh = int(roots["n_shared"])
-            trunks = [fresh(int(tb[rng.integers(len(tb))]) if tb else 1) for _ in range(n_sh)]
-        step = comp["step"]
-        fl = comp["first_input_tokens"]
-        emp_first = L.is_empirical(fl)
-        if not emp_first:
-            mix = L.Law.from_dict(fl)
-            wk, muk, sgk = L.mix_components(mix)
-        kinds = comp.get("session_by_kind") or [sess0]
-        for si, s0 in enumerate(starts):
-            z1 = float(rng.standard_normal())
-            if emp_first:
-                kind = 0
-                n_first = int(L.sample(fl, rng, 1)[0])
-            else:
-                kind = int(rng.choice(wk.size, p=wk / wk.sum()))
-                n_first = max(int(math.ceil(math.exp(muk[kind] + sgk[kind] * z1))), 1)
-            if emp_sess:
-                j = int(pick[si])
-                times = np.concatenate([[s0], s0 + np.cumsum(sess0["gaps"][j])])
-                # the session's own first length: a session drawn whole keeps its joint law with its
-                # first request (a separately fitted length law would lose the length-count dependence)
-                n_first = int(sess0["first_tokens"][j]) or n_first
-            else:
-                sess = kinds[min(kind, len(kinds) - 1)]
-                rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
-                if rho != 0.0:
-                    u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
-                else:
-                    u = u_all[si]
-                k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
-                    _draw_count(sess["count"], rng)[0])
-                times = [np.array([s0])]
-                left, last = k - 1, s0
-                while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
-                    g = np.cumsum(L.sample(sess["gap"], rng, min(left, 64))) + last
-                    times.append(g)
-                    left -= g.size
-                    last = float(g[-1])
-                times = np.concatenate(times)
-            times = times[times < D]
-            if step is None:
-                times = times[:1]
-            hist = []  # (keys, input tokens) of this session's requests
-            trig = step.get("compact_trigger") if step else None
-            # compaction limits: an empirical session's own (in order), then the pooled law, but past
-            # the longest context the session reached in the trace
-            own_at = list(sess0["compact_at"][pick[si]]) if emp_sess and "compact_at" in sess0 else None
-            floor = int(sess0["max_blocks"][pick[si]]) if own_at is not None else 0
-
-            def next_limit(own_at=own_at, floor=floor, trig=trig):
-                if own_at:
-                    x = own_at.pop(0)
-                    return int(x[0]), int(x[1]), int(x[2])
-                return max(int(L.sample(trig, rng, 1)[0]), floor + 1), None, None
-
-            limit = next_limit() if trig is not None else (0, None, None)
-            for j, tj in enumerate(times):
-                if j == 0:
-                    n_in = max(n_first, 1)
-                    nbk = -(-n_in // bt)
-                    if trunks and rng.random() >= roots["private_share"]:
-                        r = int(L.sample(roots["popularity"], rng, 1)[0])
-                        tr = trunks[r % len(trunks)]
-                        if nbk <= tr.size:
-                            extra = max(int(L.sample_count0(comp["first_shared_extra_blocks"], rng, 1)[0]), 1)
-                            ks = np.concatenate([tr, fresh(extra)])
-                            n_in = (ks.size - 1) * bt + int(rng.integers(1, bt + 1))
-                        else:
-                            ks = np.concatenate([tr, fresh(nbk - tr.size)])
-                    else:
-                        ks = fresh(nbk)
-                else:
-                    lag = 1 + int(rng.choice(len(step["lag_pmf"]), p=np.asarray(step["lag_pmf"]) /
-                                             np.sum(step["lag_pmf"])))
-                    pk, p_in = hist[max(j - lag, 0)]
-                    own = sess0["steps"][pick[si]] if emp_sess and sess0.get("steps") else None
-                    if own and trig is not None:
-                        own = [x for x in own if x[0] != 4]
-                    done = False
-                    if trig is not None and pk.size >= limit[0]:  # a length-triggered compaction
-                        c = 4
-                        if limit[1] is not None:  # the session's own rewrite
-                            d, a, done = max(pk.size - limit[1], 0), max(limit[2], 1), True
-                        limit = next_limit()
-                    elif own:  # the session's own steps
-                        c, d, a, kept = own[int(rng.integers(0, len(own)))]
-                        d = max(pk.size - kept, 0) if c == 4 else d
-                        done = True
-                    else:
-                        cp = np.asarray(step["class_p"], dtype=np.float64)
-                        if trig is not None and cp.size > 4:
-                            cp[4] = 0.0
-                        c = int(rng.choice(cp.size, p=cp / cp.sum()))
-                    if done:
-                        pass
-                    elif c == 0:
-                        d, a = 0, 0
-                    elif c == 1:
-                        d, a = 0, max(int(_draw_count(step["extend_appended"], rng)[0]), 1)
-                    elif c == 4:  # a compaction: keeps the parent's first blocks, appends a rewrite
-                        bp = step["compact_pairs"]
-                        r = int(rng.integers(0, int(bp["n"])))
-                        d, a = max(pk.size - int(bp["kept"][r]), 0), max(int(bp["appended"][r]), 1)
-                    elif c == 2 and step.get("branch_pairs"):
-                        bp = step["branch_pairs"]
-                        r = int(rng.integers(0, int(bp["n"])))
-                        d, a = int(bp["dropped"][r]), int(bp["appended"][r])
-                    elif c == 2:
-                        d = max(int(_draw_count(step["branch_dropped"], rng)[0]), 1)
-                        a = max(d + _draw_delta(step["branch_length_change"], rng), 1)
-                    else:
-                        d, a = max(int(_draw_count(step["truncate_dropped"], rng)[0]), 1), 0
-                    m = max(pk.size - d, min(pk.size, 1))  # a session keeps its root block
-                    if m + a == 0:
-                        a = 1
-                    ks = np.concatenate([pk[:m], fresh(a)]) if a else pk[:m]
-                    n_in = p_in if (a == 0 and m == pk.size) else (ks.size - 1) * bt + int(rng.integers(1, bt + 1))
-                out = max(int(float(L.sample(comp["output_tokens"], rng, 1)[0])), 0)
-                hist.append((ks, n_in))
-                rows.append((float(tj), ti, ks, n_in, out))
+        _sample_type(ti, tname, comp, model=model, D=D, bt=bt, rng=rng, fresh=fresh, rows=rows)
     if not rows:
         raise ValueError("the fitted model produced no requests in the window")
     rows.sort(key=lambda r: r[0])

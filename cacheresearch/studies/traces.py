@@ -191,6 +191,32 @@ def _curves(ws, caps, ttls):
     return (np.stack([capacity_hit_rates(x, caps) for x in ws]), np.stack([ttl_hit_rates(x, ttls) for x in ws]))
 
 
+def _fitted_laws(model: dict) -> dict:
+    """Per request type, the law each component of the fitted model uses (or ``empirical``), in words."""
+    comps = model["components"]
+
+    def _fam(law):
+        return "empirical" if law is None or L_is_emp(law) else law.get("family")
+
+    laws = {}
+    for t, cm in comps.items():
+        ses = cm["session"]
+        emp_s = ses.get("family") == "empirical_sessions"
+        arr = cm["arrivals"]
+        laws[t] = {
+            "arrivals": ("empirical (kernel-resampled starts)" if arr.get("family") == "empirical_times" else
+                         f"{len(arr['rates_per_s'])} rate bins, {arr['renewal']['family']} gaps"),
+            "requests_per_session": "empirical (whole sessions)" if emp_s else ses["count"]["family"],
+            "reuse_gap": "empirical (whole sessions)" if emp_s else ses["gap"]["family"],
+            "lengths": ("empirical" if L_is_emp(cm["first_input_tokens"]) else
+                        f"lognormal mixture of {sum(1 for k in cm['first_input_tokens']['params'] if k[0] == 'w')}"),
+            "output": _fam(cm["output_tokens"]),
+            "step_classes": cm["step"]["class_p"] if cm["step"] else None,
+            "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
+                                 for k in cm["session_by_kind"]]}
+    return laws
+
+
 def fit_study(cfg) -> xr.Dataset:
     from cacheresearch.fit.agent import agent_structure
     from cacheresearch.fit.model import COMPONENTS, ablate
@@ -285,27 +311,7 @@ def fit_study(cfg) -> xr.Dataset:
         "hit_rate_analytic": ("Che's approximation from the fitted sample's block rates (finite window)", "1"),
         "hit_rate_analytic_ttl": ("1 - exp(-lambda TTL) from the fitted sample's block rates (finite window)", "1"),
     })
-    comps = model["components"]
-
-    def _fam(law):
-        return "empirical" if law is None or L_is_emp(law) else law.get("family")
-
-    laws = {}
-    for t, cm in comps.items():
-        ses = cm["session"]
-        emp_s = ses.get("family") == "empirical_sessions"
-        arr = cm["arrivals"]
-        laws[t] = {
-            "arrivals": ("empirical (kernel-resampled starts)" if arr.get("family") == "empirical_times" else
-                         f"{len(arr['rates_per_s'])} rate bins, {arr['renewal']['family']} gaps"),
-            "requests_per_session": "empirical (whole sessions)" if emp_s else ses["count"]["family"],
-            "reuse_gap": "empirical (whole sessions)" if emp_s else ses["gap"]["family"],
-            "lengths": ("empirical" if L_is_emp(cm["first_input_tokens"]) else
-                        f"lognormal mixture of {sum(1 for k in cm['first_input_tokens']['params'] if k[0] == 'w')}"),
-            "output": _fam(cm["output_tokens"]),
-            "step_classes": cm["step"]["class_p"] if cm["step"] else None,
-            "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
-                                 for k in cm["session_by_kind"]]}
+    laws = _fitted_laws(model)
     ds.attrs.update(S.common_attrs(cfg, "fit", t0, dict(
         trace=str(w.name), trace_format=str(w.meta.get("format", "")), trace_requests=int(w.n_requests),
         working_set_blocks=working_set(w), block_tokens=int(w.block_tokens), fit_time_s=fit_s,
