@@ -429,7 +429,7 @@ def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq):
         comp["step"], emp["step"] = steps[False], steps[True]
 
 
-def _fit_sessions(D, ck, comp, emp, fig, force, gap_families, rng, sel, st, t, w, why):
+def _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w):
     """A type's sessions: request counts, reuse gaps and censoring windows, their law (or the empirical one)."""
     s_of = st.session[sel]
     uniq, cnt = np.unique(s_of, return_counts=True)
@@ -530,8 +530,7 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
         arr = emp["arrivals"]
     comp["arrivals"] = arr
     # ---- sessions: counts, gaps, censoring windows
-    cnt, gaps, gs, s_of, sess, uniq, win = _fit_sessions(D, ck, comp, emp, fig, force, gap_families, rng, sel, st, t,
-                                                         w, why)
+    cnt, gaps, gs, s_of, sess, uniq, win = _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w)
     # ---- first requests' lengths; session kinds (parametric sessions only)
     first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
     emp["first"] = L.empirical(first_tok, integer=True)
