@@ -181,7 +181,8 @@ def test_sweep_with_vllm_replicas(tmp_path):
 
 
 @pytest.mark.parametrize("router,cap", [pytest.param("llmd_approximate", 60, marks=pytest.mark.slow),
-                                        ("llmd_approximate", 30), pytest.param("llmd_precise", 30, marks=pytest.mark.slow)])
+                                        ("llmd_approximate", 30),
+                                        pytest.param("llmd_precise", 30, marks=pytest.mark.slow)])
 def test_cache_routers_equal_reference(router, cap):
     """The precise and approximate views (an index that forgets) under chunking and preemption."""
     w = _workload(3, 4, 200, 40, 30, 2, 20)
