@@ -52,6 +52,7 @@ def cells():
     return streams, stream_of, params, seeds
 
 
+# the JAX runner's grouping and chunking (backend="jax"; the numba backend's equality is tests/test_replay.py)
 OPTS = dict(max_replicas=3, match=True, max_instances=1, queue_slots=64)
 
 
@@ -63,7 +64,7 @@ def single(streams, stream_of, params, seeds, g):
 @pytest.fixture(scope="module")
 def full_run(cells):
     streams, stream_of, params, seeds = cells
-    return simulate_cells(streams, stream_of, params, seeds, **OPTS)
+    return simulate_cells(streams, stream_of, params, seeds, backend="jax", **OPTS)
 
 
 def test_cells_equal_single_runs_in_cell_order(cells, full_run):
@@ -91,19 +92,19 @@ def test_cells_chunk_to_fit_memory_and_refuse_what_cannot(cells, full_run, monke
     # a machine with 70% of that program's memory (the budget is 80% of what is available)
     monkeypatch.setattr(run_mod, "available_memory_bytes", lambda: int(biggest.memory_bytes * 0.7 / 0.8))
     lines = []
-    small, plan2 = simulate_cells(streams, stream_of, params, seeds, log=lines.append, **OPTS)
+    small, plan2 = simulate_cells(streams, stream_of, params, seeds, log=lines.append, backend="jax", **OPTS)
     assert plan2.calls > plan.calls
     assert all(g.memory_bytes <= int(biggest.memory_bytes * 0.7) or g.per_stream == 1 for g in plan2.groups)
     assert lines[0].startswith("plan: ") and "memory estimate" in lines[0]
     same(small, full)
     monkeypatch.setattr(run_mod, "available_memory_bytes", lambda: 1)
     with pytest.raises(MemoryError_, match="MiB"):
-        simulate_cells(streams, stream_of, params, seeds, **OPTS)
+        simulate_cells(streams, stream_of, params, seeds, backend="jax", **OPTS)
 
 
 def test_max_batch_bounds_configurations_per_call(cells, full_run):
     streams, stream_of, params, seeds = cells
     full, _ = full_run
-    m, plan = simulate_cells(streams, stream_of, params, seeds, max_batch=3, **OPTS)
+    m, plan = simulate_cells(streams, stream_of, params, seeds, max_batch=3, backend="jax", **OPTS)
     assert all(len(g.streams) * g.per_stream <= max(3, len(g.streams)) for g in plan.groups)
     same(m, full)
