@@ -146,16 +146,18 @@ def test_params_fields_and_dtypes_are_pinned():
         "decode_us_per_token", "kv_pressure",
     )
     assert tuple(f for f in Params._fields if f in pinned) == pinned
+    from cacheresearch.cache.block import BLOCK_KNOBS
     from cacheresearch.core.params import STEP_KNOBS
 
-    extra = {k.name for k in REGISTRY.router_knobs() + REGISTRY.shared_knobs("replica") + STEP_KNOBS}
+    extra = {k.name for k in REGISTRY.router_knobs() + REGISTRY.shared_knobs("replica") + STEP_KNOBS + BLOCK_KNOBS}
     assert set(Params._fields) - set(pinned) <= extra
     bools = {"leaf_first", "refresh", "local_load", "miss_smallest_tree", "kv_pressure"}
     p = make_params("lru", 10, router="kv_cost")
     for f in pinned:
         want = np.bool_ if f in bools else np.float32 if f == "temperature" else np.int32
         assert np.asarray(getattr(p, f)).dtype == want == PARAM_DTYPES[f], f
-    assert KNOBS == tuple(ROUTER_DEFAULTS) + ("prefill_tps", "decode_us_per_token") + tuple(k.name for k in STEP_KNOBS)
+    assert KNOBS == (tuple(ROUTER_DEFAULTS) + ("prefill_tps", "decode_us_per_token") + tuple(k.name for k in STEP_KNOBS)
+                     + tuple(k.name for k in BLOCK_KNOBS))
 
 
 def test_every_declared_range_is_enforced():

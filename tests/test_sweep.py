@@ -305,8 +305,8 @@ def test_plan_scalars_override_the_base():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["grid.policy=[lru,fifo]"], "unknown policy 'fifo'"),
-        (["cache.policy=arc"], "unknown policy 'arc'"),
+        (["grid.policy=[lru,belady]"], "unknown policy 'belady'"),  # fifo, arc are policies now (issue 21)
+        (["cache.policy=mru"], "unknown policy 'mru'"),
         (["fleet.router=bogus"], "unknown router 'bogus'"),
         (["grid.router=[random,sticky]"], "unknown router 'sticky'"),
         (["cache.capacity_blocks=null"], "policy 'lru' needs a capacity"),

@@ -166,7 +166,8 @@ def _cfg(path, **study):
 
 
 def test_study_dataset_summary_and_figure(tmp_path):
-    from cacheresearch.studies import run_study, write_outputs
+    from cacheresearch.shell.sweep import write_outputs
+    from cacheresearch.studies import run_study
 
     ds = run_study(_cfg(POISSON, pricing_overrides={"anthropic_5m": {"base_per_mtok": 15.0}}))
     assert set(ds.option.values) == {"anthropic_5m", "anthropic_1h", "none"}

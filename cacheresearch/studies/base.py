@@ -168,30 +168,9 @@ def _as_dict(defaults) -> dict:
     return dict(defaults)
 
 
-def _check_type(where: str, default, v):
-    """A given value must have its default's kind (numbers may be ints or floats; None default: anything)."""
-    if default is None or v is None:
-        return
-    num = (int, float)
-    if isinstance(default, bool):
-        ok = isinstance(v, bool)
-    elif isinstance(default, num):
-        ok = isinstance(v, num) and not isinstance(v, bool)
-    elif isinstance(default, str):
-        ok = isinstance(v, str)
-    elif isinstance(default, (list, tuple)):
-        ok = isinstance(v, (list, tuple))
-    elif isinstance(default, dict):
-        ok = isinstance(v, dict)
-    else:
-        ok = True
-    if not ok:
-        raise StudyError(f"{where}: expected {type(default).__name__}, got {v!r}")
-
-
 def study_cfg(cfg, defaults) -> dict:
     """``cfg.study`` merged over ``defaults`` (a dict or a dataclass from :func:`defaults_class`; nested
-    dicts merge; unknown keys and values of the wrong kind are an error naming the key)."""
+    dicts merge; an unknown key is an error naming it; the study checks the values)."""
     defaults = _as_dict(defaults() if isinstance(defaults, type) else defaults)
     given = cfg.get("study") if hasattr(cfg, "get") else None
     given = OmegaConf.to_container(given, resolve=True) if given is not None and not isinstance(given, dict) else (
@@ -205,8 +184,7 @@ def study_cfg(cfg, defaults) -> dict:
             if isinstance(d[k], dict) and isinstance(v, dict) and d[k]:
                 out[k] = merge(d[k], v, f"{where}{k}.")
             else:
-                _check_type(f"{where}{k}", d[k], v)
-                out[k] = v
+                out[k] = v  # values are checked by the study, with its own messages
         return out
 
     return merge(defaults, given, "study.")
