@@ -48,8 +48,8 @@ def test_two_part_multirun_equals_single_process(launcher, tmp_path, reference, 
     p = subprocess.run(cmd, cwd=ROOT, env=env(jax_cache), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     files = sorted((out / "chunks").glob("chunk-*.nc"))
-    assert len(files) == 2  # one chunk per part, both parts in one directory
     with xr.open_dataset(out / "results.nc", engine="h5netcdf") as ds:
         ds = ds.load()
-    assert ds.attrs["chunks"] == 2
+    # both parts' chunks in one directory (a part's chunks are its programs' calls: numba runs a stream per call)
+    assert len(files) == ds.attrs["chunks"] >= 2
     assert_same_results(ds, reference)
