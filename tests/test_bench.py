@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from reference import reference_simulate
 
 from cacheresearch import bench
 from cacheresearch.analysis.mrc import route_requests
@@ -31,7 +32,7 @@ LCS_WORKERS = 2
 def tiny_report(tmp_path_factory):
     path = tmp_path_factory.mktemp("bench") / "bench.json"
     report = bench.run_bench(["tiny"], quick=True, configs=8, repeats=1, budget_s=0.5, json_path=str(path), quiet=True,
-                             lcs_workers=LCS_WORKERS)
+                             lcs_workers=LCS_WORKERS, reference=reference_simulate)
     return report, path
 
 
