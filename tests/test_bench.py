@@ -339,7 +339,9 @@ def test_unknown_case_is_refused():
 
 
 def test_mooncake_falls_back_to_fixture(monkeypatch):
-    monkeypatch.setattr(bench, "SHARED_TRACE", bench.SHARED_TRACE.with_name("no_such_trace.jsonl"))
+    from cacheresearch.bench import workloads  # noqa: PLC0415 - the module that reads the path
+
+    monkeypatch.setattr(workloads, "SHARED_TRACE", workloads.SHARED_TRACE.with_name("no_such_trace.jsonl"))
     spec = bench.make_workload("mooncake", quick=True, quiet=True)
     assert spec.source.startswith("fixture") and "absent" in spec.note
     assert spec.workload.n_requests == 200 and spec.workload.block_tokens == 512
