@@ -11,17 +11,31 @@ from reference_batch import reference_batch
 
 from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, simulate
-from cacheresearch.core.stream import compile_stream
+from cacheresearch.core.stream import StreamShape, compile_stream, pad_stream, stream_shape
 from cacheresearch.workload.synthetic import tenant_workload
 
+#: One compiled program serves every default test of this file (compiles dominate its cost): streams are
+#: padded to one static shape and every test runs under the same static options (replica, slot, run and
+#: instance bounds, every router rule, the match / index / stale flags); what a test varies is dynamic.
+SHAPE = StreamShape(steps=160, width=2, requests=160, entries=320, positions=2560, keys=160)
+STATIC = dict(max_replicas=3, max_running=8, queue_slots=64, max_runs=4, max_instances=3, match=True,
+              index=True, stale=True, scheduler="vllm",
+              routers_compiled=("round_robin", "random", "weighted_scorers", "cache_aware", "least_loaded"))
+S_BOUND = STATIC["max_running"]
 
-def _run(w, *, R, router="round_robin", seed=0, S=8, Q=64, **kn):
+
+def _run(w, *, R, router="round_robin", seed=0, **kn):
+    """The engine on ``w`` under the shared program; per-request arrays cut to ``w``'s requests."""
     s = compile_stream(w, stateful_singletons=True)
+    own = stream_shape(s)
+    s = pad_stream(s, SHAPE.union(own))  # a larger workload pads to its own shape (one more compile)
     p = make_params("lru", capacity_blocks=kn.pop("capacity_blocks"), replicas=R, router=router, **kn)
     key = jax.random.key(seed)
-    m = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=S, queue_slots=Q)
-    bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
-    return m, bits
+    m = simulate(s, p, key, **STATIC)
+    n = w.n_requests
+    bits = np.asarray(request_bits(key, int(s.arrival_ms.shape[-1])))[:n]  # the padded stream's draws
+    cut = {f: getattr(m, f)[:n] for f in ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")}
+    return m._replace(**cut), bits
 
 
 def _ref(w, *, R, router="round_robin", bits, S, Q, **kn):
@@ -51,7 +65,7 @@ def test_small_fleet_equals_reference():
     w = _workload(0, 6, 320, 64, 20, 4, 8)
     kn = dict(capacity_blocks=60, max_num_batched_tokens=128, max_num_seqs=8)
     m, bits = _run(w, R=2, **kn)
-    ref = _ref(w, R=2, bits=bits, S=8, Q=64, **kn)
+    ref = _ref(w, R=2, bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
 
 
@@ -67,8 +81,8 @@ def _check_case(seed, cap, budget, seqs, R, out, router):
     kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
     if router == "llmd_approximate":
         kn["index_capacity"] = cap // 2 + 20  # an index that forgets: the approximate view diverges
-    m, bits = _run(w, R=R, router=router, S=6, **kn)
-    ref = _ref(w, R=R, router=router, bits=bits, S=6, Q=64, **kn)
+    m, bits = _run(w, R=R, router=router, **kn)
+    ref = _ref(w, R=R, router=router, bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
 
 
@@ -187,8 +201,8 @@ def test_cache_routers_equal_reference(router, cap):
     """The precise and approximate views (an index that forgets) under chunking and preemption."""
     w = _workload(3, 4, 200, 40, 30, 2, 20)
     kn = dict(capacity_blocks=cap, max_num_batched_tokens=48, max_num_seqs=4, index_capacity=cap // 2 + 20)
-    m, bits = _run(w, R=3, router=router, S=6, **kn)
-    ref = _ref(w, R=3, router=router, bits=bits, S=6, Q=64, **kn)
+    m, bits = _run(w, R=3, router=router, **kn)
+    ref = _ref(w, R=3, router=router, bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
 
 
@@ -198,8 +212,8 @@ def test_context_terms_equal_reference():
     w = _workload(5, 4, 200, 40, 30, 2, 20)
     kn = dict(capacity_blocks=40, max_num_batched_tokens=48, max_num_seqs=4, step_ctx_ps=37_500,
               step_prefill_ctx_fs=1_750, step_decode_ns=1_000)
-    m, bits = _run(w, R=2, router="llmd_precise", S=6, **kn)
-    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=6, Q=64, **kn)
+    m, bits = _run(w, R=2, router="llmd_precise", **kn)
+    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
     assert ref["preemptions"] > 0
     tp = [t for t in ref["tpot_ns"] if t >= 0]
@@ -213,7 +227,7 @@ def test_clock_past_six_hours_equals_reference():
     assert int(w.arrival_ms[-1]) > 6 * 3600 * 1000
     kn = dict(capacity_blocks=60, max_num_batched_tokens=64, max_num_seqs=4, step_ctx_ps=40_000)
     m, bits = _run(w, R=2, router="llmd_precise", **kn)
-    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=8, Q=64, **kn)
+    ref = _ref(w, R=2, router="llmd_precise", bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
     assert not bool(m.time_overflow)
     assert int(np.max(np.asarray(m.e2e_ms))) > 0
@@ -228,8 +242,8 @@ def test_stale_view_and_local_load_equal_reference(router, kn):
     """The stale view (the pools as of the last sync) and instance-local loads on the vllm replica."""
     w = _workload(4, 4, 200, 40, 30, 2, 20)
     kn = dict(capacity_blocks=50, max_num_batched_tokens=48, max_num_seqs=4, **kn)
-    m, bits = _run(w, R=3, router=router, S=6, **kn)
-    ref = _ref(w, R=3, router=router, bits=bits, S=6, Q=64, **kn)
+    m, bits = _run(w, R=3, router=router, **kn)
+    ref = _ref(w, R=3, router=router, bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
 
 

@@ -601,7 +601,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         if st.index:
             _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
                            stale=False, index=True, active=active)
-            mv = jnp.where(params.view == 1, mvi, mt)
+            mv = jnp.where(params.view == 1, mvi, mv)  # approximate rows from the index; stale rows kept
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
         # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
         queue, act = _loads(reps, stream, u, instances, params.local_load)
