@@ -11,6 +11,23 @@ import gc
 import jax
 import pytest
 
+#: parametrized cases that run only under ``-m slow`` (their cheaper siblings stay in the default suite)
+SLOW_CASES = {
+    "test_routing_experiments.py::test_dataset_has_the_routing_metrics_and_a_figure[llmd_blog]",
+    "test_routing_experiments.py::test_dataset_has_the_routing_metrics_and_a_figure[hot_tenant]",
+    "test_launchers.py::test_two_part_multirun_equals_single_process[joblib]",
+    "test_gie_scorers.py::test_vllm_replica_with_gie_equals_reference[2-precise]",
+    "test_notebooks.py::test_notebook_runs[routing.py]",
+    "test_engine.py::test_grid_equals_single_runs[False]",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("/")[-1] in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():

@@ -64,6 +64,7 @@ def test_audit_statistics():
         audit_statistics(h, m, trials=5)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_audit_study_salt_brings_auc_to_chance():
     cfg = OmegaConf.create(dict(name="audit_small", kind="audit", seed=0, seeds=1, study=dict(
         background=dict(n_tenants=4, prefix_tokens=256, users_per_tenant=2, user_tokens=0, query_tokens=64,

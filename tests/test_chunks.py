@@ -162,6 +162,7 @@ def test_plan_line_and_quiet_progress(tmp_path, capsys):
     assert "sweep: 100%" in err and "16/16" in err  # the bar, on stderr, over configurations
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_kill_and_resume_is_identical(tmp_path, reference):
     """A real sweep process killed with SIGKILL once a chunk file exists; the rerun finishes the rest."""
     out = tmp_path / "OUT"

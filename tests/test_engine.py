@@ -201,7 +201,7 @@ routers = st.one_of(
 )
 chunk_widths = st.sampled_from([1, 3, 8, 32])
 HYP = settings(
-    max_examples=15,
+    max_examples=8,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -392,6 +392,7 @@ def test_shared_trace_lru_prefix_closed(shared):
 
 
 # ----------------------------------------------------------------------------- jit / no jit
+@pytest.mark.slow  # long; see README's slow checks
 def test_jit_and_disable_jit_agree(mini):
     # op-by-op execution is slow: keep the scan short. Every policy and router runs the same ops
     # (they are dynamic parameters), so one evicting configuration covers the program.
@@ -432,6 +433,7 @@ def test_grid_equals_single_runs(mini, mini_stream, per_request):
             assert_matches_reference(mini, kw, alone, debug=False)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_stacked_streams_equal_single_runs(mini, mini_stream):
     w2 = Workload.from_lists(  # a different block size, key set and length
         [[7, 8, 9], [7, 8], [], [7, 8, 9, 10], [11], [7, 8, 9, 10]],

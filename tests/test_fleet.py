@@ -277,6 +277,7 @@ def test_a_request_finishing_at_an_arrival_is_no_longer_in_flight(router):
         assert_fleet_equal(w, m, ref, (router, trial))
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_queue_off_gives_the_same_hits_and_refuses_load_routers():
     rng = np.random.default_rng(2)
     keys = [[t * 100 + j for j in range(int(rng.integers(1, 9)))] for t in rng.integers(0, 4, 30)]

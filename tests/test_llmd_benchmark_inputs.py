@@ -179,6 +179,7 @@ data:
 """
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_study_on_a_small_benchmark_of_the_series(tmp_path):
     """The study end to end on its own small files: dims, coordinates, summaries, drained stages."""
     from omegaconf import OmegaConf

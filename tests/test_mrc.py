@@ -46,6 +46,7 @@ def engine_at(stream, w, policy, capacity, replicas, router, prefix_blocks, seed
     seed=st.integers(0, 3),
     backend=st.sampled_from(["numba", "jax"]),
 )
+@pytest.mark.slow  # long; see README's slow checks
 def test_curve_equals_engine_on_random_workloads(w, policy, replicas, router, prefix_blocks, seed, backend):
     stream = padded_stream(w, 8)
     key = jax.random.key(seed)

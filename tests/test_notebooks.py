@@ -70,6 +70,7 @@ def test_notebook_runs(path, tmp_path):
     assert not list(path.parent.glob("*.png")), "notebooks must not write into the repository"
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_seed_fleet_notebook_without_data(tmp_path):
     """With CACHERESEARCH_RESULTS unset the notebook runs its own reduced sweep."""
     path = ROOT / "notebooks" / "seed_fleet.py"

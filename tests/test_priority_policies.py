@@ -57,6 +57,7 @@ def test_priority_policies_match_reference_on_trees(w, capacity, replicas, route
 
 @settings(HYP, max_examples=5)
 @given(w=long_run_workloads(), capacity=st.integers(0, 400), replicas=st.integers(1, 3))
+@pytest.mark.slow  # long; see README's slow checks
 def test_priority_policies_match_reference_on_long_runs(w, capacity, replicas):
     stream = padded(w, N_R, L_R)
     for policy in PRIORITY:

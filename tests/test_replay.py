@@ -52,6 +52,7 @@ def assert_equal_to_engine(w, configs, seed=0):
 
 @settings(HYP, max_examples=6)
 @given(w=st.one_of(tree_workloads(), long_run_workloads()), configs=CONFIGS, seed=st.integers(0, 3))
+@pytest.mark.slow  # long; see README's slow checks
 def test_replay_equals_engine(w, configs, seed):
     assert_equal_to_engine(w, configs, seed)
 

@@ -67,6 +67,7 @@ def full_run(cells):
     return simulate_cells(streams, stream_of, params, seeds, backend="jax", **OPTS)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_cells_equal_single_runs_in_cell_order(cells, full_run):
     streams, stream_of, params, seeds = cells
     m, plan = full_run
@@ -84,6 +85,7 @@ def test_cells_equal_single_runs_in_cell_order(cells, full_run):
         assert_same_metrics(got, want, f"cell {g}")
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_cells_chunk_to_fit_memory_and_refuse_what_cannot(cells, full_run, monkeypatch):
     streams, stream_of, params, seeds = cells
     full, plan = full_run

@@ -37,6 +37,7 @@ def check(w, stream, capacity, replicas, router, seed=0):
 @settings(HYP, max_examples=15)
 @given(w=tree_workloads(), capacity=st.one_of(st.integers(0, 12), st.integers(0, 80)), replicas=st.integers(1, R_MAX),
        router=st.sampled_from(["round_robin", "random", "prefix_hash"]), seed=st.integers(0, 3))
+@pytest.mark.slow  # long; see README's slow checks
 def test_s3fifo_matches_reference_on_trees(w, capacity, replicas, router, seed):
     check(w, padded_stream(w, 2, N_MAX, L_MAX, block_ids=True), capacity, replicas, router, seed)
 

@@ -50,6 +50,7 @@ def test_salt_off_keeps_todays_keys():
 @settings(max_examples=6, deadline=None)
 @given(n_tenants=st.integers(2, 4), users=st.integers(1, 3), prefix=st.integers(0, 40), system=st.integers(0, 40),
        user_tokens=st.integers(0, 20), salt=st.sampled_from(["per_tenant", "per_user"]), seed=st.integers(0, 50))
+@pytest.mark.slow  # long; see README's slow checks
 def test_different_salts_never_share_a_block(n_tenants, users, prefix, system, user_tokens, salt, seed):
     w = tenant_workload(n_tenants=n_tenants, users_per_tenant=users, prefix_tokens=prefix, system_tokens=system,
                         user_tokens=user_tokens, query_tokens=17, rate_per_s=2.0, duration_s=10.0, seed=seed,

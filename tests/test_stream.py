@@ -147,6 +147,7 @@ def _check_long_runs(w, capacity, replicas, chunk_runs, seed):
 
 @settings(HYP, max_examples=10)
 @given(**_LONG)
+@pytest.mark.slow  # long; see README's slow checks
 def test_long_runs_match_reference(**case):
     _check_long_runs(**case)
 
@@ -182,6 +183,7 @@ def test_every_block_distinct_matches_reference(capacity):
 @given(w=long_run_workloads(max_requests=10, max_len=60), data=st.data(),
        router=st.sampled_from(["cache_aware", "kv_cost", "weighted_scorers", "preble_e2", "chwbl"]),
        view=st.sampled_from(["precise", "approximate", "stale"]), replicas=st.integers(2, R_MAX))
+@pytest.mark.slow  # long; see README's slow checks
 def test_long_runs_routers_and_views_match_reference(w, data, router, view, replicas):
     """Cache-reading routers see partial runs in every view (index capacity cuts runs too)."""
     cap = data.draw(st.integers(0, 120))

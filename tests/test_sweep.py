@@ -202,6 +202,7 @@ def test_max_batch_gives_the_same_numbers(tmp_path):
         xr.testing.assert_equal(a[v], b[v])
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_command_line_cmd2(tmp_path):
     out = tmp_path / "OUT"
     cmd = [sys.executable, "-m", "cacheresearch.sweep", "experiment=replay", f"trace.path={FIXTURE}",
