@@ -150,6 +150,7 @@ def test_numba_backend_equals_jax_with_queue_many(w, out, configs, seed, match, 
                           per_request=True, match=match, queue=queue, queue_slots=slots)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_backends_equal_on_two_streams_and_auto_splits_programs():
     w = load_mooncake(FIXTURE, block_tokens=512)
     streams = [compile_stream(w), compile_stream(w.slice(0, w.n_requests // 2))]

@@ -153,6 +153,7 @@ def test_study_errors_are_sweep_errors(tmp_path):
         run_experiment(["experiment=economics", "kind=nope"], tmp_path)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_economics_command_line(tmp_path):
     env = dict(os.environ, MPLBACKEND="Agg")
     env.setdefault("JAX_PLATFORMS", "cpu")
