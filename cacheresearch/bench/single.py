@@ -101,9 +101,7 @@ class SingleCase:
         for path, tm, path_prep, method in paths:
             case = {
                 "name": f"single_{path}", "path": path, **common,
-                "project_s": rounded(tm.best), "project_s_median": rounded(tm.median),
-                "project_compile_s": rounded(tm.compile_estimate), "project_first_call_s": rounded(tm.first),
-                "project_prep_s": path_prep,
+                **tm.fields(path_prep),
                 **self.lcs_fields(lr, tm.best, tm.compile_estimate, multi=False),
                 "method": method, "repeats": tm.runs,
             }

@@ -136,9 +136,7 @@ class SweepCase:
         out = []
         e = {
             "name": f"sweep{N}_engine_jax", "path": "engine_jax", **common,
-            "project_s": rounded(eng.best), "project_s_median": rounded(eng.median),
-                "project_compile_s": rounded(eng.compile_estimate),
-            "project_first_call_s": rounded(eng.first), "project_prep_s": rounded(self.stream_prep_s.get(spec.name)),
+            **eng.fields(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(lr, eng.best, eng.compile_estimate, scale=scale, multi=True),
             "method": (f"engine_jax: the JAX engine, simulate_grid over {len(cells)} configs in one call (vmap, "
                        f"per_request=False, "
@@ -148,9 +146,7 @@ class SweepCase:
         out.append(self.add_case(e, spec))
         en = {
             "name": f"sweep{N}_engine", "path": "engine", **common,
-            "project_s": rounded(nba.best), "project_s_median": rounded(nba.median),
-                "project_compile_s": rounded(nba.compile_estimate),
-            "project_first_call_s": rounded(nba.first), "project_prep_s": rounded(self.stream_prep_s.get(spec.name)),
+            **nba.fields(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(lr, nba.best, nba.compile_estimate, scale=scale, multi=True),
             "method": auto_method(len(cells), nba.value[2]),
             "repeats": nba.runs,
@@ -158,9 +154,7 @@ class SweepCase:
         out.append(self.add_case(en, spec))
         c = {
             "name": f"sweep{N}_curve", "path": "curve", **common,
-            "project_s": rounded(cur.best), "project_s_median": rounded(cur.median),
-                "project_compile_s": rounded(cur.compile_estimate),
-            "project_first_call_s": rounded(cur.first), "project_prep_s": None,
+            **cur.fields(None),
             **self.lcs_fields(lr, cur.best, cur.compile_estimate, scale=scale, multi=True),
             "method": (f"curve: hit_curve (backend={curve_backend(self.curve_backend)}) per (replicas, seed) group "
                        f"({len(groups)} groups), all capacities read off; first call = compile + run"),
@@ -194,9 +188,7 @@ class SweepCase:
             "name": f"sweep{N}_cache_aware", "path": "engine_jax",
             "workload": spec.name, "accesses": w.total_blocks, "configs": len(cells),
             "total_accesses": w.total_blocks * len(cells),
-            "project_s": rounded(ca.best), "project_s_median": rounded(ca.median),
-            "project_compile_s": rounded(ca.compile_estimate),
-            "project_first_call_s": rounded(ca.first), "project_prep_s": rounded(self.stream_prep_s.get(spec.name)),
+            **ca.fields(self.stream_prep_s.get(spec.name)),
             **self.lcs_fields(None, ca.best, ca.compile_estimate, multi=True),
             "libcachesim_accesses": None, "libcachesim_hit_rate": None,
             "libcachesim_note": "libCacheSim has no router that reads cache state or load: no libCacheSim "

@@ -55,6 +55,12 @@ class Timing:
     def compile_estimate(self) -> float:
         return max(0.0, (self.first or 0.0) - self.best) if self.first is not None else 0.0
 
+    def fields(self, prep_s: float | None) -> dict:
+        """The project's timing fields of a case (``prep_s``: its host preparation, or None)."""
+        return {"project_s": rounded(self.best), "project_s_median": rounded(self.median),
+                "project_compile_s": rounded(self.compile_estimate), "project_first_call_s": rounded(self.first),
+                "project_prep_s": rounded(prep_s)}
+
 
 def measure(fn: Callable[[], object], *, repeats: int, budget_s: float, warmup: bool) -> Timing:
     """Time ``fn`` (which must block until its result is ready).
