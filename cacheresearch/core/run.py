@@ -268,8 +268,8 @@ class CellRunner:
         stream, st, n_out = self._ready[call.group]
         cells = call.cells
         keys = [jax.random.key(int(self._seeds[g])) for g in cells]
-        m = numba_cache.run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys, st,
-                                   n_out=n_out)
+        m = _numba_module(st.scheduler).run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys,
+                                                   st, n_out=n_out)
         return cells, finalize(m, st)
 
 
@@ -290,10 +290,19 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
         return "jax", []
     index, stale, priority, s3 = needs
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3)
-    missing = numba_cache.coverage([p], st)
+    missing = _numba_module(scheduler).coverage([p], st)
     if backend == "numba":
         return "numba", missing
     return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
+
+
+def _numba_module(scheduler: str):
+    """The numba backend of a replica model: backends/numba_cache.py (fcfs), backends/numba_vllm.py (vllm)."""
+    if scheduler == "vllm":
+        from cacheresearch.backends import numba_vllm  # noqa: PLC0415 - imports numba itself
+
+        return numba_vllm
+    return numba_cache
 
 
 def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> dict:
@@ -312,9 +321,11 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups.setdefault(needs + (b,), {}).setdefault(int(stream_of[g]), []).append(g)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        raise BackendError(f"backend=numba does not cover: {what}. The numba backend models the fcfs replica with "
-                           f"the policies {list(numba_cache.REPLAY_POLICIES)} and the routers that read neither "
-                           "load nor cache; use backend=auto (the JAX engine for the rest) or backend=jax")
+        covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router but gie, on every view"
+                  if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
+                  "and the routers that read neither load nor cache")
+        raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
+                           "backend=auto (the JAX engine for the rest) or backend=jax")
     return groups
 
 
@@ -327,7 +338,10 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
     R = st.max_replicas
 
     def mem(per):
-        state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
+        if st.scheduler == "vllm":
+            state = max(_numba_module("vllm").state_bytes(streams[s], st) for s in sids)
+        else:
+            state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
         out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0
         return min(per, os.cpu_count() or 1) * (state + st.queue_slots * R * 8) + out
 

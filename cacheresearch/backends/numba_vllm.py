@@ -1,0 +1,967 @@
+"""The numba CPU backend of the vllm replica: :mod:`cacheresearch.replica.vllm`'s algorithm as compiled loops.
+
+The JAX replica (:mod:`cacheresearch.replica.vllm`, :mod:`cacheresearch.replica.pool`) runs on any device,
+vmapped over configurations; on a CPU its while loops pay XLA's fixed cost per iteration and a vmapped
+batch steps in lockstep. This backend runs the same algorithm per event, configurations in parallel
+threads (``prange``), for the configurations :func:`coverage` accepts:
+
+* the same steps: release, the running batch in admission order with preemption by recompute, FCFS
+  admission under ``max_num_seqs``, the token budget and the pool, the step-time model in exact integer
+  picoseconds (:func:`cacheresearch.replica.vllm.step_time`; int64 here: 106 days, the JAX clock's
+  24.8-day span is reported the same way, ``time_overflow``);
+* the same decode-only stretches in closed form (:func:`cacheresearch.replica.vllm._decode_stretch`'s
+  rule: the largest ``n`` whose steps start by the next arrival, finish nothing before the last and
+  fit the pool), so the engine-step count, the clock and the float32 gauges follow the same events;
+* the pool's eviction as a lazy pointer over its free queue: a run's free-queue stamps are a range of
+  the release counter disjoint from every other run's, so lowest-stamp-first is the order the runs
+  were released in (tail first within a request); the pointer skips entries whose run was pinned
+  again, restamped or emptied (amortised O(1) per evicted run, where the JAX pool scans all runs);
+* the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
+  index per instance and replica, the store's lazy pointer) and ``stale`` views, ``local_load``.
+
+The metrics are the JAX replica's, field by field (:func:`run_stream` builds the same unfinalized
+:class:`~cacheresearch.metrics.core.Metrics`); the float32 KV and queue integrals are accumulated in the
+same order by the same float32 operations. ``tests/test_numba_vllm.py`` checks every request's TTFT,
+end time, hit, preemptions and the step counts against ``tests/reference_batch.py`` and the JAX replica.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from cacheresearch.cache.policies import POLICIES
+from cacheresearch.core.stream import Stream
+from cacheresearch.metrics.core import LIMB, Metrics
+from cacheresearch.routers import ROUTERS, ring_positions
+
+__all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "POLICIES_COVERED"]
+
+PS_MS = 10**9
+MS_LIM = 2**31 - 1
+T_LIM = MS_LIM * PS_MS  # the JAX clock's span (Time saturates at MS_LIM ms): time_overflow past it
+BIG = 2**31 - 1
+#: router name -> the kernel's code (kv_cost at temperature 0; gie is not covered)
+ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
+                "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9}
+POLICIES_COVERED = ("lru", "unbounded")
+
+# per-replica integer state, columns of rs [R, NRS]
+(CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
+ STUCK, TOVER, FPTR, FCNT) = range(20)
+NRS = 20
+# running slots, columns of sl [R, S, NSL]
+SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE = range(10)
+NSL = 10
+# the stream, columns of rq [N, NRQ] (per request)
+QARR, QNB, QIN, QOUT, QOFF, QNR, QE0 = range(7)
+NRQ = 7
+# a configuration, columns of pi [G, NPI]
+(CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
+ CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM) = range(29)
+NPI = 29
+_PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
+              "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
+              "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
+              "balance_abs", "balance_rel_pct", "miss_smallest_tree", "overlap_weight_pct", "prefix_weight_pct",
+              "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms")
+
+
+def coverage(params: list, st) -> list[str]:
+    """What this backend does not model among configurations ``params`` under the static options ``st``
+    (empty: covered). The static bounds are :func:`cacheresearch.core.simulate.check_bounds`'s."""
+    out = []
+    if st.scheduler != "vllm":
+        out.append(f"the {st.scheduler} replica (this is the vllm replica's backend)")
+    pol_names = {v.id: k for k, v in POLICIES.items()}
+    pols = sorted({pol_names[int(p.policy)] for p in params} - set(POLICIES_COVERED))
+    if pols:
+        out.append(f"policies {pols}")
+    rnames = {v: k for k, v in ROUTERS.items()}
+    rts = sorted({rnames[int(p.router)] for p in params} - set(ROUTER_CODES))
+    if rts:
+        out.append(f"routers {rts} (the GIE scorer chain is JAX only)")
+    if any(int(p.router) == ROUTERS["kv_cost"] and float(p.temperature) > 0 for p in params):
+        out.append("kv_cost at temperature > 0 (float32 softmax sampling: JAX only)")
+    if any(int(p.restart_replica) >= 0 for p in params):
+        out.append("a replica restart (restart_replica)")
+    if st.priority or st.s3:
+        out.append("priority or s3fifo fields")
+    return out
+
+
+def state_bytes(stream: Stream, st) -> int:
+    """The per-configuration state of one call's thread (pool, free queue, index rows, stale copy, slots)."""
+    K = int(np.asarray(stream.run_len).shape[0])
+    E = int(np.asarray(stream.log).shape[-2])
+    R = st.max_replicas
+    rows = st.max_instances * R if st.index else 0
+    return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
+            + R * (st.max_running * NSL + st.queue_slots * 3) * 8)
+
+
+# ------------------------------------------------------------------------------ pool
+@njit(cache=True)
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@njit(cache=True)
+def _keyed(c, P, bt):
+    return min(c // bt, P // bt)
+
+
+@njit(cache=True)
+def _kv(c, pt, d, d0):
+    return c if c < pt else c + max(d - d0 - 1, 0)
+
+
+@njit(cache=True)
+def _lead(srow, log0, e0, p):
+    """Leading stored blocks of a request on one pool row (replica.pool.leading_hit)."""
+    hit = 0
+    for q in range(p):
+        sg = srow[log0[e0 + q, 0]]
+        hit += sg
+        if sg < log0[e0 + q, 1]:
+            break
+    return hit
+
+
+@njit(cache=True)
+def _valid(r, j, ps, pref, pst, frun, fst):
+    run = frun[r, j]
+    return pref[r, run] == 0 and ps[r, run] > 0 and pst[r, run] == fst[r, j]
+
+
+@njit(cache=True)
+def _push(r, run, stamp, rs, ps, pref, pst, frun, fst):
+    """Append a run to the free queue (stamps arrive in increasing order); compact when full."""
+    L = frun.shape[1]
+    if rs[r, FCNT] == L:
+        k = 0
+        for j in range(rs[r, FPTR], rs[r, FCNT]):
+            if _valid(r, j, ps, pref, pst, frun, fst):
+                frun[r, k] = frun[r, j]
+                fst[r, k] = fst[r, j]
+                k += 1
+        rs[r, FPTR] = 0
+        rs[r, FCNT] = k
+    c = rs[r, FCNT]
+    frun[r, c] = run
+    fst[r, c] = stamp
+    rs[r, FCNT] = c + 1
+
+
+@njit(cache=True)
+def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst):
+    """Release request ``h``'s pins (replica.pool.release): runs whose last pin goes get free-queue stamps
+    ``ctr + n - j0 - m`` (tail first) and enter the free queue in that order."""
+    n, p, e0, off = rq[h, QNB], rq[h, QNR], rq[h, QE0], rq[h, QOFF]
+    ctr = rs[r, CTR]
+    for q in range(p - 1, -1, -1):
+        run, m, j0 = log0[e0 + q, 0], log0[e0 + q, 1], log0[e0 + q, 2] - off
+        pref[r, run] -= 1
+        if pref[r, run] == 0:
+            stamp = ctr + n - j0 - m
+            pst[r, run] = stamp
+            rs[r, PINNED] -= ps[r, run]
+            if ps[r, run] > 0:
+                _push(r, run, stamp, rs, ps, pref, pst, frun, fst)
+    rs[r, CTR] = ctr + n
+
+
+@njit(cache=True)
+def _evict(r, cap, rs, ps, pref, pst, frun, fst):
+    """Evict unpinned cached blocks, lowest free-queue stamp first, until ``cached + work <= cap``; True
+    when nothing evictable was left (replica.pool.evict_lru's ``stuck``)."""
+    while rs[r, CACHED] + rs[r, WORK] > cap:
+        j = rs[r, FPTR]
+        if j >= rs[r, FCNT]:
+            return True
+        if _valid(r, j, ps, pref, pst, frun, fst):
+            run = frun[r, j]
+            e = min(rs[r, CACHED] + rs[r, WORK] - cap, ps[r, run])
+            ps[r, run] -= e
+            rs[r, CACHED] -= e
+            if ps[r, run] == 0:
+                rs[r, FPTR] = j + 1
+        else:
+            rs[r, FPTR] = j + 1
+    return False
+
+
+@njit(cache=True)
+def _extend(r, h, target_blocks, rq, log0, rs, ps):
+    """Stored heads of ``h``'s runs grow to its first ``target_blocks`` prompt blocks (pinned runs)."""
+    p, e0, off = rq[h, QNR], rq[h, QE0], rq[h, QOFF]
+    for q in range(p):
+        run, m, j0 = log0[e0 + q, 0], log0[e0 + q, 1], log0[e0 + q, 2] - off
+        t = min(max(target_blocks - j0, 0), m)
+        if t > ps[r, run]:
+            g = t - ps[r, run]
+            ps[r, run] = t
+            rs[r, CACHED] += g
+            rs[r, PINNED] += g
+
+
+@njit(cache=True)
+def _new_blocks(r, h, target_blocks, rq, log0, ps):
+    """Canonical blocks ``h`` would add to the pool computing its first ``target_blocks`` prompt blocks."""
+    p, e0, off = rq[h, QNR], rq[h, QE0], rq[h, QOFF]
+    ds = 0
+    for q in range(p):
+        m, j0 = log0[e0 + q, 1], log0[e0 + q, 2] - off
+        ds += max(min(max(target_blocks - j0, 0), m) - ps[r, log0[e0 + q, 0]], 0)
+    return ds
+
+
+# ------------------------------------------------------------------------------ one engine step
+@njit(cache=True)
+def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst):
+    """Step 1: release the requests that finished at the previous step; compact the slots in order."""
+    k = 0
+    for i in range(rs[r, NRUN]):
+        if sl[r, i, SDONE] != 0:
+            h = sl[r, i, SREQ]
+            _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst)
+            c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
+            rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
+            rs[r, LREQ] -= 1
+            rs[r, LBLK] -= rq[h, QNB]
+        else:
+            if k != i:
+                sl[r, k, :] = sl[r, i, :]
+            sl[r, k, SPREF] = 0
+            sl[r, k, SDONE] = 0
+            k += 1
+    rs[r, NRUN] = k
+
+
+@njit(cache=True)
+def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst):
+    """Preempt the latest admitted request (slot ``L``) by recompute: to the front of the waiting ring."""
+    h = sl[r, L, SREQ]
+    _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst)
+    rs[r, WORK] -= a_old
+    if rs[r, WCOUNT] < Q:
+        hd = (rs[r, WHEAD] - 1) % Q
+        wq[r, hd, 0] = h
+        wq[r, hd, 1] = sl[r, L, SD]
+        wq[r, hd, 2] = sl[r, L, SNPRE] + 1
+        rs[r, WHEAD] = hd
+        rs[r, WCOUNT] += 1
+    else:
+        rs[r, DROPPED] += 1
+    rs[r, PREEMPT] += 1
+
+
+@njit(cache=True)
+def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst):
+    """Step 2: the running batch in admission order (the token budget handed out in order), preempting
+    the latest admitted while the pool cannot hold the allocations; then the pool grows and evicts.
+    Returns (preempted, stuck)."""
+    nrun = rs[r, NRUN]
+    budget, cap = pi[BUDGET], pi[CAP]
+    prev, cum = 0, 0
+    for i in range(nrun):
+        h = sl[r, i, SREQ]
+        P = rq[h, QIN]
+        c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
+        pre = c < pt
+        want = pt - c if pre else 1
+        tok = min(max(budget - prev, 0), want)
+        prev += want
+        c_new = c + tok if pre else c
+        kv_old = _kv(c, pt, d, d0)
+        a_old = _cdiv(kv_old, bt) - _keyed(c, P, bt)
+        a_new = _cdiv(kv_old + tok, bt) - _keyed(c_new, P, bt)
+        if tok > 0:
+            cum += _new_blocks(r, h, _keyed(c_new, P, bt), rq, log0, ps) + a_new - a_old
+        tmp[i, 0], tmp[i, 1], tmp[i, 2], tmp[i, 3], tmp[i, 4], tmp[i, 5] = tok, c_new, a_old, a_new, cum, pre
+    wc0 = rs[r, WCOUNT]
+    nk = nrun
+    while True:
+        base = rs[r, PINNED] + rs[r, WORK]
+        viol = False
+        for i in range(nk):
+            if base + tmp[i, 4] > cap:
+                viol = True
+                break
+        if not viol:
+            break
+        nk -= 1
+        _preempt(r, nk, Q, rs, sl, wq, tmp[nk, 2], rq, log0, ps, pref, pst, frun, fst)
+    ring_n = min(nrun - nk, Q - wc0)
+    for i in range(nk, nrun - ring_n):  # preempted after the ring filled: dropped
+        rs[r, LREQ] -= 1
+        rs[r, LBLK] -= rq[sl[r, i, SREQ], QNB]
+    for i in range(nk):
+        tok = tmp[i, 0]
+        if tok > 0:
+            h = sl[r, i, SREQ]
+            _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps)
+            rs[r, WORK] += tmp[i, 3] - tmp[i, 2]
+        sl[r, i, SC] = tmp[i, 1]
+        sl[r, i, STOK] = tok
+        sl[r, i, SPREF] = 1 if (tmp[i, 5] != 0 and tok > 0) else 0
+    stuck = _evict(r, cap, rs, ps, pref, pst, frun, fst)
+    rs[r, NRUN] = nk
+    return nk < nrun, stuck
+
+
+@njit(cache=True)
+def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst):
+    """Step 3: admit waiting requests FCFS while the budget, max_num_seqs and the pool allow; their
+    prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected."""
+    cap = pi[CAP]
+    seq_cap = min(pi[SEQS], max_seqs)
+    left = pi[BUDGET]
+    for i in range(rs[r, NRUN]):
+        left -= sl[r, i, STOK]
+    while rs[r, WCOUNT] > 0 and rs[r, NRUN] < seq_cap and left > 0:
+        hd = rs[r, WHEAD]
+        h, dprev, np_ = wq[r, hd, 0], wq[r, hd, 1], wq[r, hd, 2]
+        p, e0 = rq[h, QNR], rq[h, QE0]
+        Ph = rq[h, QIN]
+        hit = min(_lead(ps[r], log0, e0, p), max(Ph - 1, 0) // bt)
+        pt = Ph + dprev
+        c0 = hit * bt
+        tk = min(pt - c0, left)
+        c1 = c0 + tk
+        k1 = _keyed(c1, Ph, bt)
+        a1 = _cdiv(c1, bt) - k1
+        dpin = 0
+        for q in range(p):
+            run = log0[e0 + q, 0]
+            if pref[r, run] == 0:
+                dpin += ps[r, run]
+        fits = rs[r, PINNED] + rs[r, WORK] + dpin + _new_blocks(r, h, k1, rq, log0, ps) + a1 <= cap
+        if not fits and rs[r, NRUN] > 0:
+            break
+        rs[r, WHEAD] = (hd + 1) % Q
+        rs[r, WCOUNT] -= 1
+        if not fits:  # larger than the whole pool: never schedulable
+            rs[r, REJECTED] += 1
+            rs[r, LBLK] -= rq[h, QNB]
+            rs[r, LREQ] -= 1
+            continue
+        for q in range(p):
+            run = log0[e0 + q, 0]
+            if pref[r, run] == 0:
+                rs[r, PINNED] += ps[r, run]
+            pref[r, run] += 1
+        _extend(r, h, k1, rq, log0, rs, ps)
+        rs[r, WORK] += a1
+        if _evict(r, cap, rs, ps, pref, pst, frun, fst):
+            rs[r, STUCK] = 1
+        k = rs[r, NRUN]
+        sl[r, k, SREQ], sl[r, k, SC], sl[r, k, SPT], sl[r, k, SD], sl[r, k, SD0] = h, c1, pt, dprev, dprev
+        sl[r, k, SHIT], sl[r, k, SNPRE], sl[r, k, STOK], sl[r, k, SPREF], sl[r, k, SDONE] = hit, np_, tk, 1, 0
+        rs[r, NRUN] = k + 1
+        left -= tk
+
+
+@njit(cache=True)
+def _step_time(pi, ptok, dreqs, ctx, pairs):
+    """replica.vllm.step_time in int64 picoseconds (at least 1)."""
+    q, rr = pi[PCTX_FS] // 1000, pi[PCTX_FS] % 1000
+    dt = (1000 * (pi[BASE] + pi[PRE_NS] * ptok + pi[DEC_NS] * dreqs) + pi[CTX_PS] * ctx + q * pairs
+          + _cdiv(rr * pairs, 1000))
+    return max(dt, 1)
+
+
+@njit(cache=True)
+def _f32ms(t):
+    return np.float32(t // PS_MS) + np.float32(t % PS_MS) * np.float32(1e-9)
+
+
+@njit(cache=True)
+def _finish(r, h, slot, rs, sl, fin, hitb, npre):
+    sl[r, slot, SDONE] = 1
+    fin[h] = rs[r, CLOCK]
+    hitb[h] = sl[r, slot, SHIT]
+    npre[h] = sl[r, slot, SNPRE]
+
+
+@njit(cache=True)
+def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
+    """Step 4: the step's time from its prefill tokens, decoding requests, their context and the prefill
+    chunks' attention pairs; the clock, gauges, first tokens and completions."""
+    ptok, dreq, ctx, pairs, n_s = 0, 0, 0, 0, 0
+    for i in range(rs[r, NRUN]):
+        tok = sl[r, i, STOK]
+        if tok > 0:
+            n_s += 1
+            if sl[r, i, SPREF] != 0:
+                ptok += tok
+                pairs += tok * (sl[r, i, SC] - tok) + tok * (tok + 1) // 2
+            else:
+                dreq += 1
+                ctx += rq[sl[r, i, SREQ], QIN] + sl[r, i, SD]
+    dt = _step_time(pi, ptok, dreq, ctx, pairs) if n_s > 0 else 0
+    rs[r, CLOCK] += dt
+    used = rs[r, PINNED] + rs[r, WORK]
+    dtf = _f32ms(dt)
+    rs[r, STEPS] += 1 if n_s > 0 else 0
+    rs[r, BUSY] += dt
+    fs[r, 0] = fs[r, 0] + np.float32(used) * dtf
+    if n_s > 0:
+        rs[r, KVMAX] = max(rs[r, KVMAX], used)
+    fs[r, 1] = fs[r, 1] + np.float32(rs[r, WCOUNT]) * dtf
+    if rs[r, CLOCK] >= T_LIM:
+        rs[r, TOVER] = 1
+    for i in range(rs[r, NRUN]):
+        if sl[r, i, STOK] > 0:
+            h = sl[r, i, SREQ]
+            pre = sl[r, i, SPREF] != 0
+            complete = pre and sl[r, i, SC] >= sl[r, i, SPT]
+            if complete or not pre:
+                if complete and sl[r, i, SD] == 0:
+                    ttft[h] = rs[r, CLOCK]
+                sl[r, i, SD] += 1
+                if sl[r, i, SD] >= max(rq[h, QOUT], 1):
+                    _finish(r, h, i, rs, sl, fin, hitb, npre)
+
+
+@njit(cache=True)
+def _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin, hitb, npre):
+    """One engine step of replica ``r`` (replica.vllm.replica_step)."""
+    _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst)
+    preempted, stuck = _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst)
+    if stuck:
+        rs[r, STUCK] = 1
+    if not preempted:
+        _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst)
+    _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre)
+
+
+# ------------------------------------------------------------------------------ decode-only stretches
+@njit(cache=True)
+def _stretch_total(lin, cps, ctx0, dn, n):
+    """Time of the first ``n`` decode-only steps (ps), saturated above the clock's span."""
+    a = float(lin) * n + float(cps) * (float(ctx0) * n + float(dn) * (n * (n - 1) // 2))
+    if a > 4e18:
+        return 4 * 10**18
+    return lin * n + cps * (ctx0 * n + dn * (n * (n - 1) // 2))
+
+
+@njit(cache=True)
+def _stretch_blocks(r, dn, n, bt, rq, sl):
+    b = 0
+    for i in range(dn):
+        kv = _kv(sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0])
+        b += _cdiv(kv + n, bt) - _cdiv(kv, bt)
+    return b
+
+
+@njit(cache=True)
+def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, fin, hitb, npre):
+    """The decode-only steps of replica ``r`` up to its next event, at once (replica.vllm._decode_stretch);
+    False (nothing changes) where no stretch applies."""
+    nrun = rs[r, NRUN]
+    budget = pi[BUDGET]
+    if nrun == 0 or not (rs[r, WCOUNT] == 0 or nrun >= min(pi[SEQS], max_seqs) or nrun >= budget):
+        return False
+    for i in range(nrun):
+        if sl[r, i, SC] < sl[r, i, SPT] or sl[r, i, SDONE] != 0:
+            return False
+    dn = min(nrun, budget)
+    f, ctx0 = BIG, 0
+    for i in range(dn):
+        h = sl[r, i, SREQ]
+        f = min(f, max(rq[h, QOUT], 1) - sl[r, i, SD])
+        ctx0 += rq[h, QIN] + sl[r, i, SD]
+    room = pi[CAP] - rs[r, PINNED] - rs[r, WORK]
+    cps = pi[CTX_PS]
+    lin = 1000 * (pi[BASE] + pi[DEC_NS] * dn)
+    if lin == 0 and cps == 0:
+        lin = 1
+    lo, hi = 0, f
+    while lo < hi:
+        mid = lo + (hi - lo + 1) // 2
+        ok = (_stretch_blocks(r, dn, mid, bt, rq, sl) <= room
+              and rs[r, CLOCK] + _stretch_total(lin, cps, ctx0, dn, mid - 1) <= now_t)
+        if ok:
+            lo = mid
+        else:
+            hi = mid - 1
+    n = lo
+    if n < 1:
+        return False
+    T = _stretch_total(lin, cps, ctx0, dn, n)
+    used0 = rs[r, PINNED] + rs[r, WORK]
+    rs[r, WORK] += _stretch_blocks(r, dn, n, bt, rq, sl)
+    if _evict(r, pi[CAP], rs, ps, pref, pst, frun, fst):
+        rs[r, STUCK] = 1
+    used = rs[r, PINNED] + rs[r, WORK]
+    rs[r, CLOCK] += T
+    Tf = _f32ms(T)
+    rs[r, STEPS] += n
+    rs[r, BUSY] += T
+    # the KV gauge over the stretch takes its blocks in use as growing evenly (as the JAX replica)
+    fs[r, 0] = fs[r, 0] + np.float32(0.5) * np.float32(used0 + used) * Tf
+    rs[r, KVMAX] = max(rs[r, KVMAX], used)
+    fs[r, 1] = fs[r, 1] + np.float32(rs[r, WCOUNT]) * Tf
+    if rs[r, CLOCK] >= T_LIM:
+        rs[r, TOVER] = 1
+    for i in range(nrun):
+        sl[r, i, SPREF] = 0
+        sl[r, i, STOK] = 1 if i < dn else 0
+        if i < dn:
+            sl[r, i, SD] += n
+            h = sl[r, i, SREQ]
+            if sl[r, i, SD] >= max(rq[h, QOUT], 1):
+                _finish(r, h, i, rs, sl, fin, hitb, npre)
+    return True
+
+
+@njit(cache=True)
+def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+             hitb, npre):
+    """Every replica's steps that start at or before ``now_t``: a decode-only stretch where one applies,
+    else one engine step (replicas are independent between arrivals)."""
+    for r in range(nrep):
+        while (rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0) and rs[r, CLOCK] <= now_t:
+            if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, fin, hitb, npre):
+                _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+                      hitb, npre)
+
+
+# ------------------------------------------------------------------------------ routers
+@njit(cache=True)
+def _mix32(hi, lo):
+    """routers.common.mix32 (uint64 lanes, wrapping products)."""
+    M = np.uint64(0xFFFFFFFF)
+    h = (np.uint64(lo) ^ ((np.uint64(hi) * np.uint64(0x9E3779B1)) & M)) & M
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & M
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & M
+    h ^= h >> np.uint64(16)
+    return np.int64(h)
+
+
+@njit(cache=True)
+def _argmin_rot(v, elig, nrep, off):
+    """routers.common.argmin_rot: the eligible replica minimising (v, (r - off) mod R); 0 if none."""
+    vmin = np.int64(BIG)
+    for r in range(nrep):
+        if elig[r] and v[r] < vmin:
+            vmin = v[r]
+    best, brot = 0, BIG
+    for r in range(nrep):
+        if elig[r] and v[r] == vmin:
+            rot = (r - off) % nrep
+            if rot < brot:
+                brot, best = rot, r
+    return best
+
+
+@njit(cache=True)
+def _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv):
+    """cache_aware, kv_cost (temperature 0), weighted_scorers, preble_e2."""
+    qmax, qmin = 0, np.int64(BIG)
+    for r in range(nrep):
+        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+        elig[r] = True
+    ll = _argmin_rot(q, elig, nrep, off)
+    if code == 6:
+        if qmax - qmin > pi[BAL_ABS] and qmax * 100 > pi[BAL_REL] * qmin:
+            return ll
+        for r in range(nrep):
+            tmpv[r] = -m[r]
+        b = _argmin_rot(tmpv, elig, nrep, off)
+        if n > 0 and m[b] * 1000 > pi[CT_PM] * n:
+            return b
+        return _argmin_rot(tree, elig, nrep, off) if pi[MISS_TREE] != 0 else ll
+    if code == 7:
+        for r in range(nrep):
+            tmpv[r] = min(pi[OVL_W] * min(n - m[r], 2**30), 2**30) + min(100 * min(a[r], 2**30), 2**30)
+        return _argmin_rot(tmpv, elig, nrep, off)
+    if code == 8:
+        T = max(pi[QT], 1)
+        for r in range(nrep):
+            psc = (m[r] * 1024) // max(n, 1) if n > 0 else 0
+            tmpv[r] = -(pi[PW] * psc + pi[LW] * ((512 * (T - min(q[r], T))) // T))
+        return _argmin_rot(tmpv, elig, nrep, off)
+    # preble_e2
+    if qmax * 100 > pi[PR_REL] * qmin and qmax - qmin > pi[PR_ABS]:
+        return ll
+    mstar = 0
+    for r in range(nrep):
+        mstar = max(mstar, m[r])
+    if mstar > 0 and n - mstar < mstar:
+        for r in range(nrep):
+            elig[r] = m[r] == mstar
+            tmpv[r] = a[r] if m[r] == mstar else BIG
+        return _argmin_rot(tmpv, elig, nrep, off)
+    for r in range(nrep):
+        tmpv[r] = min(a[r], 2**30) + min(n - m[r], 2**30)
+    return _argmin_rot(tmpv, elig, nrep, off)
+
+
+@njit(cache=True)
+def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv):
+    """The routers of ROUTER_CODES (routers/*.py; tests/reference_fleet.py's route_one)."""
+    off = (bits[0] * nrep) >> 32
+    if code == 0:
+        return off
+    if code == 1:
+        return i % nrep
+    h = _mix32(pkh, pkl)
+    if code == 2:
+        return h % nrep
+    if code == 3:
+        for r in range(nrep):
+            elig[r] = True
+        return _argmin_rot(q, elig, nrep, off)
+    if code == 4:
+        pa = (bits[1] * nrep) >> 32
+        pb = (pa + 1 + ((bits[2] * (nrep - 1)) >> 32)) % nrep if nrep > 1 else pa
+        return pb if q[pb] < q[pa] else pa
+    if code == 5:
+        total = 0
+        for r in range(nrep):
+            total += q[r]
+        denom = 100 * nrep
+        cap = (pi[CHWBL_C] * (total + 1) + denom - 1) // denom
+        V = ring.shape[1]
+        bd, best = np.int64(2**33), np.int64(BIG)
+        for r in range(nrep):
+            if q[r] < cap:
+                for v in range(min(pi[VNODES], V)):
+                    d = (ring[r, v] - h) & 0xFFFFFFFF
+                    if d < bd or (d == bd and r * V + v < best):
+                        bd, best = d, r * V + v
+        return min(best // V, ring.shape[0] - 1)
+    return _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv)
+
+
+# ------------------------------------------------------------------------------ views and the arrival loop
+@njit(cache=True)
+def _index_match(row, log0, e0, p, ist, ithr):
+    """Leading blocks of a request in an index row (leaf-first stamps, threshold: cache.store.stored_len)."""
+    hit = 0
+    for q in range(p):
+        run, m = log0[e0 + q, 0], log0[e0 + q, 1]
+        st = ist[row, run]
+        sli = 0 if st < 0 else min(max(st + m - ithr[row], 0), m)
+        if sli == m:
+            hit += m
+        else:
+            hit += sli
+            break
+    return hit
+
+
+@njit(cache=True)
+def _index_learn(row, h, cap, rq, log0, ist, ix, ixl):
+    """The approximate index learns a decision: the request's runs restamped leaf-first (entries tail
+    first, ascending stamps), then its lazy-pointer LRU down to ``cap`` blocks (cache.store.evict)."""
+    n, p, e0, off = rq[h, QNB], rq[h, QNR], rq[h, QE0], rq[h, QOFF]
+    for k in range(p):
+        q = p - 1 - k
+        run, m, j0 = log0[e0 + q, 0], log0[e0 + q, 1], log0[e0 + q, 2] - off
+        st = ist[row, run]
+        sli = 0 if st < 0 else min(max(st + m - ix[row, 3], 0), m)
+        ix[row, 4] += m - sli
+        b = off + n - j0 - m
+        ist[row, run] = b
+        c = ix[row, 0]
+        ixl[row, c, 0], ixl[row, c, 1], ixl[row, c, 2] = run, m, b
+        ix[row, 0] = c + 1
+    while ix[row, 4] > cap and ix[row, 1] < ix[row, 0]:  # ix: cnt, pointer, offset, threshold, occupancy
+        j = ix[row, 1]
+        run, m, b = ixl[row, j, 0], ixl[row, j, 1], ixl[row, j, 2]
+        avail = m - ix[row, 2] if ist[row, run] == b else 0
+        need = ix[row, 4] - cap
+        if avail > need:
+            ix[row, 2] += need
+            ix[row, 4] -= need
+        else:
+            ix[row, 4] -= avail
+            ix[row, 1] = j + 1
+            ix[row, 2] = 0
+    if ix[row, 1] < ix[row, 0]:
+        ix[row, 3] = ixl[row, ix[row, 1], 2] + ix[row, 2]
+    elif ix[row, 0] > 0:
+        ix[row, 3] = ixl[row, ix[row, 0] - 1, 2] + ixl[row, ix[row, 0] - 1, 1]
+
+
+@njit(cache=True)
+def _loads(u, ninst, nrep, local, Q, rq, rs, sl, wq, q, a):
+    """Each replica's load as the router reads it (waiting requests; blocks waiting or running); with
+    ``local_load`` only router instance ``u``'s requests."""
+    for r in range(nrep):
+        if not local:
+            q[r], a[r] = rs[r, WCOUNT], rs[r, LBLK]
+            continue
+        qq, aa = 0, 0
+        for k in range(rs[r, WCOUNT]):
+            h = wq[r, (rs[r, WHEAD] + k) % Q, 0]
+            if h % ninst == u:
+                qq += 1
+                aa += rq[h, QNB]
+        for k in range(rs[r, NRUN]):
+            h = sl[r, k, SREQ]
+            if h % ninst == u:
+                aa += rq[h, QNB]
+        q[r], a[r] = qq, aa
+
+
+@njit(cache=True)
+def _enqueue(i, r, now_t, Q, rq, rs, wq):
+    """Request ``i`` joins replica ``r``'s waiting ring (dropped when full); an idle replica's clock moves
+    to the arrival."""
+    if rs[r, NRUN] == 0 and rs[r, WCOUNT] == 0:
+        rs[r, CLOCK] = max(rs[r, CLOCK], now_t)
+    if rs[r, WCOUNT] < Q:
+        pos = (rs[r, WHEAD] + rs[r, WCOUNT]) % Q
+        wq[r, pos, 0], wq[r, pos, 1], wq[r, pos, 2] = i, 0, 0
+        rs[r, WCOUNT] += 1
+        rs[r, LREQ] += 1
+        rs[r, LBLK] += rq[i, QNB]
+    else:
+        rs[r, DROPPED] += 1
+
+
+@njit(cache=True)
+def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv):
+    """Every replica's precise match ``mt`` and the router's view ``mv`` (precise, stale or approximate)."""
+    now = rq[i, QARR]
+    p, e0 = rq[i, QNR], rq[i, QE0]
+    for r in range(nrep):
+        mt[r] = _lead(ps[r], log0, e0, p)
+        mv[r] = mt[r]
+    if stale and pi[VIEW] == 2:
+        if sync[1] == 0 or now - sync[0] >= pi[LAG]:  # the router's copy of every pool
+            snap[:, :] = ps
+            sync[0], sync[1] = now, 1
+        for r in range(nrep):
+            mv[r] = _lead(snap[r], log0, e0, p)
+    if index:
+        for r in range(nrep):
+            mv[r] = _index_match(u * R + r, log0, e0, p, ist, ix[:, 3]) if pi[VIEW] == 1 else mt[r]
+
+
+@njit(cache=True)
+def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, ttft, fin, hitb,
+         npre, repof, rs_out, fs_out, tot):
+    """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
+    N = rq.shape[0]
+    ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
+    frun, fst = np.zeros((R, L), np.int32), np.zeros((R, L), np.int32)
+    rs = np.zeros((R, NRS), np.int64)
+    fs = np.zeros((R, 2), np.float32)
+    sl = np.zeros((R, S, NSL), np.int64)
+    wq = np.zeros((R, Q, 3), np.int64)
+    tmp = np.zeros((S, 6), np.int64)
+    snap = np.zeros((R if stale else 1, K if stale else 1), np.int32)
+    sync = np.zeros(2, np.int64)
+    rows = NI * R if index else 1
+    ist = np.full((rows, K if index else 1), -1, np.int64)
+    ix = np.zeros((rows, 5), np.int64)
+    ixl = np.zeros((rows, E if index else 1, 3), np.int64)
+    mt, mv, q, a = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
+    tree, tmpv = np.zeros(R, np.int64), np.zeros(R, np.int64)
+    elig = np.zeros(R, np.bool_)
+    nrep = min(max(pi[NREP], 1), R)
+    ninst = min(max(pi[NINST], 1), NI)
+    code = pi[ROUTER]
+    for i in range(N):
+        now_t = rq[i, QARR] * PS_MS
+        _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
+                 fin[g], hitb[g], npre[g])
+        n = rq[i, QNB]
+        u = i % ninst
+        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv)
+        _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, q, a)
+        for x in range(nrep):
+            tree[x] = rs[x, CACHED]
+        pb = min(pi[PB], n)
+        kpos = rq[i, QOFF] + max(pb - 1, 0)
+        r = _route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
+                   q, mv, a, tree, pi, ring, elig, tmpv)
+        # the routing metrics (replicas holding the routing prefix; sent away from the best)
+        mbest, cp = 0, 0
+        for x in range(nrep):
+            mbest = max(mbest, mt[x])
+            cp += 1 if mt[x] >= pb else 0
+        if n > 0:
+            tot[g, 0] += cp
+            tot[g, 1] += 1
+        if match and mbest > 0:
+            tot[g, 3] += 1
+            tot[g, 2] += 1 if mt[r] < mbest else 0
+        repof[g, i] = r
+        if index:
+            _index_learn(u * R + r, i, pi[ICAP], rq, log0, ist, ix, ixl)
+        _enqueue(i, r, now_t, Q, rq, rs, wq)
+    _advance(T_LIM, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
+             fin[g], hitb[g], npre[g])
+    rs_out[g] = rs
+    fs_out[g] = fs
+
+
+@njit(parallel=True, cache=True)
+def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E):
+    G, N = pi.shape[0], rq.shape[0]
+    ttft, fin = np.full((G, N), -1, np.int64), np.full((G, N), -1, np.int64)
+    hitb, npre, repof = np.zeros((G, N), np.int64), np.zeros((G, N), np.int64), np.zeros((G, N), np.int64)
+    rs_out = np.zeros((G, R, NRS), np.int64)
+    fs_out = np.zeros((G, R, 2), np.float32)
+    tot = np.zeros((G, 4), np.int64)  # copies, copies_n, over_n, over_q
+    for g in prange(G):
+        _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E, ttft, fin,
+             hitb, npre, repof, rs_out, fs_out, tot)
+    return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot
+
+
+# ------------------------------------------------------------------------------ the host side
+def _fields(params) -> dict:
+    if isinstance(params, (list, tuple)):
+        from cacheresearch.core.params import stack_params  # noqa: PLC0415
+
+        params = stack_params(list(params))
+    return {f: np.asarray(getattr(params, f)).reshape(-1) for f in params._fields}
+
+
+def _config_matrix(P: dict) -> np.ndarray:
+    G = P["policy"].shape[0]
+    pi = np.zeros((G, NPI), np.int64)
+    for k, f in enumerate(_PI_FIELDS):
+        pi[:, k] = P[f].astype(np.int64)
+    rnames = {v: k for k, v in ROUTERS.items()}
+    pi[:, ROUTER] = [ROUTER_CODES[rnames[int(x)]] for x in P["router"]]
+    return pi
+
+
+def _limbs(total) -> tuple[np.ndarray, np.ndarray]:
+    t = np.asarray(total, np.int64)
+    return (t >> LIMB).astype(np.int32), (t & ((1 << LIMB) - 1)).astype(np.int32)
+
+
+def _pct(srt, nl, p, size):
+    """metrics.core.percentile over rows: nearest rank ``p`` of the first ``nl`` sorted values."""
+    k = np.clip((p * nl + 99) // 100 - 1, 0, max(size - 1, 0))
+    v = srt[np.arange(srt.shape[0]), np.minimum(k, srt.shape[1] - 1)] if srt.shape[1] else np.zeros(len(nl))
+    return np.where(nl > 0, v, 0).astype(np.int32)
+
+
+def _ceil_ms(t):
+    return np.where(t >= 0, -(-t // PS_MS), -1)
+
+
+def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | None = None) -> Metrics:
+    """Configurations ``params`` (PRNG ``keys``) over one unpadded stream under the static options ``st``
+    (``scheduler="vllm"``): the JAX replica's unfinalized :class:`Metrics` (ratio fields NaN; pass them to
+    :func:`~cacheresearch.metrics.core.finalize`), leading axis [G]; per-request arrays have ``n_out``
+    entries (default: the stream's requests), padded as the JAX program pads them."""
+    from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
+
+    P = _fields(params)
+    G = P["policy"].shape[0]
+    missing = coverage([type("P", (), {f: P[f][g] for f in P})() for g in range(G)], st)
+    if missing:
+        raise ValueError(f"the numba vllm backend does not model {'; '.join(missing)}")
+    n = int(stream.n_requests)
+    host = {k: np.asarray(getattr(stream, k))[:n].astype(np.int64) for k in
+            ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs", "entry0")}
+    rq = np.stack([host[k] for k in ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs",
+                                     "entry0")], axis=1)
+    log0 = np.ascontiguousarray(np.asarray(stream.log[0]).astype(np.int64))
+    run_len = np.asarray(stream.run_len)
+    K = int(run_len.shape[0])
+    ent = log0[:-1]
+    if np.any(ent[:, 0] >= K) or np.any(run_len[np.minimum(ent[:, 0], K - 1)] != ent[:, 1]):
+        raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True) (whole runs)")
+    pkey = np.stack([np.asarray(stream.key_hi), np.asarray(stream.key_lo)], axis=1).astype(np.int64)
+    bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
+    R = st.max_replicas
+    ring = np.asarray(ring_positions(R, st.max_vnodes)).astype(np.int64)
+    out = _kernel(rq, log0, pkey, K, int(stream.block_tokens), R, st.max_running, st.queue_slots,
+                  st.max_instances, st.max_running, bool(st.stale), bool(st.index), bool(st.match),
+                  _config_matrix(P), bits, ring, 2 * K + 16, int(log0.shape[0]))
+    return _metrics(stream, P, st, out, n, n if n_out is None else int(n_out))
+
+
+def _metrics(stream, P, st, out, n, no) -> Metrics:
+    """core.simulate's vllm metrics from the kernel's outputs (integers, exact sums, the float32 gauges)."""
+    ttft_t, fin_t, hitb, npre, repof, rs, fs, tot = out
+    G, R = rs.shape[0], rs.shape[1]
+    arr = np.asarray(stream.arrival_ms)[:n].astype(np.int64)
+    inp = np.asarray(stream.input_tokens)[:n].astype(np.int64)
+    outp = np.asarray(stream.output_tokens)[:n].astype(np.int64)
+    bt = int(stream.block_tokens)
+    served = fin_t >= 0
+    ttft_ms = np.where(served, _ceil_ms(ttft_t) - arr, -1)
+    e2e_ms = np.where(served, _ceil_ms(fin_t) - arr, -1)
+    hit_b = np.where(served, hitb, 0)
+    hit_tok = np.where(hit_b > (inp // bt)[None], inp[None], hit_b * bt)
+    t0 = arr[0] if n else 0
+    lat = served & ((arr - t0)[None] >= P["warmup_ms"].astype(np.int64)[:, None])
+    nl = lat.sum(axis=1)
+    srt_t = np.sort(np.where(lat, ttft_ms, MS_LIM), axis=1)
+    srt_e = np.sort(np.where(lat, e2e_ms, MS_LIM), axis=1)
+    multi = lat & (outp >= 2)[None]
+    d = np.where(multi, fin_t - ttft_t, 0)
+    k = np.clip(outp - 1, 1, 2_000_000)[None]
+    ms, rem = d // PS_MS, d % PS_MS
+    q_ms, q_ns = ms // k, ((ms % k) * PS_MS + rem) // (1000 * k)
+    active = np.arange(R)[None] < np.clip(P["replicas"].astype(np.int64), 1, R)[:, None]
+    last_ms = np.max(np.where(served, _ceil_ms(fin_t), 0), axis=1, initial=0)
+    horizon = np.maximum(np.maximum(last_ms, arr[max(n - 1, 0)] if n else 0) - t0, 1)
+    busy_ms = (-(-rs[:, :, BUSY] // PS_MS)).astype(np.int32)
+    hr = np.clip(np.where(served, repof, 0), 0, R - 1)
+    rpr = np.zeros((G, R), np.int32)
+    for g in range(G):
+        np.add.at(rpr[g], hr[g], served[g].astype(np.int32))
+    size = max(no, 1)
+
+    def per_req(a, fill):
+        if not st.per_request:
+            return np.zeros((G, 0), np.int32)
+        o = np.full((G, no), fill, np.int32)
+        o[:, :n] = a
+        return o
+
+    def lim(x):
+        return _limbs(np.asarray(x, np.int64).sum(axis=1))
+
+    hh, hl = lim(np.where(served, hit_tok, 0))
+    ih, il = _limbs(np.full(G, inp.sum()))
+    th, tl = lim(np.where(lat, ttft_ms, 0))
+    qh, ql = lim(np.where(multi, q_ms, 0))
+    fh, fl = lim(np.where(multi, q_ns, 0))
+    oh, ol = lim(np.where(served, outp[None], 0))
+    nan = np.full(G, np.nan, np.float32)
+    wa = lambda x: np.where(active, x, 0)  # noqa: E731
+    return Metrics(
+        token_hit_rate=nan, request_hit_rate=nan, hit_tokens_hi=hh, hit_tokens_lo=hl,
+        requests_hit=(served & (hit_b > 0)).sum(axis=1).astype(np.int32),
+        max_occupancy=wa(rs[:, :, KVMAX]).astype(np.int32), occupancy=wa(rs[:, :, CACHED]).astype(np.int32),
+        requests_per_replica=rpr, ttft_p50_ms=_pct(srt_t, nl, 50, size), ttft_p90_ms=_pct(srt_t, nl, 90, size),
+        ttft_p99_ms=_pct(srt_t, nl, 99, size), ttft_mean_ms=nan, busy_ms=busy_ms,
+        utilisation=np.full((G, R), np.nan, np.float32), load_imbalance=nan, prefix_copies=nan, overflow_share=nan,
+        queue_overflow=wa(rs[:, :, DROPPED]).sum(axis=1).astype(np.int32),
+        time_overflow=np.any(rs[:, :, TOVER] != 0, axis=1) | np.any(rs[:, :, STUCK] != 0, axis=1),
+        hit_blocks=per_req(hit_b, 0), hit_tokens=per_req(hit_tok, 0), replica=per_req(repof, -1),
+        ttft_ms=per_req(ttft_ms, -1),
+        match=np.zeros((G, no if st.per_request else 0, R), np.int32),
+        replicas_over_bound=(P["replicas"] > R) | (P["replicas"] < 1),
+        tpot_mean_ms=nan, e2e_p50_ms=_pct(srt_e, nl, 50, size), e2e_p90_ms=_pct(srt_e, nl, 90, size),
+        e2e_p99_ms=_pct(srt_e, nl, 99, size), preemptions=wa(rs[:, :, PREEMPT]).sum(axis=1).astype(np.int32),
+        kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
+        dropped=wa(rs[:, :, DROPPED] + rs[:, :, REJECTED]).sum(axis=1).astype(np.int32),
+        steps=wa(rs[:, :, STEPS]).sum(axis=1).astype(np.int32),
+        e2e_ms=per_req(e2e_ms, -1), preempted=per_req(npre, 0),
+        n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=th, ttft_sum_lo=tl,
+        ttft_n=nl.astype(np.int32), busy_time=busy_ms, horizon_time=horizon.astype(np.int32),
+        replicas_active=np.clip(P["replicas"], 1, R).astype(np.int32), copies_sum=tot[:, 0].astype(np.int32),
+        copies_n=tot[:, 1].astype(np.int32), over_n=tot[:, 2].astype(np.int32), over_q=tot[:, 3].astype(np.int32),
+        tpot_ms_hi=qh, tpot_ms_lo=ql, tpot_ns_hi=fh, tpot_ns_lo=fl, tpot_n=multi.sum(axis=1).astype(np.int32),
+        output_tokens_hi=oh, output_tokens_lo=ol, kv_capacity=P["capacity"].astype(np.int32),
+        kv_acc=np.where(active, fs[:, :, 0], np.float32(0)).astype(np.float32),
+        q_acc=np.where(active, fs[:, :, 1], np.float32(0)).astype(np.float32),
+    )

@@ -1,0 +1,151 @@
+"""The numba backend of the vllm replica (backends/numba_vllm.py) equals the plain-Python reference and the
+JAX replica request by request, on test_batch's hypothesis workloads."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference_batch import reference_batch
+
+from cacheresearch.core.params import make_params, resolve_router
+from cacheresearch.core.simulate import request_bits, simulate, static_options
+from cacheresearch.core.stream import compile_stream
+from cacheresearch.metrics.core import finalize
+from cacheresearch.workload.synthetic import tenant_workload
+
+nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
+
+_PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")
+_FLOAT32_GAUGES = ("kv_acc", "q_acc", "kv_util_mean", "queue_len_mean")
+
+
+def _workload(seed, out, n_tenants=4, rate=30, dur=2):
+    return tenant_workload(n_tenants=n_tenants, prefix_tokens=200, query_tokens=40, users_per_tenant=2,
+                           rate_per_s=rate, duration_s=dur, output_tokens=out, block_tokens=16, seed=seed)
+
+
+def _numba(s, p, key, *, R, S, Q):
+    st_ = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=S, queue_slots=Q,
+                         max_runs=int(np.max(np.asarray(s.n_runs))), index=int(p.view) == 1, stale=int(p.view) == 2)
+    m = finalize(nv.run_stream(s, [p], [key], st_), st_)
+    return type(m)(*(np.asarray(x)[0] for x in m))
+
+
+def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, **kn):
+    s = compile_stream(w, stateful_singletons=True)
+    p = make_params("lru", replicas=R, router=router, **kn)
+    key = jax.random.key(seed)
+    mn = _numba(s, p, key, R=R, S=S, Q=Q)
+    bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
+    k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
+    k.update(kn)
+    rule = k.pop("router")
+    ref = reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, **k)
+    for f in _PER_REQUEST:
+        a, b = np.asarray(getattr(mn, f)), np.asarray(ref[f])
+        bad = np.nonzero(a != b)[0]
+        assert bad.size == 0, (f, bad[:10], a[bad[:10]], b[bad[:10]])
+    for f in ("preemptions", "steps", "dropped"):
+        assert int(getattr(mn, f)) == ref[f], f
+    if not jax_too:
+        return ref
+    mj = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=S, queue_slots=Q)
+    for f in mj._fields:
+        a, b = np.asarray(getattr(mj, f)), np.asarray(getattr(mn, f))
+        assert a.shape == b.shape, (f, a.shape, b.shape)
+        if f in _FLOAT32_GAUGES:  # float32 integrals: the same sums, rounding aside
+            np.testing.assert_allclose(b, a, rtol=1e-5, err_msg=f)
+        else:
+            np.testing.assert_array_equal(b, a, err_msg=f)
+    return ref
+
+
+_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
+              seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
+              router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
+                                      "least_loaded", "kubeai_chwbl", "preble", "dynamo_kv", "power_of_two"]))
+
+
+def _case(seed, cap, budget, seqs, R, out, router, jax_too):
+    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
+    if router == "llmd_approximate":
+        kn["index_capacity"] = cap // 2 + 20  # an index that forgets
+    _compare(_workload(seed, out), R=R, router=router, jax_too=jax_too, **kn)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_CASES)
+def test_equals_reference_hypothesis(**case):
+    """Against the plain-Python reference (the JAX replica: the slow test and test_equals_jax_every_field)."""
+    _case(**case, jax_too=False)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_CASES)
+def test_equals_reference_and_jax_hypothesis_many(**case):
+    _case(**case, jax_too=True)
+
+
+def test_equals_jax_every_field():
+    """Every Metrics field against the JAX replica (chunked prefill, preemption, the approximate view)."""
+    ref = _compare(_workload(3, 20), R=3, router="llmd_approximate", capacity_blocks=30, max_num_batched_tokens=48,
+                   max_num_seqs=4, index_capacity=35)
+    assert ref["preemptions"] > 0
+
+
+@pytest.mark.parametrize("router,kn", [
+    ("cache_aware", dict(view="stale", stale_lag_ms=150)),
+    ("llmd_precise", dict(view="stale", stale_lag_ms=400, instances=2, local_load=True)),
+    ("least_loaded", dict(instances=3, local_load=True)),
+    ("llmd_precise", dict(step_ctx_ps=37_500, step_prefill_ctx_fs=1_750, step_decode_ns=1_000)),
+])
+def test_views_loads_and_step_model_equal_reference(router, kn):
+    """The stale view, instance-local loads and the context terms of the step model."""
+    _compare(_workload(4, 20), R=3, router=router, jax_too=False, capacity_blocks=50, max_num_batched_tokens=48,
+             max_num_seqs=4, **kn)
+
+
+def test_clock_past_six_hours_and_the_lazy_free_queue():
+    """Nine hours of simulated time (int64 ps), and a pool small enough that the free queue compacts."""
+    w = tenant_workload(n_tenants=3, prefix_tokens=200, query_tokens=40, users_per_tenant=2, rate_per_s=0.004,
+                        duration_s=9 * 3600, output_tokens=30, block_tokens=16, seed=1)
+    _compare(w, R=2, router="llmd_precise", S=8, jax_too=False, capacity_blocks=60, max_num_batched_tokens=64,
+             max_num_seqs=4, step_ctx_ps=40_000)
+    ref = _compare(_workload(7, 30, n_tenants=8, rate=60, dur=3), R=1, router="round_robin", jax_too=False,
+                   capacity_blocks=25, max_num_batched_tokens=48, max_num_seqs=6)
+    assert ref["preemptions"] > 0
+
+
+def test_coverage_names_what_is_left_to_jax():
+    p = [make_params("lru", capacity_blocks=50, router="gie"), make_params("lru", capacity_blocks=50,
+                                                                           router="kv_cost", temperature=0.5)]
+    st_ = static_options(p[0], max_replicas=2, scheduler="vllm", max_running=8)
+    missing = nv.coverage(p, st_)
+    assert any("gie" in x for x in missing) and any("temperature" in x for x in missing)
+    assert nv.coverage([make_params("lru", capacity_blocks=50, router="preble")], st_) == []
+    assert nv.coverage(p[:1], static_options(p[0], max_replicas=2)) != []
+
+
+def test_runner_takes_numba_for_the_vllm_replica_on_cpu():
+    """backend=auto sends covered vllm configurations to this backend on a CPU host (same metrics as the
+    direct call); backend=numba refuses what it does not cover, naming it."""
+    from cacheresearch.core.run import BackendError, simulate_cells
+
+    w = _workload(3, 20)
+    s = compile_stream(w, stateful_singletons=True)
+    kn = dict(capacity_blocks=30, max_num_batched_tokens=48, max_num_seqs=4)
+    ps = [make_params("lru", replicas=3, router=r, **kn) for r in ("llmd_precise", "round_robin")]
+    opts = dict(max_replicas=3, scheduler="vllm", max_running=6, queue_slots=64, per_request=True)
+    if jax.default_backend() == "cpu":
+        m, plan = simulate_cells([s], np.zeros(2, np.int64), ps, np.zeros(2, np.int64), **opts)
+        assert [g.backend for g in plan.groups] == ["numba"]
+        one = _numba(s, ps[0], jax.random.key(0), R=3, S=6, Q=64)
+        np.testing.assert_array_equal(m.ttft_ms[0], one.ttft_ms)
+        assert int(m.steps[0]) == int(one.steps)
+    with pytest.raises(BackendError, match="gie"):
+        simulate_cells([s], np.zeros(1, np.int64), [make_params("lru", replicas=3, router="gie", **kn)],
+                       np.zeros(1, np.int64), backend="numba", **opts)
