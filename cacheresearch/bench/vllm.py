@@ -1,0 +1,81 @@
+"""``sweep64_vllm``: 64 configurations of an llm-d-like workload on vllm replicas, per backend (issue 19).
+
+Run: ``python -m cacheresearch.bench.vllm [--n 64] [--requests 400] [--backends numba,jax] [--json FILE]``.
+The workload is ``benchmarks/vllm_lockstep.py``'s (16 groups sharing 2,000-token prefixes, 200 fresh and
+100 output tokens, 4 replicas); the grid crosses KV capacity, router (random, least_loaded, llmd_precise,
+round_robin) and ``max_num_seqs``. Each backend runs the whole grid through the runner
+(:func:`cacheresearch.core.run.simulate_cells`, ``backend=``) twice: the first call includes compilation,
+the second is timed. Reported per backend: wall and process CPU seconds, simulated requests per second
+(configurations x requests / wall), engine steps per second, and whether every configuration's steps and
+TTFT p90 equal the other backend's. Timings depend on the machine and its load: report them with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from cacheresearch.core.params import make_params
+from cacheresearch.core.run import simulate_cells
+from cacheresearch.core.stream import compile_stream
+from cacheresearch.workload.synthetic import tenant_workload
+
+__all__ = ["sweep_vllm", "main"]
+
+ROUTERS = ("random", "least_loaded", "llmd_precise", "round_robin")
+
+
+def _grid(n: int, replicas: int) -> list:
+    cfg = [(c, r, q) for c in (300, 600, 1200, 2400) for r in ROUTERS for q in (4, 8, 16, 32)]
+    return [make_params("lru", capacity_blocks=c, replicas=replicas, router=r, max_num_seqs=q,
+                        max_num_batched_tokens=2048, step_model="qwen3_32b_h100_tp2") for c, r, q in cfg[:n]]
+
+
+def sweep_vllm(n: int = 64, requests: int = 400, backends=("numba", "jax"), replicas: int = 4) -> dict:
+    """The ``sweep{n}_vllm`` case: one row per backend (see the module docstring)."""
+    w = tenant_workload(n_tenants=16, prefix_tokens=2000, query_tokens=200, users_per_tenant=4, rate_per_s=20,
+                        duration_s=requests / 20, output_tokens=100, block_tokens=16, seed=0)
+    s = compile_stream(w, stateful_singletons=True)
+    ps = _grid(n, replicas)
+    seeds = np.arange(len(ps), dtype=np.uint32)
+    opts = dict(max_replicas=replicas, scheduler="vllm", max_running=32, queue_slots=256, match=True,
+                per_request=False)
+    rows, ref = [], None
+    for b in backends:
+        simulate_cells([s], np.zeros(len(ps), np.int64), ps, seeds, backend=b, **opts)  # compile (and run)
+        t0, c0 = time.perf_counter(), time.process_time()
+        m, plan = simulate_cells([s], np.zeros(len(ps), np.int64), ps, seeds, backend=b, **opts)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        got = (np.asarray(m.steps), np.asarray(m.ttft_p90_ms))
+        same = None if ref is None else bool(np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1]))
+        ref = got if ref is None else ref
+        steps = int(got[0].sum())
+        rows.append(dict(name=f"sweep{len(ps)}_vllm", backend=b, programs=[g.backend for g in plan.groups],
+                         configurations=len(ps), requests=int(w.n_requests), wall_s=round(wall, 3),
+                         cpu_s=round(cpu, 3), requests_per_s=round(len(ps) * int(w.n_requests) / wall, 1),
+                         engine_steps=steps, engine_steps_per_s=round(steps / wall, 1),
+                         equal_to_first_backend=same))
+    return dict(case=f"sweep{len(ps)}_vllm", rows=rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cacheresearch.bench.vllm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--backends", default="numba,jax")
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args(argv)
+    rep = sweep_vllm(a.n, a.requests, tuple(x for x in a.backends.split(",") if x))
+    for r in rep["rows"]:
+        print(json.dumps(r))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
