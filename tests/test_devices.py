@@ -45,7 +45,7 @@ fleets = {
                    max_num_batched_tokens=24),
               dict(policy="lru", capacity_blocks=16, replicas=2, router="llmd_precise", max_num_seqs=2,
                    max_num_batched_tokens=16, warmup_ms=300)],
-             dict(queue_slots=32, scheduler="vllm", max_running=3), (1, None)),
+             dict(queue_slots=32, scheduler="vllm", max_running=3, backend="jax"), (1, None)),  # the JAX sharding
 }
 runs = {}
 for name in sys.argv[2:]:
