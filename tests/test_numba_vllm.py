@@ -98,10 +98,11 @@ def test_equals_jax_every_field():
 
 
 @pytest.mark.parametrize("router,kn", [
-    ("cache_aware", dict(view="stale", stale_lag_ms=150)),
+    pytest.param("cache_aware", dict(view="stale", stale_lag_ms=150), marks=pytest.mark.slow),
     ("llmd_precise", dict(view="stale", stale_lag_ms=400, instances=2, local_load=True)),
-    ("least_loaded", dict(instances=3, local_load=True)),
-    ("llmd_precise", dict(step_ctx_ps=37_500, step_prefill_ctx_fs=1_750, step_decode_ns=1_000)),
+    pytest.param("least_loaded", dict(instances=3, local_load=True), marks=pytest.mark.slow),
+    pytest.param("llmd_precise", dict(step_ctx_ps=37_500, step_prefill_ctx_fs=1_750, step_decode_ns=1_000),
+                 marks=pytest.mark.slow),
 ])
 def test_views_loads_and_step_model_equal_reference(router, kn):
     """The stale view, instance-local loads and the context terms of the step model."""
