@@ -1,4 +1,5 @@
-"""The fit's TTL curve (fit/validate.ttl_hit_blocks, one sort) equals the engine's replay request by request."""
+"""The fit's fast paths equal their references: the TTL curve (one sort) the engine's replay, request by
+request; request_structure's sorting path its loop."""
 
 import jax
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from cacheresearch.backends.numba_cache import replay_grid
 from cacheresearch.core.params import make_params
 from cacheresearch.fit.agent import generate_agent_sessions
+from cacheresearch.fit.structure import request_structure
 from cacheresearch.fit.validate import ttl_hit_blocks, ttl_hit_rates
 from cacheresearch.workload import Workload
 
@@ -45,3 +47,12 @@ def test_ttl_hit_blocks_equal_engine(w):
     m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))
     np.testing.assert_array_equal(ttl_hit_blocks(w, ttls), np.asarray(m.hit_blocks, dtype=np.int64))
     np.testing.assert_allclose(ttl_hit_rates(w, ttls), np.asarray(m.token_hit_rate, dtype=np.float64), rtol=1e-12)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_request_structure_sorting_equals_loop(given):
+    """request_structure's sorting path equals the request-by-request loop (sessions as root trees, or given)."""
+    w = generate_agent_sessions(8, seed=2, compaction_rate=0.1)
+    sess = np.random.default_rng(0).integers(0, 5, w.n_requests) if given else None
+    for a, b in zip(request_structure(w, sess, method="loop"), request_structure(w, sess)):
+        np.testing.assert_array_equal(a, b)

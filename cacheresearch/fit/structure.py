@@ -153,10 +153,12 @@ def _structure_vectorized(w: Workload, sess: np.ndarray):
     return position, par, shared, root_match
 
 
-def request_structure(w: Workload, session=None, parent=None) -> Structure:
+def request_structure(w: Workload, session=None, parent=None, *, method: str = "auto") -> Structure:
     """The structure of every request (module docstring). ``session`` and ``parent`` (int [N],
     ``-1`` for none) come from the trace when it has them; otherwise sessions are the trees of the
-    first blocks and parents the longest-prefix earlier requests."""
+    first blocks and parents the longest-prefix earlier requests. ``method``: ``auto`` sorts the
+    (session, key, request) triples where no parent is given and no key repeats inside a request,
+    else (and with ``loop``) the request-by-request reference; both give the same arrays."""
     n = w.n_requests
     off = w.offsets
     keys = w.keys
@@ -184,7 +186,9 @@ def request_structure(w: Workload, session=None, parent=None) -> Structure:
         bad = (parent >= 0) & (sess[np.maximum(parent, 0)] != sess)
         if bad.any():
             raise ValueError(f"request {int(np.argmax(bad))} has a parent in another session")
-    vec = None if parent is not None else _structure_vectorized(w, sess)
+    if method not in ("auto", "loop"):
+        raise ValueError("method must be auto (sorting, where it applies) or loop (request by request, the reference)")
+    vec = None if parent is not None or method == "loop" else _structure_vectorized(w, sess)
     if vec is None:
         position, par, shared, root_match = _structure_loop(w, sess, parent)
     else:
