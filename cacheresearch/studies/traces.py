@@ -219,7 +219,7 @@ def _fitted_laws(model: dict) -> dict:
 
 def fit_study(cfg) -> xr.Dataset:
     from cacheresearch.fit.agent import agent_structure
-    from cacheresearch.fit.model import COMPONENTS, ablate
+    from cacheresearch.fit.model import COMPONENTS, ablate, ablation_effect
     from cacheresearch.fit.structure import chain_content_hashes, request_structure, session_hit_rates
 
     t0 = time.perf_counter()
@@ -280,12 +280,11 @@ def fit_study(cfg) -> xr.Dataset:
         abl["fitted"] = {"capacity": float(np.max(np.abs(fc[:k].mean(0) - tr_cap))),
                          "ttl": float(np.max(np.abs(ft[:k].mean(0) - tr_ttl))), "changed": True}
         for comp in COMPONENTS:
-            mod = ablate(model, comp)
-            changed = json.dumps(mod["components"], sort_keys=True) != json.dumps(model["components"], sort_keys=True)
-            if not changed:  # already empirical: the same model
-                abl[comp] = dict(abl["fitted"], changed=False)
+            same = ablation_effect(model, comp)
+            if same:  # already empirical, or not read by the sampler: the same model
+                abl[comp] = dict(abl["fitted"], changed=False, why=same)
                 continue
-            cap, ttl = _curves([sample_workload(mod, s) for s in aseeds], caps, ttls)
+            cap, ttl = _curves([sample_workload(ablate(model, comp), s) for s in aseeds], caps, ttls)
             abl[comp] = {"capacity": float(np.max(np.abs(cap.mean(0) - tr_cap))),
                          "ttl": float(np.max(np.abs(ttl.mean(0) - tr_ttl))), "changed": True}
     st = request_structure(w, extra.get("session"), extra.get("parent"))
@@ -420,7 +419,7 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
         base = abl["fitted"]
         best = None
         for k, v in abl.items():
-            tag = "" if v.get("changed", True) else " (already empirical)"
+            tag = "" if v.get("changed", True) else f" ({v.get('why', 'already empirical')})"
             out.append(f"  {k:10s} {100 * v['capacity']:6.2f} / {100 * v['ttl']:6.2f}{tag}")
             if k != "fitted" and v.get("changed", True):
                 gain = max(base["capacity"] - v["capacity"], base["ttl"] - v["ttl"])
