@@ -252,6 +252,7 @@ def test_experiment_config_runs(tmp_path):
     assert (tmp_path / "summary.txt").read_text().count("#") >= 3
 
 
+@pytest.mark.slow  # about 10 s of CPU (a law per root); the default suite checks the fitted path on the Poisson fixture
 def test_fitted_reuse_law_predicts_roots_of_a_known_law():
     """Agent sessions (one root per context) whose gaps are a known mixture: 3 s tool round trips, or with
     probability 0.3 a 600 s think time (exponential each), one session an hour, so each root is busy for
