@@ -153,3 +153,31 @@ def test_agent_fit_samples_whole_sessions_with_compactions(agents):
     later = st.parent >= 0
     assert np.mean(st.appended[later] > 0) > 0.9  # contexts grow
     assert agent_structure(xs[0])["compactions"] > 0
+
+
+def test_parallel_subagents_recovered():
+    """Three subagents started at once in one gap of their parent, interleaved, the parent waiting for the
+    last: the rule checks the wait on the group, so it finds them (40% of contexts are subagents)."""
+    w = generate_agent_sessions(60, seed=11, subagent_share=0.4, parallel=3)
+    a = agent_structure(w)
+    assert a["subagent_share"] == pytest.approx(0.4, abs=0.1)
+    assert a["sessions"] == pytest.approx(60, abs=8)
+
+
+def test_sessions_drawn_whole_replay_their_own_steps_in_order():
+    """A model whose sessions are the trace's (empirical) replays each session's growth, compactions and
+    branches in order: every sampled session's sequence of context lengths (blocks) and input tokens is
+    a prefix of a trace session's, and the sample's token volume is the trace's within 5%."""
+    w = generate_agent_sessions(12, seed=5, compaction_rate=0.1)
+    m = fit_workload(w, empirical=("session", "arrivals"))
+    x = sample_workload(m, 1)
+
+    def seqs(v):
+        st = request_structure(v)
+        return [tuple(zip(v.n_blocks[st.session == s].tolist(), v.input_tokens[st.session == s].tolist()))
+                for s in range(int(st.session.max()) + 1)]
+
+    trace = seqs(w)
+    for q in seqs(x):
+        assert any(t[: len(q)] == q for t in trace)
+    assert x.input_tokens.sum() == pytest.approx(w.input_tokens.sum(), rel=0.05)

@@ -11,11 +11,14 @@ and the arrival times alone:
 * **compactions**: a step that keeps at most half of its parent's blocks (the context was rewritten:
   the old blocks stop matching); the rate per step and the share of the parent's blocks kept;
 * **subagents**: a context whose whole life (first to last request) lies inside one gap of another
-  context that started earlier (the parent waits on its tool call while the subagent runs), with both
-  waits (parent's request to the subagent's first, subagent's last to the parent's next) at most the
-  median gap between consecutive requests of a context (a tool round trip); the parent is the
-  candidate with the latest request before the subagent's first. Sessions are the
-  contexts joined to their parents (transitively);
+  context that started earlier (the parent waits on its tool call while the subagent runs), starting
+  at most the median gap between consecutive requests of a context (a tool round trip) after the
+  parent's request; several subagents started in one gap run in parallel, interleaved, and the
+  parent's next request comes at most that median after the *last* of them ends; the parent is the
+  candidate with the latest request before the subagent's first. Sessions are the contexts joined
+  to their parents (transitively). A subagent that runs beside a parent which keeps sending
+  requests is not nested in one gap, and timing alone cannot tell it from an independent session
+  running at the same time: it is read as a session of its own;
 * **think / tool gaps**: the gaps between consecutive requests of a context, a lognormal mixture
   whose number of components is chosen by AIC (short tool round trips beside long think or idle
   times), and the sessions' durations, context lengths and requests.
@@ -40,25 +43,34 @@ COMPACTION_KEEP = 0.5  # a step that keeps at most this share of its parent's bl
 
 
 def _subagent_parents(t: np.ndarray, ctx: np.ndarray, slack_s: float) -> np.ndarray:
-    """Parent context of each context (-1: none) by the nesting rule (module docstring); both the
-    wait from the parent's request to the subagent's first and from the subagent's last to the
-    parent's next request are at most ``slack_s``."""
+    """Parent context of each context (-1: none) by the nesting rule (module docstring).
+
+    A context ``B`` is a candidate child of an earlier context ``A`` at ``A``'s request ``j`` when it
+    starts at most ``slack_s`` after that request and ends before ``A``'s next one (it lives inside
+    one gap of ``A``). The children of one gap may run in parallel (an agent that starts several
+    subagents at once waits for all of them): the gap's wait is checked on the group, so the last of
+    its candidate children must end at most ``slack_s`` before ``A``'s next request. Of several
+    parents the one with the latest request before ``B``'s first wins."""
     n_ctx = int(ctx.max()) + 1 if ctx.size else 0
     times = [np.sort(t[ctx == c]) for c in range(n_ctx)]
     first = np.array([x[0] for x in times]) if n_ctx else np.zeros(0)
     last = np.array([x[-1] for x in times]) if n_ctx else np.zeros(0)
-    par = np.full(n_ctx, -1, np.int64)
+    cand: dict[tuple[int, int], list[int]] = {}  # (parent, its request j) -> children starting in gap j
     for b in range(n_ctx):
-        best, best_t = -1, -np.inf
         for a in np.nonzero(first < first[b])[0]:
             ta = times[a]
-            j = np.searchsorted(ta, first[b], side="right") - 1  # A's latest request at or before B starts
-            if j < 0 or j + 1 >= ta.size:
-                continue  # B starts before A or after A's last request: not nested in a gap
-            if (ta[j + 1] > last[b] and ta[j] > best_t and first[b] - ta[j] <= slack_s
-                    and ta[j + 1] - last[b] <= slack_s):
-                best, best_t = int(a), float(ta[j])
-        par[b] = best
+            j = int(np.searchsorted(ta, first[b], side="right")) - 1  # A's latest request at or before B's start
+            if 0 <= j < ta.size - 1 and first[b] - ta[j] <= slack_s and last[b] < ta[j + 1]:
+                cand.setdefault((int(a), j), []).append(b)
+    par = np.full(n_ctx, -1, np.int64)
+    best_t = np.full(n_ctx, -np.inf)
+    for (a, j), kids in cand.items():
+        ta = times[a]
+        if ta[j + 1] - max(last[k] for k in kids) > slack_s:
+            continue  # the parent did not wait on these children
+        for b in kids:
+            if ta[j] > best_t[b]:
+                par[b], best_t[b] = a, ta[j]
     return par
 
 
@@ -115,17 +127,18 @@ def agent_structure(w: Workload, st: Structure | None = None) -> dict:
 def generate_agent_sessions(n_sessions: int, *, seed: int = 0, block_tokens: int = 64, system_blocks: int = 40,
                             growth_p: float = 0.05, compaction_rate: float = 0.03, summary_blocks: int = 20,
                             subagent_share: float = 0.3, requests_mean: float = 40.0, tool_s: float = 3.0,
-                            think_s: float = 60.0, think_share: float = 0.3, start_every_s: float = 120.0
-                            ) -> Workload:
+                            think_s: float = 60.0, think_share: float = 0.3, start_every_s: float = 120.0,
+                            parallel: int = 1) -> Workload:
     """Agent sessions with known laws: each context starts with ``system_blocks`` of its own, then each
     step appends a geometric(``growth_p``) number of blocks (mean ``1 / growth_p``); with probability
     ``compaction_rate`` a step is a compaction instead (keeps the first ``system_blocks // 2`` blocks,
     then ``summary_blocks`` new ones); gaps are exponential, ``tool_s`` or, with ``think_share``,
     ``think_s``. A session is a main context (geometric number of requests, mean ``requests_mean``)
-    and, after a uniformly chosen request, with probability ``subagent_share / (1 - subagent_share)``
-    a subagent context (geometric number of requests, mean 10) that starts 0.5 s after that request
-    and runs to completion; the main context's next request comes 0.5 s after the subagent's last
-    (so a share ``subagent_share`` of all contexts are subagents on average)."""
+    and, after a uniformly chosen request, with probability ``subagent_share / (parallel (1 -
+    subagent_share))`` (at most 1), ``parallel`` subagent contexts (each a geometric number of
+    requests, mean 10) that start 0.5 s (plus 0.1 s per sibling) after that request and run at once,
+    their requests interleaved; the main context's next request comes 0.5 s after the last of them
+    ends (so a share ``subagent_share`` of all contexts are subagents on average)."""
     rng = np.random.default_rng(seed)
     nxt = [1]
 
@@ -152,7 +165,8 @@ def generate_agent_sessions(n_sessions: int, *, seed: int = 0, block_tokens: int
             times.append(tt)
         return times
 
-    p_sub = subagent_share / (1.0 - subagent_share) if subagent_share < 1 else 1.0
+    k_par = max(int(parallel), 1)
+    p_sub = min(subagent_share / (k_par * (1.0 - subagent_share)), 1.0) if subagent_share < 1 else 1.0
     for s in range(n_sessions):
         t0 = s * start_every_s
         n_main = max(int(rng.geometric(1.0 / requests_mean)), 2)
@@ -172,9 +186,9 @@ def generate_agent_sessions(n_sessions: int, *, seed: int = 0, block_tokens: int
                     tt += rng.exponential(think_s if rng.random() < think_share else tool_s)
                 waited = False
             rows.append((tt, ks.copy()))
-            if j == at and has_sub:  # the main context waits on its subagent (0.5 s each way)
-                sub_t = run_context(tt + 0.5, max(int(rng.geometric(0.1)), 2))
-                tt = sub_t[-1] + 0.5
+            if j == at and has_sub:  # the main context waits on its subagents (0.5 s each way)
+                ends = [run_context(tt + 0.5 + 0.1 * c, max(int(rng.geometric(0.1)), 2))[-1] for c in range(k_par)]
+                tt = max(ends) + 0.5
                 waited = True
     rows.sort(key=lambda r: r[0])
     ms = np.round(np.array([r[0] for r in rows]) * 1000).astype(np.int64)

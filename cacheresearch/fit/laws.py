@@ -60,27 +60,44 @@ class Law(NamedTuple):
         return float(_frozen(self).mean()) + (1.0 if self.family == "nbinom1" else 0.0)
 
 
+class _Bound:
+    """A scipy distribution with its parameters bound, without building a frozen ``rv_frozen`` (whose
+    construction re-instantiates the distribution and formats its docstring: milliseconds per call,
+    which dominated the likelihood loops of the session fit)."""
+
+    __slots__ = ("dist", "args", "kw")
+
+    def __init__(self, dist, *args, **kw):
+        self.dist, self.args, self.kw = dist, args, kw
+
+    def __getattr__(self, name):
+        f = getattr(self.dist, name)
+        return lambda *a: f(*a, *self.args, **self.kw)
+
+    def mean(self):
+        return self.dist.mean(*self.args, **self.kw)
+
+
 def _frozen(law: Law):
     p = law.params
     f = law.family
     if f == "expon":
-        return stats.expon(scale=p["scale"])
+        return _Bound(stats.expon, scale=p["scale"])
     if f == "gamma":
-        return stats.gamma(p["shape"], scale=p["scale"])
+        return _Bound(stats.gamma, p["shape"], scale=p["scale"])
     if f == "weibull":
-        return stats.weibull_min(p["shape"], scale=p["scale"])
+        return _Bound(stats.weibull_min, p["shape"], scale=p["scale"])
     if f == "lognorm":
-        return stats.lognorm(p["sigma"], scale=math.exp(p["mu"]))
+        return _Bound(stats.lognorm, p["sigma"], scale=math.exp(p["mu"]))
     if f == "geom":
-        return stats.geom(p["p"])
+        return _Bound(stats.geom, p["p"])
     if f == "zeta":
-        return stats.zipf(p["a"])
+        return _Bound(stats.zipf, p["a"])
     if f == "nbinom1":
-        return stats.nbinom(p["n"], p["p"])  # k - 1 ~ NB(n, p)
+        return _Bound(stats.nbinom, p["n"], p["p"])  # k - 1 ~ NB(n, p)
     raise ValueError(f"unknown law family {f!r}")
 
 
-# ------------------------------------------------------------------------------ continuous
 def _fit_one_positive(family: str, x: np.ndarray) -> tuple[dict, float]:
     if family == "expon":
         p = {"scale": float(x.mean())}

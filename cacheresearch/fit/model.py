@@ -58,8 +58,8 @@ from cacheresearch.fit import laws as L
 from cacheresearch.fit.structure import chain_content_hashes, request_structure
 from cacheresearch.workload import Workload
 
-__all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "MODEL_VERSION", "STEP_CLASSES", "COMPONENTS",
-           "count_ppf", "fit_length_count_copula"]
+__all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "ablation_effect", "MODEL_VERSION",
+           "STEP_CLASSES", "COMPONENTS", "count_ppf", "fit_length_count_copula"]
 
 MODEL_VERSION = 2
 STEP_CLASSES = ("repeat", "extend", "branch", "truncate", "compact")
@@ -340,7 +340,7 @@ def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> 
             "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
 
 
-def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq):
+def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq, tokens):
     """The step classes of a type's requests (their laws, or the empirical law), into ``comp`` and ``emp``."""
     stp = sel & (st.parent >= 0)
     comp["step"] = None
@@ -367,6 +367,10 @@ def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq):
         sstep = np.searchsorted(uniq, st.session[stp])
         trip = np.stack([cls, d, a, st.shared[stp]], axis=1)
         own = [trip[sstep == i].tolist() for i in range(uniq.size)]
+        # ... and in their order: (lag to the parent, dropped, appended, input tokens) of each later
+        # request, so a session drawn whole replays its own growth, compactions and branches
+        seq = np.stack([st.lag[stp], d, a, tokens[stp]], axis=1)
+        ordered = [seq[sstep == i].tolist() for i in range(uniq.size)]
         pbl_all = nb[st.parent[stp]]
         own_at = [np.stack([pbl_all, st.shared[stp], a], axis=1)[(sstep == i) & (cls == 4)].tolist()
                   for i in range(uniq.size)]  # (parent blocks, kept, appended) of each own compaction
@@ -374,7 +378,7 @@ def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq):
         np.maximum.at(smax, np.searchsorted(uniq, s_of), nb[sel])
         for target in (emp["session"], comp["session"]):
             if target.get("family") == "empirical_sessions":
-                target.update(steps=own, compact_at=own_at, max_blocks=smax.tolist())
+                target.update(steps=own, compact_at=own_at, max_blocks=smax.tolist(), ordered_steps=ordered)
         cp = cls == 4
         compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
                     "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
@@ -582,7 +586,7 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
         except ValueError as e:
             notes.append(f"[{tname}] shared roots not modelled ({e})")
     # ---- steps
-    _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq)
+    _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq, w.input_tokens.astype(np.int64))
     # ---- outputs
     out_tok = np.maximum(w.output_tokens[sel], 0) + 0.5
     emp["output"] = L.empirical(out_tok)
@@ -662,6 +666,29 @@ def ablate(model: dict, component: str) -> dict:
     return m
 
 
+def _drop_why(x):
+    if isinstance(x, dict):
+        return {k: _drop_why(v) for k, v in x.items() if k != "why"}
+    if isinstance(x, list):
+        return [_drop_why(v) for v in x]
+    return x
+
+
+def ablation_effect(model: dict, component: str) -> str:
+    """Why ablating ``component`` cannot change what :func:`sample_workload` draws (``""`` when it
+    can): the component is already its empirical law in every type, or the sampler does not read it
+    because every type's sessions are drawn whole from the trace (their first lengths and their
+    ordered steps come with them)."""
+    whole = all(c["session"].get("family") == "empirical_sessions" and c["session"].get("ordered_steps") is not None
+                for c in model["components"].values())
+    if whole and component in ("first", "step"):
+        return "not used: sessions are drawn whole (their first lengths and ordered steps)"
+    a = _drop_why(ablate(model, component)["components"])
+    if a == _drop_why(model["components"]):
+        return "already empirical"
+    return ""
+
+
 # ------------------------------------------------------------------------------ sampling
 def _check_model(model: dict) -> None:
     if not isinstance(model, dict) or model.get("kind") != "session_model":
@@ -723,6 +750,10 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
     times = times[times < D]
     if step is None:
         times = times[:1]
+    if emp_sess and sess0.get("ordered_steps") is not None:
+        _replay_session(times, sess0["ordered_steps"][pick[si]], n_first, bt=bt, comp=comp, fresh=fresh, rng=rng,
+                        rows=rows, ti=ti)
+        return
     hist = []  # (keys, input tokens) of this session's requests
     trig = step.get("compact_trigger") if step else None
     # compaction limits: an empirical session's own (in order), then the pooled law, but past
@@ -803,6 +834,23 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
         rows.append((float(tj), ti, ks, n_in, out))
 
 
+def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti) -> None:
+    """A session drawn whole from the trace: its first request's length, then each later request's own
+    step in order (its parent ``lag`` requests back, the blocks it drops from and appends to the
+    parent, its input tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
+    n_in = max(int(n_first), 1)
+    hist = [(fresh(-(-n_in // bt)), n_in)]
+    for j in range(1, len(times)):
+        lag, d, a, tok = (int(x) for x in ordered[j - 1])
+        pk, _ = hist[max(j - max(lag, 1), 0)]
+        m = max(pk.size - d, 0)
+        ks = np.concatenate([pk[:m], fresh(a)]) if a else pk[:m]
+        hist.append((ks, max(tok, 1)))
+    outs = np.maximum(np.asarray(L.sample(comp["output_tokens"], rng, len(times)), dtype=np.float64), 0)
+    for (ks, n_in), tj, out in zip(hist, times, outs):
+        rows.append((float(tj), ti, ks, n_in, int(out)))
+
+
 def _sample_type(ti: int, tname: str, comp: dict, *, model: dict, D: float, bt: int, rng, fresh, rows: list) -> None:
     """Sample the sessions of one request type into ``rows`` ((time, type, keys, input, output) per request)."""
     arr = comp["arrivals"]
@@ -815,8 +863,12 @@ def _sample_type(ti: int, tname: str, comp: dict, *, model: dict, D: float, bt: 
     emp_sess = sess0.get("family") == "empirical_sessions"
     pick = wk = muk = sgk = None  # set where the session and length laws need them
     if emp_sess:
+        # each sampled start takes the trace session at the same rank among the trace's starts
+        # (stratified: start k of N takes a session from the k-th of N equal strata of the ns
+        # sessions, in start order), so a session keeps its place in the window: which sessions fit
+        # in it whole depends on when they start (censoring at the trace's end)
         ns = int(sess0["n"])
-        pick = np.concatenate([rng.permutation(ns) for _ in range(-(-N // max(ns, 1)))])[:N] if N else []
+        pick = np.minimum(((np.arange(N) + rng.random(N)) * ns / max(N, 1)).astype(np.int64), ns - 1) if N else []
     u_all = _stratified(rng, N)
     roots = comp["roots"]
     trunks = []

@@ -52,37 +52,12 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if neq.size else n
 
 
-def request_structure(w: Workload, session=None, parent=None) -> Structure:
-    """The structure of every request (module docstring). ``session`` and ``parent`` (int [N],
-    ``-1`` for none) come from the trace when it has them; otherwise sessions are the trees of the
-    first blocks and parents the longest-prefix earlier requests."""
+def _structure_loop(w: Workload, sess: np.ndarray, parent):
+    """Positions, parents, shared blocks and root matches, request by request (given parents, or keys
+    repeated inside a request)."""
     n = w.n_requests
     off = w.offsets
     keys = w.keys
-    first = np.where(w.n_blocks > 0, keys[np.minimum(off[:-1], max(w.total_blocks - 1, 0))], np.uint64(2**64 - 1))
-    _, root_group = np.unique(first, return_inverse=True)
-    root_group = root_group.astype(np.int64).reshape(-1)
-    if session is None:
-        sess_raw = root_group
-    else:
-        sess_raw = np.asarray(session, dtype=np.int64)
-        if sess_raw.shape != (n,):
-            raise ValueError("session must give one session per request")
-    # renumber sessions by first request
-    _, first_idx, inv = np.unique(sess_raw, return_index=True, return_inverse=True)
-    order = np.argsort(first_idx, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    sess = rank[inv.reshape(-1)].astype(np.int64)
-    if parent is not None:
-        parent = np.asarray(parent, dtype=np.int64)
-        if parent.shape != (n,):
-            raise ValueError("parent must give one parent per request")
-        if np.any(parent >= np.arange(n)):
-            raise ValueError("a parent must be an earlier request")
-        bad = (parent >= 0) & (sess[np.maximum(parent, 0)] != sess)
-        if bad.any():
-            raise ValueError(f"request {int(np.argmax(bad))} has a parent in another session")
     position = np.zeros(n, np.int64)
     count: dict[int, int] = {}
     par = np.full(n, -1, np.int64)
@@ -117,6 +92,107 @@ def request_structure(w: Workload, session=None, parent=None) -> Structure:
         for k in ks:
             last_in[(s, k)] = i
             owner_seen.setdefault(k, s)
+    return position, par, shared, root_match
+
+
+def _leading(flag: np.ndarray, w: Workload, pos: np.ndarray) -> np.ndarray:
+    """Per request, the length of the leading run of its blocks where ``flag`` holds."""
+    nb = w.n_blocks.astype(np.int64)
+    out = np.zeros(w.n_requests, np.int64)
+    ne = nb > 0
+    if ne.any():
+        first_off = np.where(flag, np.iinfo(np.int64).max, pos)
+        out[ne] = np.minimum(np.minimum.reduceat(first_off, w.offsets[:-1][ne]), nb[ne])
+    return out
+
+
+def _structure_vectorized(w: Workload, sess: np.ndarray):
+    """What :func:`_structure_loop` computes without given parents, by sorting (block, request) pairs:
+    a request's shared blocks are the leading run of its keys seen before in its session, its parent
+    the latest earlier request of the session holding the last of them. ``None`` when a key repeats
+    inside a request (the loop handles that case)."""
+    n = w.n_requests
+    nb = w.n_blocks.astype(np.int64)
+    keys = w.keys
+    req = np.repeat(np.arange(n, dtype=np.int64), nb)
+    pos = np.arange(w.total_blocks, dtype=np.int64) - w.offsets[:-1][req]
+    sb = sess[req]
+
+    def prev_occurrence(*group):
+        o = np.lexsort((req,) + group)
+        same = np.ones(o.size - 1 if o.size else 0, bool)
+        for g in group:
+            same &= g[o][1:] == g[o][:-1]
+        prev = np.full(req.size, -1, np.int64)
+        if o.size:
+            prev[o[1:]] = np.where(same, req[o][:-1], -1)
+        return prev
+
+    prev_s = prev_occurrence(keys, sb)  # the latest earlier request of the session with this key
+    if np.any(prev_s == req):
+        return None
+    prev_any = prev_occurrence(keys)
+    m_sess = _leading(prev_s >= 0, w, pos)
+    m_any = _leading(prev_any >= 0, w, pos)
+    order = np.argsort(sess, kind="stable")
+    so = sess[order]
+    start = np.concatenate([[True], so[1:] != so[:-1]]) if n else np.zeros(0, bool)
+    grp_start = np.maximum.accumulate(np.where(start, np.arange(n), 0)) if n else np.zeros(0, np.int64)
+    position = np.empty(n, np.int64)
+    position[order] = np.arange(n) - grp_start
+    prev_req = np.full(n, -1, np.int64)
+    prev_req[order[1:]] = np.where(~start[1:], order[:-1], -1)
+    later = position > 0
+    par = np.full(n, -1, np.int64)
+    shared = np.zeros(n, np.int64)
+    root_match = np.where(later, 0, m_any)
+    at = w.offsets[:-1] + np.maximum(m_sess - 1, 0)
+    par[later] = np.where(m_sess[later] > 0, prev_s[np.minimum(at[later], max(w.total_blocks - 1, 0))],
+                          prev_req[later])
+    shared[later] = m_sess[later]
+    return position, par, shared, root_match
+
+
+def request_structure(w: Workload, session=None, parent=None, *, method: str = "auto") -> Structure:
+    """The structure of every request (module docstring). ``session`` and ``parent`` (int [N],
+    ``-1`` for none) come from the trace when it has them; otherwise sessions are the trees of the
+    first blocks and parents the longest-prefix earlier requests. ``method``: ``auto`` sorts the
+    (session, key, request) triples where no parent is given and no key repeats inside a request,
+    else (and with ``loop``) the request-by-request reference; both give the same arrays."""
+    n = w.n_requests
+    off = w.offsets
+    keys = w.keys
+    first = np.where(w.n_blocks > 0, keys[np.minimum(off[:-1], max(w.total_blocks - 1, 0))], np.uint64(2**64 - 1))
+    _, root_group = np.unique(first, return_inverse=True)
+    root_group = root_group.astype(np.int64).reshape(-1)
+    if session is None:
+        sess_raw = root_group
+    else:
+        sess_raw = np.asarray(session, dtype=np.int64)
+        if sess_raw.shape != (n,):
+            raise ValueError("session must give one session per request")
+    # renumber sessions by first request
+    _, first_idx, inv = np.unique(sess_raw, return_index=True, return_inverse=True)
+    order = np.argsort(first_idx, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    sess = rank[inv.reshape(-1)].astype(np.int64)
+    if parent is not None:
+        parent = np.asarray(parent, dtype=np.int64)
+        if parent.shape != (n,):
+            raise ValueError("parent must give one parent per request")
+        if np.any(parent >= np.arange(n)):
+            raise ValueError("a parent must be an earlier request")
+        bad = (parent >= 0) & (sess[np.maximum(parent, 0)] != sess)
+        if bad.any():
+            raise ValueError(f"request {int(np.argmax(bad))} has a parent in another session")
+    if method not in ("auto", "loop"):
+        raise ValueError("method must be auto (sorting, where it applies) or loop (request by request, the reference)")
+    vec = None if parent is not None or method == "loop" else _structure_vectorized(w, sess)
+    if vec is None:
+        position, par, shared, root_match = _structure_loop(w, sess, parent)
+    else:
+        position, par, shared, root_match = vec
     nb = w.n_blocks.astype(np.int64)
     has = par >= 0
     lag = np.where(has, position - position[np.maximum(par, 0)], 0)
@@ -144,9 +220,14 @@ def chain_content_hashes(w: Workload) -> tuple[Workload, dict]:
     pos = np.arange(w.total_blocks) - w.offsets[:-1][req]
     none = np.uint64(2**64 - 1)
     pred = np.where(pos > 0, np.concatenate([[none], keys[:-1]]), none)
-    pairs = np.unique(np.stack([keys, pred], axis=1), axis=0)
-    uk, npred = np.unique(pairs[:, 0], return_counts=True)
-    info["ids"] = int(uk.size)
+    # distinct (id, predecessor) pairs by one sort on (id, predecessor) (np.unique(axis=0) sorts rows as
+    # opaque bytes: tens of seconds on a few million blocks)
+    o = np.lexsort((pred, keys))
+    ks, ps = keys[o], pred[o]
+    new_id = np.concatenate([[True], ks[1:] != ks[:-1]])
+    new_pair = new_id | np.concatenate([[True], ps[1:] != ps[:-1]])
+    npred = np.add.reduceat(new_pair.astype(np.int64), np.nonzero(new_id)[0])
+    info["ids"] = int(new_id.sum())
     info["inconsistent_ids"] = int(np.sum(npred > 1))
     if info["inconsistent_ids"] == 0:
         return w, info
@@ -159,9 +240,11 @@ def chain_content_hashes(w: Workload) -> tuple[Workload, dict]:
         idx = order[bounds[j]: bounds[j + 1]]
         if j > 0:
             prev[idx] = new[idx - 1].astype(np.int64)
-        _, inv = np.unique(np.stack([prev[idx], keys[idx].astype(np.int64, copy=False).view(np.int64)], axis=1),
-                           axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
+        a, b = prev[idx], keys[idx].view(np.int64)
+        o = np.lexsort((b, a))  # rank the (prefix, raw id) pairs by one sort, as above
+        first = np.concatenate([[True], (a[o][1:] != a[o][:-1]) | (b[o][1:] != b[o][:-1])]) if o.size else o
+        inv = np.empty(idx.size, np.int64)
+        inv[o] = np.cumsum(first) - 1
         new[idx] = (nxt + inv).astype(np.uint64)
         nxt += int(inv.max()) + 1 if inv.size else 0
     info["chained"] = True

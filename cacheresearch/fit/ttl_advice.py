@@ -47,6 +47,7 @@ from cacheresearch.analysis.pricing import MTOK, Pricing, preset, request_cost_u
 from cacheresearch.workload import Workload
 
 __all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
+           "block_reuse_gaps", "root_reuse_laws", "root_cost_errors",
            "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
 
 DAY = 86_400.0
@@ -69,6 +70,9 @@ class TraceAdvice(NamedTuple):
     choice: np.ndarray  # int64 [G]: advised option (cheapest predicted; ties go to "none")
     choice_steady: np.ndarray  # int64 [G]: cheapest steady
     oracle: np.ndarray  # int64 [G]: ex-post cheapest option (cheapest simulated)
+    predicted_poisson: np.ndarray | None = None  # float64 [G, O]: the Poisson prediction (for comparison)
+    reuse_laws: tuple = ()  # per root: the reuse-time law the prediction used ({"used", "family", "why", ...})
+    reuse: str = "poisson"  # what ``predicted`` assumes: "fitted" (each root's reuse-time law) or "poisson"
 
     @property
     def shared(self) -> np.ndarray:
@@ -175,14 +179,19 @@ def request_option_costs(w: Workload, pricing: Pricing | None, read_tokens, base
 
 
 def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, *, steady: bool = False,
-                       base_none: float = 3.0) -> np.ndarray:
-    """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*)."""
+                       base_none: float = 3.0, reuse_laws=None) -> np.ndarray:
+    """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*).
+    ``reuse_laws``: per root the CDF of its reuse times in units of each key's mean spacing ``D / n``
+    (:func:`root_reuse_laws`); then an occurrence of a key seen ``n`` times hits with
+    ``(n - 1) / n * F_root(TTL n / D)`` instead of the Poisson formula (whose ``F`` is exponential)."""
     D = float(duration_s)
     req, j, tok = _block_tokens(w)
     _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
     pos = pos.reshape(-1)
     n = cnt.astype(np.float64)
     out = np.zeros((n_roots, len(pricings)))
+    key_root = np.zeros(n.size, np.int64)
+    key_root[pos] = np.asarray(root)[req]
     for o, p in enumerate(pricings):
         if p is None:
             cost = request_option_costs(w, None, None, base_none)
@@ -190,6 +199,8 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
             T = float(p.ttl_s)
             if steady:
                 q_key = -np.expm1(-(n / D) * T)
+            elif reuse_laws is not None:
+                q_key = (n - 1.0) / n * _law_at(reuse_laws, key_root, T * n / D)
             else:
                 q_key = (n - 1.0) / n * (1.0 - np.clip(1.0 - T / D, 0.0, 1.0) ** n)
             jm = _min_block(w, p)
@@ -201,6 +212,99 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
             cost = request_option_costs(w, p, read, base_none)
         out[:, o] = np.bincount(root, weights=cost, minlength=n_roots)
     return out * (DAY / D)
+
+
+REUSE_MIN = 30  # a root with fewer reusing requests takes the pooled law of all roots
+REUSE_FIT_POINTS = 4000  # a law is fitted to at most this many order statistics of a root's reuse times
+
+
+def block_reuse_gaps(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """``(gap_s, req)`` per block: seconds since the previous request containing its key (NaN for the
+    key's first use) and the block's request."""
+    req = np.repeat(np.arange(w.n_requests, dtype=np.int64), w.n_blocks)
+    o = np.lexsort((req, w.keys))
+    same = w.keys[o][1:] == w.keys[o][:-1]
+    t = w.arrival_ms.astype(np.float64) / 1000.0
+    gap = np.full(req.size, np.nan)
+    if o.size:
+        gap[o[1:]] = np.where(same, t[req[o][1:]] - t[req[o][:-1]], np.nan)
+    return gap, req
+
+
+def _law_at(laws, key_root: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each key's root's reuse law (a vectorized CDF) at ``x`` (one value per key)."""
+    out = np.zeros(x.size)
+    order = np.argsort(key_root, kind="stable")
+    bounds = np.searchsorted(key_root[order], np.arange(len(laws) + 1))
+    for g, f in enumerate(laws):
+        idx = order[bounds[g]: bounds[g + 1]]
+        if idx.size:
+            out[idx] = f(x[idx])
+    return out
+
+
+def _reuse_law(x: np.ndarray) -> tuple:
+    """``(cdf, description)`` of reuse times ``x`` (in units of their key's mean spacing): the law
+    chosen by AIC among the positive families and lognormal mixtures of up to three components (tool
+    round trips beside think and idle times), fitted to evenly spaced order statistics; the empirical
+    law when KS rejects it at 1% with a distance above 0.05 (the fit's rule,
+    :data:`cacheresearch.fit.model.KS_MAX`)."""
+    from cacheresearch.fit import laws as L  # noqa: PLC0415
+
+    xs = np.sort(np.maximum(x, 1e-9))
+    sub = xs[np.round(np.linspace(0, xs.size - 1, min(xs.size, REUSE_FIT_POINTS))).astype(np.int64)]
+    cands = []
+    for fit in (L.fit_positive, lambda v: L.fit_lognorm_mix(v, 3)):
+        try:
+            law = fit(sub)
+        except (ValueError, RuntimeError, FloatingPointError):
+            continue
+        k = (3 * (len(law.params) // 3) - 1) if law.family == "lognorm_mix" else len(law.params)
+        cands.append((2 * k - 2 * law.loglik, law))
+    desc = {"n": int(xs.size)}
+
+    def emp(v):
+        return np.searchsorted(xs, v, side="right") / xs.size
+
+    if not cands:
+        return emp, dict(desc, used="empirical", why="no parametric fit")
+    law = min(cands, key=lambda c: c[0])[1]
+    d, p = L.ks_distance(law, sub)
+    desc.update(family=law.family, ks=float(d), ks_p=float(p), params=law.to_dict()["params"])
+    if p < 0.01 and d > 0.05:
+        return emp, dict(desc, used="empirical", why=f"KS distance {d:.3f} > 0.05 (p {p:.2g})")
+    return (lambda v: L._cdf(law, np.asarray(v, dtype=np.float64))), dict(desc, used="parametric", why="")
+
+
+def root_reuse_laws(w: Workload, root, n_roots: int, duration_s: float) -> tuple[list, list]:
+    """``(cdfs, laws)``: each root's reuse-time law, the seconds between consecutive requests that contain
+    one of its keys, each divided by its key's mean spacing ``D / n`` (``n`` requests hold the key in
+    the window ``D``): the shape of the reuse (bursts within sessions, long idle gaps between them)
+    apart from each key's rate, which stays the key's own as in the Poisson prediction (there the
+    law is exponential). Roots with fewer than ``REUSE_MIN`` requests that reuse a key take the law
+    pooled over all roots (fewer values than that do not fix a law's shape)."""
+    gap, req = block_reuse_gaps(w)
+    _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
+    x = gap * cnt[pos.reshape(-1)] / float(duration_s)
+    ok = np.isfinite(x)
+    r_blk = np.asarray(root)[req]
+    reusing = np.bincount(np.asarray(root)[np.unique(req[ok])], minlength=n_roots) if ok.any() else np.zeros(n_roots)
+    pooled = _reuse_law(x[ok]) if ok.any() else None
+    cdfs, laws = [], []
+    order = np.argsort(r_blk[ok], kind="stable")
+    x_sorted, r_sorted = x[ok][order], r_blk[ok][order]
+    bounds = np.searchsorted(r_sorted, np.arange(n_roots + 1))
+    for g in range(n_roots):
+        if reusing[g] >= REUSE_MIN:
+            f, d = _reuse_law(x_sorted[bounds[g]: bounds[g + 1]])
+        elif pooled is not None:
+            f, d = pooled[0], dict(pooled[1], pooled=True, why=f"{int(reusing[g])} reusing requests (< {REUSE_MIN}): "
+                                   "the pooled law of all roots")
+        else:
+            f, d = (lambda v: np.zeros(np.shape(v))), {"used": "none", "why": "no reuse in the trace"}
+        cdfs.append(f)
+        laws.append(d)
+    return cdfs, laws
 
 
 def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
@@ -237,9 +341,13 @@ def _trunks(w: Workload, root, first_request) -> np.ndarray:
 
 
 def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), *, pricings: dict | None = None,
-                 base_per_mtok: float | None = None, duration_s: float | None = None) -> TraceAdvice:
+                 base_per_mtok: float | None = None, duration_s: float | None = None,
+                 reuse: str = "fitted") -> TraceAdvice:
     """Predict, advise and replay (module docstring). ``duration_s`` is the observation window
-    (default: the span of arrival times)."""
+    (default: the span of arrival times). ``reuse``: ``fitted`` predicts each root from its fitted
+    reuse-time law (:func:`root_reuse_laws`), ``poisson`` from Poisson keys; both are returned."""
+    if reuse not in ("fitted", "poisson"):
+        raise ValueError(f"reuse must be fitted or poisson, got {reuse!r}")
     names, res = resolve_options(options, pricings, base_per_mtok)
     if duration_s is None:
         if w.n_requests < 2:
@@ -256,7 +364,12 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
     G = first.size
     priced = [p for p in res if p is not None]
     base_none = priced[0].base_per_mtok if priced else 3.0
-    pred = predict_root_costs(w, res, root, G, D, base_none=base_none)
+    pois = predict_root_costs(w, res, root, G, D, base_none=base_none)
+    laws = ()
+    pred = pois
+    if reuse == "fitted":
+        cdfs, laws = root_reuse_laws(w, root, G, D)
+        pred = predict_root_costs(w, res, root, G, D, base_none=base_none, reuse_laws=cdfs)
     stdy = predict_root_costs(w, res, root, G, D, steady=True, base_none=base_none)
     ttls = sorted({p.ttl_s for p in priced})
     hits = replay_hit_tokens(w, ttls) if ttls else np.zeros((0, w.n_requests), np.int64)
@@ -271,7 +384,8 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
         requests=np.bincount(root, minlength=G).astype(np.int64),
         input_tokens=np.bincount(root, weights=w.input_tokens, minlength=G).astype(np.int64),
         trunk_blocks=_trunks(w, root, first), predicted=pred, steady=stdy, simulated=sim, uncached=unc,
-        choice=cheapest(pred, names), choice_steady=cheapest(stdy, names), oracle=cheapest(sim, names))
+        choice=cheapest(pred, names), choice_steady=cheapest(stdy, names), oracle=cheapest(sim, names),
+        predicted_poisson=pois, reuse_laws=tuple(laws), reuse=reuse)
 
 
 def cheapest(costs, names) -> np.ndarray:
@@ -285,3 +399,19 @@ def cheapest(costs, names) -> np.ndarray:
         lo = c[np.arange(c.shape[0]), best]
         best = np.where(c[:, o] <= lo + 1e-9 * np.maximum(np.abs(lo), 1e-300), o, best)
     return best.astype(np.int64)
+
+
+def root_cost_errors(a: TraceAdvice, which: str = "predicted") -> dict:
+    """Per priced option, the median and 90th percentile over shared roots of ``|predicted - replayed| /
+    replayed`` (``which``: ``predicted`` or ``predicted_poisson``)."""
+    c = getattr(a, which)
+    out = {}
+    for o, p in enumerate(a.pricings):
+        if p is None or c is None:
+            continue
+        sim = a.simulated[a.shared, o]
+        ok = sim > 0
+        e = np.abs(c[a.shared, o][ok] - sim[ok]) / sim[ok]
+        out[a.options[o]] = {"median": float(np.median(e)) if e.size else float("nan"),
+                             "p90": float(np.percentile(e, 90)) if e.size else float("nan")}
+    return out

@@ -4,8 +4,9 @@
   (its distinct blocks);
 * :func:`capacity_hit_rates`: the token hit rate of one leaf-first LRU cache at each capacity, from
   one stack-distance pass (:func:`cacheresearch.analysis.mrc.hit_curve`, exact);
-* :func:`ttl_hit_rates`: the token hit rate of one TTL cache refreshed on every hit, per TTL (the
-  engine's numba backend, :func:`cacheresearch.backends.numba_cache.replay_grid`, equal to the JAX engine);
+* :func:`ttl_hit_rates`: the token hit rate of one TTL cache refreshed on every hit, per TTL (from every
+  block's previous use, by one sort: equal to the engine's replay request by request, without
+  compiling the engine);
 * :func:`analytic_hit_rates`: Che's approximation for the capacities and ``1 - exp(-lambda TTL)``
   for the TTLs, from the block-key rates of a workload (a fitted model's sample), token-weighted,
   over a finite window: a block requested ``n`` times in it contributes ``n - 1`` requests that can
@@ -14,16 +15,15 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from cacheresearch.analysis.analytic import block_key_rates, che_hit_ratios, workload_duration_s
 from cacheresearch.analysis.mrc import hit_curve
-from cacheresearch.backends.numba_cache import replay_grid
-from cacheresearch.core.params import make_params
+from cacheresearch.metrics.core import hit_tokens
 from cacheresearch.workload import Workload
 
-__all__ = ["capacity_grid", "capacity_hit_rates", "ttl_hit_rates", "analytic_hit_rates", "working_set"]
+__all__ = ["capacity_grid", "capacity_hit_rates", "ttl_hit_blocks", "ttl_hit_rates", "analytic_hit_rates",
+           "working_set"]
 
 
 def working_set(w: Workload) -> int:
@@ -43,11 +43,44 @@ def capacity_hit_rates(w: Workload, capacities) -> np.ndarray:
     return np.asarray(hc.token_hit_rate, dtype=np.float64)[caps]
 
 
+def ttl_hit_blocks(w: Workload, ttls_s) -> np.ndarray:
+    """``[T, N]`` hit blocks of every request in one unbounded TTL cache refreshed on every use, per TTL.
+
+    With chained keys (a key stands for its block and its whole prefix) such a cache holds a key
+    while the previous request containing it came at most ``TTL`` earlier (``now - last <= TTL`` on
+    the millisecond clock, the engine's rule, :data:`cacheresearch.cache.policies` ``ttl_refresh``), and
+    the blocks it holds of a request are a prefix of it; a request hits the leading run of those. One
+    sort of the (key, request) pairs gives every block's previous use, so this equals the engine's
+    replay (:func:`cacheresearch.backends.numba_cache.replay_grid`; ``tests/test_fit_validate.py``
+    checks it request by request) without compiling it."""
+    n = w.n_requests
+    nb = w.n_blocks.astype(np.int64)
+    req = np.repeat(np.arange(n, dtype=np.int64), nb)
+    o = np.lexsort((req, w.keys))
+    same = w.keys[o][1:] == w.keys[o][:-1]
+    t = w.arrival_ms.astype(np.int64)
+    age = np.full(req.size, np.iinfo(np.int64).max, np.int64)  # ms since the key's previous use
+    if o.size:
+        age[o[1:]] = np.where(same, t[req[o][1:]] - t[req[o][:-1]], np.iinfo(np.int64).max)
+    pos = np.arange(req.size, dtype=np.int64) - w.offsets[:-1][req]
+    ne = nb > 0
+    out = np.zeros((len(ttls_s), n), np.int64)
+    for j, ttl in enumerate(ttls_s):
+        T = int(round(float(ttl) * 1000))
+        if ne.any():
+            dead_at = np.where(age <= T, np.iinfo(np.int64).max, pos)
+            out[j, ne] = np.minimum(np.minimum.reduceat(dead_at, w.offsets[:-1][ne]), nb[ne])
+    return out
+
+
 def ttl_hit_rates(w: Workload, ttls_s) -> np.ndarray:
-    ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
-    key = jax.random.key(0)
-    m = replay_grid(w, ps, [key] * len(ps))
-    return np.asarray(m.token_hit_rate, dtype=np.float64)
+    """Token hit rate of one unbounded TTL cache refreshed on every use, per TTL (:func:`ttl_hit_blocks`;
+    the engine's token accounting: ``min(hit blocks x block tokens, input tokens)``)."""
+    hb = ttl_hit_blocks(w, ttls_s)
+    inp = w.input_tokens.astype(np.int64)[None, :]
+    ht = hit_tokens(hb, int(w.block_tokens), inp, np)
+    total = float(inp.sum())
+    return ht.sum(1) / total if total > 0 else np.zeros(len(ttls_s))
 
 
 def _key_token_rates(w: Workload, duration_s: float | None):

@@ -219,7 +219,7 @@ def _fitted_laws(model: dict) -> dict:
 
 def fit_study(cfg) -> xr.Dataset:
     from cacheresearch.fit.agent import agent_structure
-    from cacheresearch.fit.model import COMPONENTS, ablate
+    from cacheresearch.fit.model import COMPONENTS, ablate, ablation_effect
     from cacheresearch.fit.structure import chain_content_hashes, request_structure, session_hit_rates
 
     t0 = time.perf_counter()
@@ -280,12 +280,11 @@ def fit_study(cfg) -> xr.Dataset:
         abl["fitted"] = {"capacity": float(np.max(np.abs(fc[:k].mean(0) - tr_cap))),
                          "ttl": float(np.max(np.abs(ft[:k].mean(0) - tr_ttl))), "changed": True}
         for comp in COMPONENTS:
-            mod = ablate(model, comp)
-            changed = json.dumps(mod["components"], sort_keys=True) != json.dumps(model["components"], sort_keys=True)
-            if not changed:  # already empirical: the same model
-                abl[comp] = dict(abl["fitted"], changed=False)
+            same = ablation_effect(model, comp)
+            if same:  # already empirical, or not read by the sampler: the same model
+                abl[comp] = dict(abl["fitted"], changed=False, why=same)
                 continue
-            cap, ttl = _curves([sample_workload(mod, s) for s in aseeds], caps, ttls)
+            cap, ttl = _curves([sample_workload(ablate(model, comp), s) for s in aseeds], caps, ttls)
             abl[comp] = {"capacity": float(np.max(np.abs(cap.mean(0) - tr_cap))),
                          "ttl": float(np.max(np.abs(ttl.mean(0) - tr_ttl))), "changed": True}
     st = request_structure(w, extra.get("session"), extra.get("parent"))
@@ -420,7 +419,7 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
         base = abl["fitted"]
         best = None
         for k, v in abl.items():
-            tag = "" if v.get("changed", True) else " (already empirical)"
+            tag = "" if v.get("changed", True) else f" ({v.get('why', 'already empirical')})"
             out.append(f"  {k:10s} {100 * v['capacity']:6.2f} / {100 * v['ttl']:6.2f}{tag}")
             if k != "fitted" and v.get("changed", True):
                 gain = max(base["capacity"] - v["capacity"], base["ttl"] - v["ttl"])
@@ -743,13 +742,14 @@ TTL_TRACE_DEFAULTS = dict(
     base_per_mtok=None,  # null: each preset's own base price
     duration_s=None,  # the observation window; null: the span of the trace's arrival times
     top_roots=12,  # roots listed in the summary
+    reuse="fitted",  # fitted: each root's reuse-time law; poisson: Poisson keys
 )
 
 
 def ttl_trace_study(cfg) -> xr.Dataset:
     """TTL advice per shared root on a trace, predicted and replayed (:mod:`cacheresearch.fit.ttl_advice`)."""
     from cacheresearch.analysis.pricing import Pricing, preset
-    from cacheresearch.fit.ttl_advice import advise_trace
+    from cacheresearch.fit.ttl_advice import advise_trace, root_cost_errors
 
     t0 = time.perf_counter()
     S, c, w = _trace_only(cfg, TTL_TRACE_DEFAULTS)
@@ -779,7 +779,8 @@ def ttl_trace_study(cfg) -> xr.Dataset:
     if D is not None and (isinstance(D, bool) or not isinstance(D, (int, float))):
         raise S.StudyError(f"study.duration_s must be a number of seconds or null, got {D!r}")
     try:
-        a = advise_trace(w, [str(o) for o in opts], pricings=pricings, duration_s=None if D is None else float(D))
+        a = advise_trace(w, [str(o) for o in opts], pricings=pricings, duration_s=None if D is None else float(D),
+                         reuse=str(c["reuse"]))
     except ValueError as e:
         raise S.StudyError(f"ttl_trace: {e}") from None
     names = list(a.options)
@@ -791,6 +792,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
     ds = xr.Dataset(
         {
             "cost_predicted_usd_per_day": (("root", "option"), a.predicted),
+            "cost_predicted_poisson_usd_per_day": (("root", "option"), a.predicted_poisson),
             "cost_simulated_usd_per_day": (("root", "option"), a.simulated),
             "cost_steady_usd_per_day": (("root", "option"), a.steady),
             "cost_uncached_usd_per_day": (("root",), a.uncached),
@@ -813,6 +815,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
     S.doc(ds, {
         "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (Poisson keys, the trace's window)",
                                        "USD/day"),
+        "cost_predicted_poisson_usd_per_day": ("predicted daily cost with Poisson keys (for comparison)", "USD/day"),
         "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
         "cost_steady_usd_per_day": ("predicted long-run daily cost (no compulsory first miss)", "USD/day"),
         "cost_uncached_usd_per_day": ("daily cost of the root's requests without caching", "USD/day"),
@@ -853,7 +856,12 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         choice_agreement_shared=float(np.mean(a.choice[sh] == a.oracle[sh])) if sh.any() else float("nan"),
         choice_agreement_shared_requests=(float(np.sum(wts * (a.choice[sh] == a.oracle[sh])) / wts.sum())
                                           if sh.any() else float("nan")),
-        top_roots=int(c["top_roots"]))))
+        top_roots=int(c["top_roots"]), reuse=a.reuse,
+        root_cost_error=json.dumps(root_cost_errors(a, "predicted")),
+        root_cost_error_poisson=json.dumps(root_cost_errors(a, "predicted_poisson")),
+        reuse_laws_used=json.dumps({k: int(sum(1 for d in a.reuse_laws if d.get("used") == k and not d.get("pooled")))
+                                    for k in ("parametric", "empirical")}
+                                   | {"pooled": int(sum(1 for d in a.reuse_laws if d.get("pooled")))}))))
     return ds
 
 
@@ -883,6 +891,13 @@ def summarize_ttl_trace(ds) -> str:
                f"replayed cost of the advice {S.pct(a['advised_rel_error'], 2)}; regret vs the oracle "
                f"{usd(a['regret_usd_per_day'])}/day; advice = oracle on {S.pct(a['choice_agreement_shared'])} of the "
                f"shared roots ({S.pct(a['choice_agreement_shared_requests'])} of their requests)")
+    if "root_cost_error" in a:
+        fe, pe = json.loads(a["root_cost_error"]), json.loads(a["root_cost_error_poisson"])
+        out.append(f"per shared root, |predicted - replayed| / replayed, median (p90), {a.get('reuse', 'fitted')} "
+                   "reuse laws vs Poisson keys: " + "; ".join(
+                       f"{o} {S.pct(fe[o]['median'])} ({S.pct(fe[o]['p90'])}) vs {S.pct(pe[o]['median'])} "
+                       f"({S.pct(pe[o]['p90'])})" for o in fe)
+                   + f"; reuse laws per root: {a.get('reuse_laws_used', '{}')}")
     counts = {k: {o: int(np.sum(ds[k].values[ds.requests.values >= 2] == o)) for o in opts}
               for k in ("advised", "oracle", "advised_steady")}
     out.append("choices on shared roots: " + "; ".join(f"{k} " + ", ".join(f"{o} x{n}" for o, n in v.items())
