@@ -51,16 +51,15 @@ class BlockMetrics(NamedTuple):
     replica: np.ndarray
     block_hits: np.ndarray
 
-_KERNEL = None
+_KERNELS: dict = {}
 
 
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        from cacheresearch.backends._block_kernels import run  # noqa: PLC0415 (numba compiles on first use)
+def _kernel(name: str):
+    if not _KERNELS:
+        from cacheresearch.backends import _block_kernels as k  # noqa: PLC0415 (numba compiles on first use)
 
-        _KERNEL = run
-    return _KERNEL
+        _KERNELS.update(fifo=k.run_fifo, sieve=k.run_sieve, s3fifo=k.run_s3fifo, lfu=k.run_lfu, arc=k.run_arc)
+    return _KERNELS[name]
 
 
 def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: int = 1) -> BlockMetrics:
@@ -103,32 +102,49 @@ def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: in
     for (router, R, pb), gs in groups.items():
         rep[gs] = route_requests_many(workload, router, R, prefix_blocks=pb,
                                       keys=[keys[g] for g in gs] if router == "random" else None)
-    ids = workload.dense_ids().astype(np.int64) if workload.total_blocks else np.zeros(1, np.int64)
-    U = int(ids.max()) + 1 if workload.total_blocks else 1
+    ids, U = _ids(workload)
     off = workload.offsets[:-1].astype(np.int64)
     nb = workload.n_blocks.astype(np.int64)
     inp = workload.input_tokens.astype(np.int64)
     cap = P["capacity"].astype(np.int64)
-    sizes = [block_sizes(pol[g], int(cap[g]), {k: P[k][g] for k in P}) for g in range(G)]
-    cS = np.asarray([s[0] for s in sizes], np.int64)
-    cG = np.asarray([s[1] for s in sizes], np.int64)
-    th = np.asarray([s[2] for s in sizes], np.int64)
     out = [np.zeros((G, N), np.int32), np.zeros(G, np.int64), np.zeros(G, np.int64),
            np.zeros((G, max_replicas), np.int32), np.zeros((G, max_replicas), np.int32),
            np.zeros((G, max_replicas), np.int32), np.zeros(G, np.int64)]
-    hot = int(np.bincount(ids).max(initial=0)) if workload.total_blocks else 0
     for name in dict.fromkeys(pol):
         gs = np.asarray([g for g in range(G) if pol[g] == name])
-        code = BLOCK_POLICY_IDS.index(name)
-        L = hot + 2 if name == "lfu" else 5  # lfu: a list per frequency (at most a block's accesses)
-        got = _kernel()(code, ids, off, nb, inp, int(workload.block_tokens), rep[gs], cap[gs], cS[gs], cG[gs],
-                        th[gs], int(max_replicas), U, L)
+        args = (ids, off, nb, inp, int(workload.block_tokens), rep[gs], cap[gs], int(max_replicas), U)
+        if name == "s3fifo":
+            sizes = np.asarray([block_sizes(name, int(cap[g]), {k: P[k][g] for k in P}) for g in gs], np.int64)
+            args += (sizes[:, 0].copy(), sizes[:, 1].copy(), sizes[:, 2].copy())
+        elif name == "lfu":  # a list per frequency: at most a block's accesses, +1, and bucket 0 unused
+            args += (_hot(workload, ids) + 2,)
+        got = _kernel(name)(*args)
         for o, v in zip(out, got):
             o[gs] = v
     hb, ht, rh, occ, mocc, nreq, bh = out
     total = float(workload.input_tokens.sum())
     rate = ht / total if total > 0 else np.zeros(G)
     return BlockMetrics(rate, ht, rh, occ, mocc, nreq, hb, rep.astype(np.int32), bh)
+
+
+def _ids(workload: Workload) -> tuple[np.ndarray, int]:
+    """Dense block ids (int32, cached on the workload) and the id space's size."""
+    got = workload.__dict__.get("_block_ids32")
+    if got is None:
+        ids = workload.dense_ids() if workload.total_blocks else np.zeros(1, np.int64)
+        U = int(ids.max()) + 1 if workload.total_blocks else 1
+        got = (ids.astype(np.int32 if U < 2**31 else np.int64), U)
+        object.__setattr__(workload, "_block_ids32", got)
+    return got
+
+
+def _hot(workload: Workload, ids: np.ndarray) -> int:
+    """The most accesses of any one block (cached on the workload)."""
+    got = workload.__dict__.get("_block_hot")
+    if got is None:
+        got = int(np.bincount(ids).max(initial=0)) if workload.total_blocks else 0
+        object.__setattr__(workload, "_block_hot", got)
+    return got
 
 
 def block_replay(workload: Workload, policy: str, capacity_blocks: int, *, replicas: int = 1,
