@@ -18,8 +18,9 @@ Structures, per replica, all O(1) per access (amortised), one compiled loop per 
   kept as libCacheSim keeps it (reset to 1 on an insertion, raised by a scan at an eviction).
 
 The lists' heads, tails and counts are the replica's scalars, held in locals while one request is
-processed. Per block, a hit costs a few loads and stores (5 to 20 ns on the agentic trace); a
-kernel that dispatched on the policy per block and kept the heads in arrays cost 60 ns.
+processed (a kernel that dispatched on the policy per block and kept the heads in arrays spent
+about 60 ns per access on the agentic trace; these, end to end, 25 to 66 ns: within 3x of the LRU
+numba backend on the same stream, ``bench.policies.cost_per_access``).
 
 Routing is fixed before the run (routers that read neither load nor cache, decisions from
 :func:`cacheresearch.analysis.mrc.route_requests_many`, as the LRU numba backend); configurations run
