@@ -131,8 +131,6 @@ def test_refused_with_a_message():
     with pytest.raises(ValueError, match="max_running"):
         simulate(s, make_params("lru", capacity_blocks=50, max_num_seqs=300), key, scheduler="vllm",
                  max_running=256)
-    with pytest.raises(ValueError, match="stateful_singletons"):
-        simulate(compile_stream(w), make_params("lru", capacity_blocks=50), key, scheduler="vllm")
     with pytest.raises(ValueError, match="scheduler"):
         simulate(s, make_params("lru", capacity_blocks=50), key, scheduler="sglang")
     with pytest.raises(ValueError, match="step-time preset"):

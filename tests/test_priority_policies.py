@@ -90,11 +90,9 @@ def test_lfu_keeps_the_popular_prefix_and_length_aware_the_shallow_blocks():
     assert np.asarray(la.hit_blocks).tolist() == [0, 2, 2, 0, 0, 1]
 
 
-def test_priority_policies_need_stateful_runs_and_refuse_the_stale_view():
+def test_priority_policies_refuse_the_stale_view():
     w = Workload.from_lists([[1, 2], [1, 3]], block_tokens=1)
-    with pytest.raises(ValueError, match="stateful_singletons"):
-        simulate(compile_stream(w), make_params("lfu_perfect", capacity_blocks=2), jax.random.key(0))
-    s = compile_stream(w, stateful_singletons=True)
+    s = compile_stream(w)  # every run made stateful inside (tests/test_serve_stream.py)
     with pytest.raises(ValueError, match="stale"):
         simulate(s, make_params("lfu_perfect", capacity_blocks=2, replicas=2, router="cache_aware", view="stale"),
                  jax.random.key(0), max_replicas=2)

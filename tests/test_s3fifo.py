@@ -50,11 +50,9 @@ def test_s3fifo_matches_reference_on_repeated_small_pools(w, capacity, replicas)
     check(w, padded_stream(w, 2, 12, 5, block_ids=True), capacity, replicas, "round_robin")
 
 
-def test_s3fifo_needs_block_ids_and_a_router_that_reads_no_cache():
+def test_s3fifo_needs_a_router_that_reads_no_cache():
     w = Workload.from_lists([[1, 2], [1, 3]], block_tokens=1)
-    with pytest.raises(ValueError, match="block_ids"):
-        simulate(compile_stream(w), make_params("s3fifo_sosp", capacity_blocks=2), jax.random.key(0))
     with pytest.raises(ValueError, match="cache-reading"):
-        simulate(compile_stream(w, block_ids=True), make_params("s3fifo_sosp", capacity_blocks=2, replicas=2,
+        simulate(compile_stream(w), make_params("s3fifo_sosp", capacity_blocks=2, replicas=2,
                                                                  router="cache_aware"), jax.random.key(0),
                  max_replicas=2)

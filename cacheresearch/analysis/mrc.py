@@ -82,9 +82,13 @@ def route_requests_many(workload: Workload, router: str, replicas: int, *, prefi
     if router not in LOAD_FREE_ROUTERS:
         raise ValueError(f"router {router!r} reads cache state or is unknown; hit curves need a router that reads "
                          f"neither load nor cache: {', '.join(LOAD_FREE_ROUTERS)}")
-    k = np.asarray(workload.keys, np.uint64)
-    hi, lo = prefix_keys(workload.offsets[:-1], workload.n_blocks, (k >> np.uint64(32)).astype(np.uint32),
-                         (k & np.uint64(0xFFFFFFFF)).astype(np.uint32), prefix_blocks)
+    # the routing key of each request (prefix_keys), read at its one position: O(requests), not O(blocks)
+    nb = workload.n_blocks.astype(np.int64)
+    S = int(workload.total_blocks)
+    pos = np.minimum(workload.offsets[:-1] + np.clip(np.minimum(int(prefix_blocks), nb) - 1, 0, None), max(S - 1, 0))
+    k = np.asarray(workload.keys, np.uint64)[pos] if S else np.zeros(nb.shape[0], np.uint64)
+    hi, lo = prefix_keys(np.arange(nb.shape[0]), nb, (k >> np.uint64(32)).astype(np.uint32),
+                         (k & np.uint64(0xFFFFFFFF)).astype(np.uint32), 1)
     return fixed_routes(router, int(replicas), workload.n_requests, prefix_hi=hi, prefix_lo=lo, keys=keys)
 
 

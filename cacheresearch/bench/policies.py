@@ -8,8 +8,9 @@ request's blocks leaf-first, per replica), through the project's numba engine
 and through libCacheSim's same policy with its defaults (``process_trace`` over one oracleGeneral file
 per replica, every (configuration, replica) a task of a process pool over all cores). Trace files,
 readers and cache construction are outside libCacheSim's timer, the compile outside the project's
-(a warm-up call). The block hit counts are checked equal (``equal``). ``ratio`` = libCacheSim's
-parallel wall time / the project's time.
+(a warm-up call of the same configurations: numba's kernel and the routers' JAX rules compile for its
+shapes). The block hit counts are checked equal (``equal``). ``ratio`` = libCacheSim's parallel wall time
+/ the project's time.
 
 ``cost_per_access``: one configuration of every policy, the JAX engine's ``lru`` and the LRU numba
 backend on the same stream, seconds per block access (``vs_engine_lru``: the policy's time / the JAX
@@ -95,7 +96,7 @@ def sweep64_policies(w: Workload, *, workers: int | None = None, policies=BLOCK_
         pool.map(_lcs_task, [("fifo", streams[1][0][0], 10, streams[1][0][1])] * workers)  # warm workers
         for policy in policies:
             params = [make_params(policy, capacity_blocks=c, replicas=R) for c, R in configs]
-            block_replay_grid(w.slice(0, min(50, w.n_requests)), params[:2], max_replicas=8)  # compile
+            block_replay_grid(w, params, max_replicas=8)  # compile (the kernel and the routers' JAX rules)
             t = time.perf_counter()
             m = block_replay_grid(w, params, max_replicas=8)
             proj = time.perf_counter() - t

@@ -5,7 +5,8 @@ blocks by something else, so each row keeps, per run, explicit fields next to it
 the same state array: ``COUNT`` (requests on this row that contained the run, over the whole
 history: *perfect* LFU), ``STORED`` (blocks of the run stored, a head of the run: both policies keep
 the cache prefix-closed) and ``DEPTH0`` (the run's first block position in the request that last
-touched it). Every run needs state (``compile_stream(..., stateful_singletons=True)``).
+touched it). Every run needs state: the engine derives it from any stream
+(``core.simulate.serve_stream``: ``core.stream.with_stateful_singletons``).
 
 ``lfu``: evict the stored block with the lowest (count, recency). All blocks of a run share their
 count, and the blocks of different runs never interleave in recency (their stamp ranges are

@@ -1,8 +1,8 @@
 """S3-FIFO (Yang et al., SOSP 2023, Algorithm 1) per replica, at block granularity.
 
 Runs do not help here: a partly evicted run is readmitted block by block into different queues, so
-this policy keeps per-block state (the stream must carry block ids: ``compile_stream(...,
-block_ids=True)``). The definition is the reference's (``tests/reference.py``, ``s3fifo_sosp``;
+this policy keeps per-block state (block ids, which the engine derives from any stream:
+``core.simulate.serve_stream``). The definition is the reference's (``tests/reference.py``, ``s3fifo_sosp``;
 libCacheSim's S3FIFO is the policy ``s3fifo``, :mod:`cacheresearch.cache.block`):
 
 * a small FIFO ``S`` of ``cS = min(C, max(1, C // 10))`` blocks, a main FIFO ``M`` of ``C - cS``, a

@@ -42,7 +42,16 @@ import numpy as np
 
 from cacheresearch.backends import numba_cache
 from cacheresearch.cache.policies import PRIORITY_IDS, S3FIFO_ID
-from cacheresearch.core.simulate import Metrics, Static, check_bounds, check_stream, finalize, nested_fn, static_options
+from cacheresearch.core.simulate import (
+    Metrics,
+    Static,
+    check_bounds,
+    check_stream,
+    finalize,
+    nested_fn,
+    serve_stream,
+    static_options,
+)
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 
@@ -400,17 +409,18 @@ def plan_cells(
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
                             max_depth=depth, s3=s3, **options)
         check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
+        served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
         for s_ in sids:
-            check_stream(streams[s_], st)
+            check_stream(served[s_], st)
         gi = len(plan.groups)
         if kind == "numba":
-            got, per, mem, n_out = _numba_group(streams, sids, cells, st, max_batch, budget, D)
+            got, per, mem, n_out = _numba_group(served, sids, cells, st, max_batch, budget, D)
             calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
             plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, 1,
                                          backend="numba"))
-            ready.append(([streams[s] for s in sids], st, n_out))
+            ready.append(([served[s] for s in sids], st, n_out))
             continue
-        compiled, stacked, got, per, s_per, mem = _jax_group(streams, sids, cells, st, params, seeds, max_batch,
+        compiled, stacked, got, per, s_per, mem = _jax_group(served, sids, cells, st, params, seeds, max_batch,
                                                              budget, devices, per_device, avail, memory_fraction)
         calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
         plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, s_per))

@@ -36,7 +36,7 @@ from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FI
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
 from cacheresearch.cache.store import StoreState, evict, flush, init_store, leaf_stamp, stored_len
-from cacheresearch.core.stream import Stream
+from cacheresearch.core.stream import Stream, with_block_ids, with_stateful_singletons
 from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, request_view, routing_counts, sync
 from cacheresearch.metrics.core import LIMB as _LIMB  # noqa: F401
 from cacheresearch.metrics.core import RATIO_FIELDS, Metrics, combine_limbs, finalize, hit_tokens  # noqa: F401
@@ -656,18 +656,27 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
                          "use a router that reads no cache state with it")
 
 
+def serve_stream(stream: Stream, st: Static) -> Stream:
+    """What the program ``st`` needs from a stream, derived from it (``compile_stream(w)`` serves every
+    policy): every run stateful for the priority policies and the vllm replica, block ids for
+    ``s3fifo_sosp``. The stream itself when it has them already."""
+    if (st.priority or st.scheduler == "vllm") and stream.has_singletons:
+        stream = with_stateful_singletons(stream)
+    if st.s3 and stream.n_distinct == 0:
+        stream = with_block_ids(stream)
+    return stream
+
+
 def check_stream(stream: Stream, st: Static) -> None:
-    """A stream fits the program: priority policies and the vllm replica need every run stateful."""
+    """A stream fits the program (after :func:`serve_stream`): the vllm replica's run bound."""
     if st.scheduler == "vllm":
-        if stream.has_singletons:
-            raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True)")
         runs = int(np.max(np.asarray(stream.n_runs), initial=0))
         if runs > st.max_runs:
             raise ValueError(f"a request has {runs} runs, above the static bound max_runs={st.max_runs}")
-    if st.priority and stream.has_singletons:
-        raise ValueError("policies lfu_perfect and length_aware need compile_stream(..., stateful_singletons=True)")
+    if (st.priority or st.scheduler == "vllm") and stream.has_singletons:
+        raise ValueError("this program needs every run stateful: pass the stream through serve_stream")
     if st.s3 and stream.n_distinct == 0:
-        raise ValueError("policy s3fifo_sosp needs compile_stream(..., block_ids=True)")
+        raise ValueError("policy s3fifo_sosp needs block ids: pass the stream through serve_stream")
 
 
 def _with_runs(stream: Stream, options: dict) -> dict:
@@ -692,6 +701,7 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
     st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
+    stream = serve_stream(stream, st)
     check_stream(stream, st)
     return finalize(_simulate_jit(stream, params, key, st=st), st)
 
@@ -707,5 +717,14 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
     st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
+    if stream_axis:  # a stacked stream: derive per workload, then stack again
+        from cacheresearch.core.stream import stack_streams  # noqa: PLC0415
+
+        G = int(np.asarray(stream.n_requests).shape[0])
+        parts = [jax.tree.map(lambda x, i=i: np.asarray(x)[i], stream) for i in range(G)]
+        if any(serve_stream(p, st) is not p for p in parts):
+            stream = stack_streams([serve_stream(p, st) for p in parts])
+    else:
+        stream = serve_stream(stream, st)
     check_stream(stream, st)
     return finalize(_simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis), st)

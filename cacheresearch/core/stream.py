@@ -41,7 +41,7 @@ import numpy as np
 from cacheresearch.workload import Workload
 
 __all__ = ["Stream", "StreamShape", "compile_stream", "pad_stream", "stack_streams", "run_structure",
-           "stream_shape", "default_chunk_runs"]
+           "stream_shape", "default_chunk_runs", "with_stateful_singletons", "with_block_ids"]
 
 
 class Stream(NamedTuple):
@@ -201,11 +201,16 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
                    block_ids: bool = False) -> Stream:
     """Run-compressed, chunked device arrays for ``workload`` (host-side NumPy work, done once).
 
+    The stream serves every policy as it is: what a policy needs beyond it is derived from the stream
+    by the engine (:func:`cacheresearch.core.simulate.serve_stream`, once per program):
+    :func:`with_stateful_singletons` for the priority policies (``lfu_perfect``, ``length_aware``) and
+    the vllm replica, :func:`with_block_ids` for ``s3fifo_sosp``; the per-block policies
+    (:mod:`cacheresearch.backends.numba_policies`) read the stream's block keys.
+
     ``chunk_runs``: runs per scan step (default :func:`default_chunk_runs`; a speed knob, never a
     result). A request with at most ``chunk_runs`` runs takes one scan step.
-    ``stateful_singletons``: give runs that occur once state too (the priority policies ``lfu`` and
-    ``length_aware`` rank every stored run, so they need it; LRU and TTL policies do not).
-    ``block_ids``: carry every block's dense id (``s3fifo`` keeps per-block state).
+    ``stateful_singletons``, ``block_ids``: do those derivations here (the same arrays, up to the
+    numbering of runs), e.g. to size a padded template.
     """
     w = workload
     n = w.n_requests
@@ -298,6 +303,59 @@ def _block_fields(w: Workload, on: bool) -> dict:
     U = int(ids.max()) + 1 if ids.size else 1
     return dict(block_id=jnp.asarray(np.concatenate([ids, [U]]).astype(np.int32)),
                 block_space=jnp.zeros(U, jnp.int8))
+
+
+def with_stateful_singletons(s: Stream) -> Stream:
+    """``s`` with every run stateful: each singleton occurrence (id ``K + 1``) gets an id of its own
+    after the stateful runs (``K ..``), padding moves to the new ``K``. Results do not depend on how
+    runs are numbered (no policy breaks ties by run id), so this serves what
+    ``compile_stream(w, stateful_singletons=True)`` serves; ``s`` itself when it has no singletons."""
+    K = s.n_keys
+    step_run = np.asarray(s.step_run)
+    log = np.asarray(s.log)
+    n = int(np.asarray(s.n_requests))
+    n_runs = np.asarray(s.n_runs)[:n].astype(np.int64)
+    E = int(n_runs.sum())
+    plain = log[0, :E]
+    single = plain[:, 0] == K + 1
+    n1 = int(single.sum())
+    if n1 == 0:
+        return s
+    K2 = K + n1
+    new = np.full(E + 1, K2, np.int64)  # per prompt-order entry: its id (the last: padding)
+    new[:E] = plain[:, 0]
+    new[:E][single] = K + np.arange(n1)
+    entry0 = np.asarray(s.entry0)[:n].astype(np.int64)
+    req = np.repeat(np.arange(n, dtype=np.int64), n_runs)
+    e = np.arange(E, dtype=np.int64)
+    mirror = 2 * entry0[req] + n_runs[req] - 1 - e  # leaf-first entry e <-> prompt-order entry mirror[e]
+    out = log.copy()
+    out[:, :, 0] = np.where(log[:, :, 0] == K, K2, log[:, :, 0])
+    out[0, :E, 0] = new[:E]
+    out[1, :E, 0] = new[mirror]
+    sreq = np.asarray(s.step_req).astype(np.int64)
+    sq = np.asarray(s.step_q).astype(np.int64)
+    lane = step_run == K + 1
+    ent = np.where(lane, np.concatenate([entry0, [0]])[np.minimum(sreq, n)][:, None] + sq, E)
+    run = np.where(step_run == K, K2, np.where(lane, new[ent], step_run))
+    run_len = np.concatenate([np.asarray(s.run_len), plain[single, 1]])
+    return s._replace(step_run=jnp.asarray(run.astype(np.int32)), log=jnp.asarray(out),
+                      run_len=jnp.asarray(run_len.astype(np.int32)))
+
+
+def with_block_ids(s: Stream) -> Stream:
+    """``s`` carrying every block's dense id (``compile_stream(w, block_ids=True)``'s fields), ranked from
+    the stream's own block keys; ``s`` itself when it carries them already."""
+    if s.n_distinct:
+        return s
+    n = int(np.asarray(s.n_requests))
+    S = int(np.asarray(s.n_blocks)[:n].astype(np.int64).sum())
+    keys = (np.asarray(s.key_hi)[:S].astype(np.uint64) << np.uint64(32)) | np.asarray(s.key_lo)[:S].astype(np.uint64)
+    _, ids = np.unique(keys, return_inverse=True)
+    U = int(ids.max()) + 1 if S else 1
+    bid = np.full(int(np.asarray(s.key_hi).shape[-1]), U, np.int32)
+    bid[:S] = ids.reshape(-1)
+    return s._replace(block_id=jnp.asarray(bid), block_space=jnp.zeros(U, jnp.int8))
 
 
 def pad_stream(s: Stream, shape: StreamShape) -> Stream:

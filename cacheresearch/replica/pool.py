@@ -1,8 +1,8 @@
 """The KV pool of a batching replica (vLLM v1's KV cache manager, over runs): one replica's state.
 
 One pool of ``C`` blocks holds the cached prefix blocks and the blocks of running requests
-(docs/fleet_semantics.md, "The vllm replica"). Per stateful run ``k`` (streams compiled with
-``stateful_singletons=True``, so every run has state):
+(docs/fleet_semantics.md, "The vllm replica"). Per stateful run ``k`` (the engine makes every run of
+the stream stateful for this replica: ``core.simulate.serve_stream``):
 
 * ``s[k]``: the run's stored head (blocks ``0 .. s-1`` of the run are cached; prefix hits stop at the
   first run that is not wholly stored, after its stored head);
