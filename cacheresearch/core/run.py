@@ -387,7 +387,7 @@ def plan_cells(
                             max_depth=depth, s3=s3, **options)
         check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
         for s_ in sids:
-            check_stream(streams[s_], st)
+            check_stream(streams[s_], st, grid)
         gi = len(plan.groups)
         if kind == "numba":
             got, per, mem, n_out = _numba_group(streams, sids, cells, st, max_batch, budget, D)
