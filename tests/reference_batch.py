@@ -36,6 +36,7 @@ from collections import OrderedDict, deque
 
 import numpy as np
 from reference_fleet import route_one
+from reference_gie_index import GieIndexer
 
 PS_PER_MS = 10**9
 
@@ -88,7 +89,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     step_prefill_ns=17_251, step_decode_ns=5_999, step_ctx_ps=0, step_prefill_ctx_fs=0,
                     queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
-                    local_load=False, kv_pressure=False, **kn):
+                    local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
+                    load_refresh_ms=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
     R = int(replicas)
     N = int(workload.n_requests)
@@ -98,6 +100,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     seqs = min(int(max_num_seqs), int(max_running))
     reps = [_Replica() for _ in range(R)]
     index = [[OrderedDict() for _ in range(R)] for _ in range(n_inst)]
+    gix = GieIndexer(gie_lru_capacity)  # view gie_estimate: GIE's own index (tests/reference_gie_index.py)
+    gie_of = None if gie_hashes is None else [[int(x) for x in gie_hashes.ids[i][: gie_hashes.n[i]]] for i in range(N)]
+    scrape_t, scrape_q, scrape_kv = -1, [0] * R, [0] * R
     keys_of = [[int(k) for k in workload.request_keys(i)] for i in range(N)]
     P_of = [int(x) for x in workload.input_tokens]
     O_of = [int(x) for x in workload.output_tokens]
@@ -106,7 +111,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
                  load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
                  gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
-                 gie_load_threshold=128)
+                 gie_load_threshold=128, gie_lru_capacity=31_250)
     knobs.update(kn)
     ttft = [-1] * N
     fin = [-1] * N
@@ -273,10 +278,17 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     for i in range(N):
         now = int(workload.arrival_ms[i])
         now_t = now * PS_PER_MS
+        u = i % n_inst
+        if load_refresh_ms > 0:  # the load scrape at the last multiple of load_refresh_ms, when it is new
+            tick = (now // int(load_refresh_ms)) * int(load_refresh_ms)
+            if tick > scrape_t:
+                advance(tick * PS_PER_MS)
+                scrape_q = [sum(1 for w in rp.waiting if (not local_load or w[0] % n_inst == u)) for rp in reps]
+                scrape_kv = [rp.pinned() + rp.work for rp in reps]
+                scrape_t = tick
         advance(now_t)
         keys = keys_of[i]
         n = len(keys)
-        u = i % n_inst
         precise = []
         for rp in reps:
             h = 0
@@ -299,6 +311,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                         break
                     h += 1
                 match.append(h)
+        elif view == "gie_estimate":
+            gm = gix.match_longest_prefix(gie_of[i])
+            match = [gm.get(r, 0) for r in range(R)]
         elif view == "approximate":
             match = []
             for r in range(R):
@@ -317,10 +332,15 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                   + sum(len(keys_of[w[0]]) for w in rp.waiting if mine(w[0])) for rp in reps]
         tree = [len(rp.stored) for rp in reps]
         pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
+        kv_used = [rp.pinned() + rp.work for rp in reps]
+        if load_refresh_ms > 0:
+            queue, kv_used = scrape_q, scrape_kv
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=None, kn=knobs,
-                      kv_used=[rp.pinned() + rp.work for rp in reps], capacity=C)
+                      active_blocks=active, tree_size=tree, ring=None, kn=knobs, kv_used=kv_used, capacity=C,
+                      match_total=len(gie_of[i]) if view == "gie_estimate" else None)
         rep_of[i] = r
+        if view == "gie_estimate":
+            gix.add(gie_of[i], r)
         idx = index[u][r]
         for k in reversed(keys):
             idx[k] = True

@@ -131,7 +131,7 @@ def _ratio16(a: int, b: int) -> int:
     return ((int(a) >> s) * 65536) // max(b >> s, 1)
 
 
-def _gie(n, R, m, q, kv_used, capacity, bits1, kn) -> int:
+def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None) -> int:
     """GIE v0.5.1 scorers and max-score picker, in the engine's fixed point (1/65536)."""
     Sc = 65536
     qmax, qmin = max(q), min(q)
@@ -140,7 +140,7 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn) -> int:
     ks = [_ratio16(cap - min(max(int(u), 0), cap), cap) for u in kv_used]
     mode, W = kn["gie_prefix_mode"], kn["gie_window_blocks"]
     if mode == 1:
-        total = min(n, W) if W > 0 else n
+        total = (min(n, W) if W > 0 else n) if match_total is None else match_total  # view gie_estimate
         ps = [_ratio16(min(x, total), total) if total > 0 else 0 for x in m]
     elif mode == 2:
         hits = [x for x in m if x > 0]
@@ -158,7 +158,7 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn) -> int:
 
 
 def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, match, queue, active_blocks,
-              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1) -> int:
+              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None) -> int:
     """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``.
     ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks."""
     off = _scale(bits[0], R)
@@ -221,7 +221,7 @@ def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, mat
             return _argmin_rot(a, R, off, eligible=[m[r] == mstar for r in range(R)])
         return _argmin_rot([_clamp30(a[r]) + _clamp30(n - m[r]) for r in range(R)], R, off)
     if router == "gie":
-        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn)
+        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn, match_total)
     raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cacheresearch.replica.roofline import BLIS, EFF, blis_check, step_coefficients, vllm_scheduler_defaults
-from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
+from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, read_epp
 from cacheresearch.studies.llmd_benchmark import BUNDLED
 from cacheresearch.workload.inference_perf import (
     InferencePerfError,
@@ -41,9 +41,11 @@ def test_bundled_epp_files():
     assert (p["gie_prefix_w_pct"], p["gie_kv_w_pct"], p["gie_queue_w_pct"]) == (300, 200, 200)
     a = k["approximate"]
     assert (a["view"], a["gie_prefix_mode"], a["gie_prefix_w_pct"], a["gie_kv_w_pct"], a["gie_queue_w_pct"]) == \
-        ("approximate", 1, 100, 100, 100)
-    # 64 bytes x 256 blocks = 16,384 bytes = 4,096 tokens at 4 bytes per token = 64 blocks of 64 tokens
-    assert a["gie_window_blocks"] == 64 and a["index_capacity"] == 31_250 * 64 // 256
+        ("gie_estimate", 1, 100, 100, 100)
+    # GIE's own index: 31,250 hashes per pod, prompt bytes in 64-byte blocks, at most 256 of them
+    assert a["gie_lru_capacity"] == 31_250
+    assert epp_hash_config(read_epp(BUNDLED / "epp-estimated-scheduling.yaml")) == (64, 256)
+    assert epp_hash_config(read_epp(BUNDLED / "epp-precise-scheduling.yaml")) is None
     lo = k["load"]
     assert (lo["gie_prefix_w_pct"], lo["gie_kv_w_pct"], lo["gie_queue_w_pct"]) == (0, 100, 100)
 
@@ -73,7 +75,8 @@ schedulingProfiles:
 def test_epp_defaults_and_broken_files(tmp_path):
     k = epp_knobs(read_epp(_write(tmp_path, "ok.yaml", EPP_OK)), block_tokens=16)
     assert k["gie_prefix_w_pct"] == 200 and k["gie_queue_w_pct"] == 100 and k["gie_kv_w_pct"] == 0
-    assert k["gie_window_blocks"] == 256 and k["index_capacity"] == 31_250  # GIE v0.5.1 defaults, 16-token blocks
+    assert k["gie_lru_capacity"] == 31_250 and k["view"] == "gie_estimate"  # GIE v0.5.1 defaults
+    assert epp_hash_config(read_epp(tmp_path / "ok.yaml")) == (64, 256)
     cases = {
         "plugin.yaml": (EPP_OK.replace("queue-scorer\n- type", "queue-scorerz\n- type"), r"plugins\[1\]\.type"),
         "param.yaml": (EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n  parameters:\n"
@@ -205,3 +208,11 @@ def test_study_on_a_small_benchmark_of_the_series(tmp_path):
     np.testing.assert_allclose(ds.ttft_p90_s_all.values, ds.ttft_p90_s.sel(stage=1).values)
     assert np.all(ds.ttft_p90_s.values >= ds.ttft_mean_s.values * 0.5)
     assert "published_ttft_p90_s" not in ds  # its own files: no report beside it
+    # KV usage and waiting: time means per stage (from the engine's integrals at the stages' first arrivals)
+    kv, wq = ds.kv_usage_mean.values, ds.waiting_mean.values
+    assert np.all((kv > 0) & (kv <= 1)) and np.all(wq >= 0)
+    np.testing.assert_allclose(ds.kv_usage_mean_all.values, ds.kv_usage_mean.sel(stage=1).values)
+    # the run's mean includes the 30 s idle gaps after each stage; the stages' own means do not
+    assert np.all(ds.kv_usage_mean.max("stage").values > ds.kv_usage_mean_run.values)
+    # the approximate arm ran on GIE's own index, its hashes under the bytes-per-token assumption
+    assert ds.attrs["gie_hash_configs"] == "[(64, 256)]" and ds.attrs["metrics_refresh_ms"] == 50

@@ -411,7 +411,7 @@ def plan_cells(
         check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
         served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
         for s_ in sids:
-            check_stream(served[s_], st)
+            check_stream(served[s_], st, grid)
         gi = len(plan.groups)
         if kind == "numba":
             got, per, mem, n_out = _numba_group(served, sids, cells, st, max_batch, budget, D)

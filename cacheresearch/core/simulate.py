@@ -373,6 +373,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         preemptions=jnp.int32(0), kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
         dropped=jnp.int32(0), steps=jnp.int32(0),
         e2e_ms=jnp.zeros((0,), jnp.int32), preempted=jnp.zeros((0,), jnp.int32),
+        kv_acc_at=jnp.zeros((0,), jnp.float32), q_acc_at=jnp.zeros((0,), jnp.float32),
         n_requests=jnp.asarray(nreal, jnp.int32), input_tokens_hi=inp_hi, input_tokens_lo=inp_lo,
         ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=jnp.asarray(nreal, jnp.int32),
         busy_time=q.busy_ms, horizon_time=horizon, replicas_active=replicas.astype(jnp.int32),
@@ -425,11 +426,12 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     hr = jnp.clip(jnp.where(served, c.rep_of[:N], 0), 0, R - 1)
     if st.per_request:
         per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(is_real, c.rep_of[:N], -1), ttft_ms=ttft_ms,
-                   match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N])
+                   match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N],
+                   kv_acc_at=c.acc_kv[:N], q_acc_at=c.acc_q[:N])
     else:
         z0 = jnp.zeros((0,), jnp.int32)
         per = dict(hit_blocks=z0, hit_tokens=z0, replica=z0, ttft_ms=z0, match=jnp.zeros((0, R), jnp.int32),
-                   e2e_ms=z0, preempted=z0)
+                   e2e_ms=z0, preempted=z0, kv_acc_at=z0.astype(jnp.float32), q_acc_at=z0.astype(jnp.float32))
     hit_hi, hit_lo = _sum_limbs(jnp.where(served, hit_tok, 0))
     inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, inp, 0))
     ttft_hi, ttft_lo = _sum_limbs(jnp.where(lat, ttft_ms, 0))
@@ -617,6 +619,11 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("view 'approximate' needs index=True")
     if (cache & (views == VIEWS["stale"])).any() and not st.stale:
         raise ValueError("view 'stale' needs stale=True")
+    if (cache & (views == VIEWS["gie_estimate"])).any() and st.scheduler != "vllm":
+        raise ValueError("view 'gie_estimate' (GIE's prefix index) is modelled with the vllm replica only "
+                         "(scheduler='vllm')")
+    if np.any(np.asarray(params.load_refresh_ms) > 0) and st.scheduler != "vllm":
+        raise ValueError("load_refresh_ms (scraped load metrics) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.id in BLOCK_IDS})
     if blk:
@@ -667,8 +674,20 @@ def serve_stream(stream: Stream, st: Static) -> Stream:
     return stream
 
 
-def check_stream(stream: Stream, st: Static) -> None:
-    """A stream fits the program (after :func:`serve_stream`): the vllm replica's run bound."""
+def check_stream(stream: Stream, st: Static, params=None) -> None:
+    """A stream fits the program (after :func:`serve_stream`): the vllm replica's run bound; the
+    ``gie_estimate`` view (with ``params``) needs the stream's GIE hashes."""
+    if params is not None and stream.gie_hash is None:
+        views = np.asarray(params.view).reshape(-1)
+        if np.any(views == VIEWS["gie_estimate"]):
+            raise ValueError("view 'gie_estimate' needs the stream's GIE hashes: compile_stream(..., gie_hashes="
+                             "gie_hashes_from_keys(workload)) or gie_hashes_shared_prefix")
+    if params is not None and stream.gie_hash is not None:
+        g = (np.asarray(params.view).reshape(-1) == VIEWS["gie_estimate"])
+        cap = np.broadcast_to(np.asarray(params.gie_lru_capacity), np.shape(np.asarray(params.view))).reshape(-1)
+        if np.any(g & (cap < stream.gie_width)):
+            raise ValueError(f"gie_lru_capacity below a request's {stream.gie_width} hashes: GIE's hash -> pods map "
+                             "then lists hashes its LRU dropped, which the gie_estimate view does not model")
     if st.scheduler == "vllm":
         runs = int(np.max(np.asarray(stream.n_runs), initial=0))
         if runs > st.max_runs:
@@ -702,7 +721,7 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
     stream = serve_stream(stream, st)
-    check_stream(stream, st)
+    check_stream(stream, st, params)
     return finalize(_simulate_jit(stream, params, key, st=st), st)
 
 
@@ -726,5 +745,5 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
             stream = stack_streams([serve_stream(p, st) for p in parts])
     else:
         stream = serve_stream(stream, st)
-    check_stream(stream, st)
+    check_stream(stream, st, params)
     return finalize(_simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis), st)

@@ -79,6 +79,11 @@ class Stream(NamedTuple):
     # the dense id of every block [S + 1] (U at the end), and a [U] array whose size is the id space
     block_id: jax.Array  # int32 [S + 1] (or [1] when absent)
     block_space: jax.Array  # int8 [U] (or [0] when absent)
+    # GIE's prompt-byte block hashes (view gie_estimate; compile_stream(gie_hashes=...)), None when absent:
+    # per request [N + 1, H] their dense ids (G past the request's count), [N + 1] the count; [G] the id space
+    gie_hash: jax.Array | None = None  # int32
+    gie_n: jax.Array | None = None  # int32
+    gie_space: jax.Array | None = None  # int8
 
     @property
     def n_keys(self) -> int:
@@ -99,6 +104,15 @@ class Stream(NamedTuple):
         return int(self.block_space.shape[-1])
 
     @property
+    def n_gie(self) -> int:
+        """GIE hash ids (0 when the stream carries none)."""
+        return 0 if self.gie_space is None else int(self.gie_space.shape[-1])
+
+    @property
+    def gie_width(self) -> int:
+        return 0 if self.gie_hash is None else int(self.gie_hash.shape[-1])
+
+    @property
     def has_singletons(self) -> bool:
         """Runs without state occur (id K + 1); the priority policies need every run stateful."""
         return bool(np.any(np.asarray(self.step_run) == self.n_keys + 1))
@@ -114,6 +128,8 @@ class StreamShape(NamedTuple):
     positions: int  # S + 1
     keys: int  # K
     distinct: int = 0  # U: block ids (0 unless block_ids=True)
+    gie_width: int = 0  # H: GIE hashes per request (0 without them)
+    gie_ids: int = 0  # G: GIE hash ids
 
     def union(self, other: "StreamShape") -> "StreamShape":
         return StreamShape(*(max(a, b) for a, b in zip(self, other)))
@@ -121,7 +137,7 @@ class StreamShape(NamedTuple):
 
 def stream_shape(s: Stream) -> StreamShape:
     return StreamShape(int(s.step_run.shape[-2]), s.width, int(s.arrival_ms.shape[-1]), s.n_entries + 1,
-                       int(s.key_hi.shape[-1]), s.n_keys, s.n_distinct)
+                       int(s.key_hi.shape[-1]), s.n_keys, s.n_distinct, s.gie_width, s.n_gie)
 
 
 class RunStructure(NamedTuple):
@@ -198,7 +214,7 @@ def default_chunk_runs(n_runs: np.ndarray) -> int:
 
 
 def compile_stream(workload: Workload, *, chunk_runs: int | None = None, stateful_singletons: bool = False,
-                   block_ids: bool = False) -> Stream:
+                   block_ids: bool = False, gie_hashes=None) -> Stream:
     """Run-compressed, chunked device arrays for ``workload`` (host-side NumPy work, done once).
 
     The stream serves every policy as it is: what a policy needs beyond it is derived from the stream
@@ -211,6 +227,8 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
     result). A request with at most ``chunk_runs`` runs takes one scan step.
     ``stateful_singletons``, ``block_ids``: do those derivations here (the same arrays, up to the
     numbering of runs), e.g. to size a padded template.
+    ``gie_hashes``: a :class:`~cacheresearch.workload.gie_hashes.GieHashes` of the workload's requests
+    (the ``gie_estimate`` view reads them).
     """
     w = workload
     n = w.n_requests
@@ -293,7 +311,19 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
         n_requests=jnp.asarray(np.int32(n)),
         run_len=jnp.asarray(run_len.astype(np.int32)),
         **_block_fields(w, block_ids),
+        **_gie_fields(gie_hashes, n),
     )
+
+
+def _gie_fields(g, n: int) -> dict:
+    if g is None:
+        return {}
+    ids, cnt = np.asarray(g.ids), np.asarray(g.n)
+    if ids.shape[0] != n or cnt.shape[0] != n:
+        raise ValueError(f"gie_hashes cover {ids.shape[0]} requests, the workload has {n}")
+    G = int(g.space)
+    return dict(gie_hash=jnp.asarray(np.concatenate([ids, np.full((1, ids.shape[1]), G, ids.dtype)]).astype(np.int32)),
+                gie_n=jnp.asarray(np.concatenate([cnt, [0]]).astype(np.int32)), gie_space=jnp.zeros(G, jnp.int8))
 
 
 def _block_fields(w: Workload, on: bool) -> dict:
@@ -405,6 +435,21 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         bid = np.where(bid >= u, U, bid) if u else np.full(1, U, np.int32)
         return dict(block_id=padv(bid, S1, U).astype(np.int32), block_space=np.zeros(U, np.int8))
 
+    def pad_gie():
+        G, H = shape.gie_ids, shape.gie_width
+        if G == 0 and H == 0:
+            return {}
+        if s.gie_hash is None:
+            return dict(gie_hash=np.full((N1, H), G, np.int32), gie_n=np.zeros(N1, np.int32),
+                        gie_space=np.zeros(G, np.int8))
+        g, h = own.gie_ids, np.asarray(s.gie_hash)
+        h = np.where(h >= g, G, h)
+        h = np.concatenate([h, np.full((h.shape[0], H - h.shape[1]), G, np.int32)], axis=1)
+        h = np.concatenate([h[:-1], np.full((N1 - h.shape[0] + 1, H), G, np.int32)])
+        cnt = np.asarray(s.gie_n)
+        cnt = np.concatenate([cnt[:-1], np.zeros(N1 - cnt.shape[0] + 1, np.int32)])
+        return dict(gie_hash=h.astype(np.int32), gie_n=cnt, gie_space=np.zeros(G, np.int8))
+
     return Stream(
         step_run=padv(reid(s.step_run), shape.steps, K),
         step_len=padv(s.step_len, shape.steps, 0),
@@ -428,6 +473,7 @@ def pad_stream(s: Stream, shape: StreamShape) -> Stream:
         n_requests=np.asarray(s.n_requests),
         run_len=padv(s.run_len, K, 1),
         **pad_blocks(),
+        **pad_gie(),
     )
 
 

@@ -18,7 +18,7 @@ LIMB = 20  # token counters: value = hi * 2**20 + lo
 
 class Metrics(NamedTuple):
     """A run's metrics. The ratio and mean fields (:data:`RATIO_FIELDS`) are not computed by the compiled
-    program: it returns exact integer sums (the fields after ``preempted``) and :func:`finalize` divides
+    program: it returns exact integer sums (the fields after ``q_acc_at``) and :func:`finalize` divides
     them on the host in float64, so a ratio is bitwise the same whatever the batch, chunk, padding or
     device count (XLA may compile one division as a multiply by a reciprocal in one program and not in
     another). :func:`simulate`, :func:`simulate_grid` and :func:`~cacheresearch.core.run.simulate_cells`
@@ -72,6 +72,10 @@ class Metrics(NamedTuple):
     steps: jax.Array  # int32 engine steps over all replicas
     e2e_ms: jax.Array  # int32 [N] per request (empty unless per_request)
     preempted: jax.Array  # int32 [N] per request
+    # float32 [N] the vllm replica: kv_acc / q_acc summed over the active replicas when request i arrives
+    # (after the replicas ran up to it; per-window time means by differences; empty unless per_request)
+    kv_acc_at: jax.Array
+    q_acc_at: jax.Array
     # exact sums behind the ratio fields (int32; ``_hi``/``_lo`` pairs are two limbs, :func:`combine_limbs`)
     n_requests: jax.Array  # real requests
     input_tokens_hi: jax.Array  # input tokens of the real requests

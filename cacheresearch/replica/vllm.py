@@ -44,7 +44,8 @@ from cacheresearch.replica.clock import (
     t_zero,
 )
 from cacheresearch.replica.pool import PoolState, evict_lru, extend, init_pool, leading_hit, pin, release
-from cacheresearch.routers import FleetView, ring_positions, route
+from cacheresearch.routers import VIEWS, FleetView, ring_positions, route
+from cacheresearch.routers.gie_index import gie_add, gie_match, init_gie_index
 
 __all__ = ["Replica", "init_replica", "step_time", "replica_step", "simulate_vllm"]
 
@@ -507,6 +508,12 @@ class _Carry(NamedTuple):
     snap: jax.Array  # int32 [R, K] the stale view: stored heads as of the last sync ([1, 1] without it)
     sync_t: jax.Array  # int32 ms of the last sync
     synced: jax.Array  # bool
+    gix: object  # GieIndex [R, G] (view gie_estimate; None when the stream carries no GIE hashes)
+    scrape_q: jax.Array  # int32 [R] waiting requests as of the last load scrape (load_refresh_ms > 0)
+    scrape_kv: jax.Array  # int32 [R] KV blocks in use as of the last scrape
+    scrape_t: jax.Array  # int32 ms of the last scrape (-1: none yet)
+    acc_kv: jax.Array  # float32 [N + 1] the active replicas' kv_acc summed, at each arrival
+    acc_q: jax.Array  # float32 [N + 1] the same of q_acc
 
 
 def _record(c: _Carry, ev):
@@ -552,6 +559,21 @@ def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
     return jax.lax.while_loop(cond, body, c)
 
 
+def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R) -> _Carry:
+    """The load scrape (``load_refresh_ms = P > 0``): the pods' waiting requests and KV blocks in use as
+    of the last multiple of ``P`` at or before ``now``, taken when it is later than the last scrape (the
+    replicas run up to that tick first; running them in two stretches changes nothing, no request
+    arrives in between). With ``P = 0`` nothing runs: the router reads the live values."""
+    P = params.load_refresh_ms
+    tick = (now // jnp.maximum(P, 1)) * P
+    due = real & (P > 0) & (tick > c.scrape_t)
+    c = _advance(c, t_ms(jnp.where(due, tick, -1)), stream, params, W, S, R)
+    q, _ = _loads(c.reps, stream, u, instances, params.local_load)
+    kv = c.reps.pool.pinned + c.reps.pool.work
+    return c._replace(scrape_q=jnp.where(due, q, c.scrape_q), scrape_kv=jnp.where(due, kv, c.scrape_kv),
+                      scrape_t=jnp.where(due, tick, c.scrape_t))
+
+
 def simulate_vllm(stream, params, key, st, request_bits, finish):
     """The scan over arrivals with vllm replicas; ``finish(stream, params, c, st, ...)`` builds Metrics."""
     R = st.max_replicas
@@ -572,20 +594,26 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     store = init_store(R + V, K, E1, (-1, 0)) if st.index else init_store(1, 1, 1, (-1, 0))
     neg = Time(jnp.full(N1, -1, jnp.int32), jnp.zeros(N1, jnp.int32))
     z = jnp.int32(0)
+    gie = stream.gie_hash is not None
     c0 = _Carry(reps, store, neg, neg, jnp.zeros(N1, jnp.int32), jnp.zeros(N1, jnp.int32),
                 jnp.zeros(N1, jnp.int32), z, z, z, z,
-                jnp.zeros((R, K) if st.stale else (1, 1), jnp.int32), z, jnp.bool_(False))
+                jnp.zeros((R, K) if st.stale else (1, 1), jnp.int32), z, jnp.bool_(False),
+                init_gie_index(R, stream.n_gie) if gie else None, jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
+                jnp.int32(-1), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.float32))
     sy = init_sync(R)
 
     def step(c: _Carry, req):
         real = req < stream.n_requests  # padding requests (stacked streams) are never routed
         now = stream.arrival_ms[req]
         now_t = t_ms(now)
+        u = jnp.mod(req, instances)
+        c = _scrape(c, now, real, stream, params, u, instances, W, S, R)
         c = _advance(c, now_t, stream, params, W, S, R)
         reps = c.reps
+        c = c._replace(acc_kv=c.acc_kv.at[req].set(jnp.sum(jnp.where(active, reps.stats.kv_acc, 0.0))),
+                       acc_q=c.acc_q.at[req].set(jnp.sum(jnp.where(active, reps.stats.q_acc, 0.0))))
         n = stream.n_blocks[req]
         base = stream.offset[req]
-        u = jnp.mod(req, instances)
         runs, m, j0, ok = _req_runs(stream, req, W)
         ok = ok & real
         tg = jnp.where(ok, runs, K)
@@ -602,12 +630,23 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
                            stale=False, index=True, active=active)
             mv = jnp.where(params.view == 1, mvi, mv)  # approximate rows from the index; stale rows kept
+        gtot = None
+        if gie:  # GIE's own index (view gie_estimate): its count of prompt-byte hashes and their total
+            gids, gn = stream.gie_hash[req], stream.gie_n[req]
+            gcnt, gtot = gie_match(c.gix, gids, gn, active)
+            mv = jnp.where(params.view == VIEWS["gie_estimate"], gcnt, mv)
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
-        # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads)
+        # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads), and KV blocks
+        # in use (gpu_cache_usage_perc): live, or as of the last scrape (load_refresh_ms > 0)
         queue, act = _loads(reps, stream, u, instances, params.local_load)
-        fv = FleetView(replicas=replicas, match=mv, queue=queue, active_blocks=act, tree_size=reps.pool.cached,
-                       kv_used=reps.pool.pinned + reps.pool.work)
+        scraped = params.load_refresh_ms > 0
+        fv = FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
+                       tree_size=reps.pool.cached,
+                       kv_used=jnp.where(scraped, c.scrape_kv, reps.pool.pinned + reps.pool.work), match_total=gtot)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
+        if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
+            c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,
+                                       real & (params.view == VIEWS["gie_estimate"])))
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
         copies_i, sample, qual, away = routing_counts(mt, mt[r], pb, n, active, real, st.match)
         c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),

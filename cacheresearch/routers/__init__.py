@@ -77,7 +77,7 @@ from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_i
 # every rule registers itself on import (ids fix the order, not this list)
 from cacheresearch.routers import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
 from cacheresearch.routers import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
-from cacheresearch.routers import gie  # noqa: E402,F401  isort: skip
+from cacheresearch.routers import gie, gie_index  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "ROUTERS",

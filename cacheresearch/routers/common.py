@@ -61,6 +61,7 @@ class FleetView(NamedTuple):
     active_blocks: jax.Array  # int32 [R_max]: blocks of the in-flight requests
     tree_size: jax.Array  # int32 [R_max]: blocks in the view
     kv_used: jax.Array | None = None  # int32 [R_max]: pool blocks in use (vllm replica); None: active_blocks
+    match_total: jax.Array | None = None  # int32: view gie_estimate: the request's GIE hashes (None: other views)
 
 
 def prefix_hash_u64(key: int) -> int:

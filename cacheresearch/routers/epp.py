@@ -17,23 +17,20 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
 * one ``schedulingProfiles`` entry whose ``plugins`` name the plugins by ``pluginRef`` (a plugin's
   ``name``, or its ``type`` when it has none) with their ``weight`` (default 1).
 
-The estimate mode hashes prompt *bytes* in ``hashBlockSize``-byte blocks, at most
-``maxPrefixBlocksToMatch`` of them. The simulator's prompts are tokens, so the window becomes
-``ceil(hashBlockSize * maxPrefixBlocksToMatch / (bytes_per_token * block_tokens))`` cache blocks and the
-index capacity ``floor(lruCapacityPerServer * hashBlockSize / (bytes_per_token * block_tokens))`` blocks;
-``bytes_per_token`` is an assumption (default 4: GIE's own comment, "a good guess of average characters
-per token is 4"). An unknown key, plugin type or parameter is an :class:`EppConfigError` naming the file
-and the key.
+The estimate mode runs on the ``gie_estimate`` view, GIE's own index (:mod:`.gie_index`): prompt bytes
+hashed in ``hashBlockSize``-byte blocks, at most ``maxPrefixBlocksToMatch`` of them
+(:func:`epp_hash_config` gives the pair, :mod:`cacheresearch.workload.gie_hashes` the hashes under a
+bytes-per-token assumption), a per-pod LRU of ``lruCapacityPerServer`` hashes (``gie_lru_capacity``).
+An unknown key, plugin type or parameter is an :class:`EppConfigError` naming the file and the key.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import yaml
 
-__all__ = ["EppConfigError", "GIE_DEFAULTS", "read_epp", "epp_knobs"]
+__all__ = ["EppConfigError", "GIE_DEFAULTS", "read_epp", "epp_knobs", "epp_hash_config"]
 
 #: GIE v0.5.1 ``prefix`` plugin defaults (``DefaultHashBlockSize``, ``DefaultMaxPrefixBlocks``,
 #: ``DefaultLRUCapacityPerServer``) and llm-d's load-aware threshold.
@@ -186,9 +183,23 @@ def _pct(w: float) -> int:
     return int(round(100 * w))
 
 
-def epp_knobs(spec: dict, *, block_tokens: int, bytes_per_token: float = 4.0) -> dict:
+def _estimate(params) -> bool:
+    return params.get("mode", "estimate") == "estimate"
+
+
+def epp_hash_config(spec: dict) -> tuple[int, int] | None:
+    """``(hashBlockSize, maxPrefixBlocksToMatch)`` of the profile's estimate-mode prefix scorer (None
+    without one)."""
+    for t, _, params in spec["scorers"]:
+        if t == "prefix-cache-scorer" and _estimate(params):
+            return (int(params.get("hashBlockSize", GIE_DEFAULTS["hashBlockSize"])),
+                    int(params.get("maxPrefixBlocksToMatch", GIE_DEFAULTS["maxPrefixBlocksToMatch"])))
+    return None
+
+
+def epp_knobs(spec: dict, *, block_tokens: int) -> dict:
     """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
-    ``block_tokens``-token blocks."""
+    ``block_tokens``-token blocks. The estimate mode's hashes are the stream's (:func:`epp_hash_config`)."""
     path = spec["file"]
     if spec["picker"] == "random-picker":
         if spec["scorers"]:
@@ -212,11 +223,6 @@ def epp_knobs(spec: dict, *, block_tokens: int, bytes_per_token: float = 4.0) ->
                            "the precise index would never match")
             kn.update(gie_prefix_mode=2, gie_prefix_w_pct=_pct(w), view="precise")
         else:
-            hb = int(params.get("hashBlockSize", GIE_DEFAULTS["hashBlockSize"]))
-            mb = int(params.get("maxPrefixBlocksToMatch", GIE_DEFAULTS["maxPrefixBlocksToMatch"]))
             lru = int(params.get("lruCapacityPerServer", GIE_DEFAULTS["lruCapacityPerServer"]))
-            bytes_per_block = bytes_per_token * block_tokens
-            kn.update(gie_prefix_mode=1, gie_prefix_w_pct=_pct(w), view="approximate",
-                      gie_window_blocks=max(1, math.ceil(hb * mb / bytes_per_block)),
-                      index_capacity=max(1, int(lru * hb // bytes_per_block)))
+            kn.update(gie_prefix_mode=1, gie_prefix_w_pct=_pct(w), view="gie_estimate", gie_lru_capacity=lru)
     return kn

@@ -1,6 +1,6 @@
 """``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
 [``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
-``gie_load_w_pct``, ``gie_load_threshold``].
+``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``].
 
 Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
 weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
@@ -17,9 +17,11 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
 * **prefix scorer**, by ``gie_prefix_mode``:
 
   - ``0`` none (score 0);
-  - ``1`` estimate (GIE ``prefix-cache-scorer``, on the ``approximate`` view): ``matched / total`` with
-    the prompt truncated to its first ``W = gie_window_blocks`` blocks (``0``: the whole prompt):
-    ``total = min(n, W)``, ``matched = min(match[r], total)``; 0 when ``n = 0``;
+  - ``1`` estimate (GIE ``prefix-cache-scorer``): ``matched / total``. On the ``gie_estimate`` view
+    (GIE's own index, :mod:`.gie_index`) ``matched = match[r]`` is GIE's count of prompt-byte hashes and
+    ``total`` the request's hashes (``FleetView.match_total``). On another view (``approximate``: the
+    block index) the prompt is truncated to its first ``W = gie_window_blocks`` blocks (``0``: the
+    whole prompt): ``total = min(n, W)``, ``matched = min(match[r], total)``. 0 when ``total = 0``;
   - ``2`` precise (llm-d ``precise-prefix-cache-scorer`` / ``cache_tracking``, on the ``precise``
     view): the longest consecutive prefix ``match[r]``, min-max normalised over the pods with a hit
     (``match > 0``): ``(match - mmin) / (mmax - mmin)``, 1 for every hit pod when they are equal, 0 for
@@ -42,6 +44,7 @@ import jax.numpy as jnp
 
 from cacheresearch.routers.common import BIG, Context, scale_bits
 from cacheresearch.routers.registry import Knob, Router, register
+from cacheresearch.routers.views import VIEWS
 
 S = 65536  # scores in [0, 1] as integers of 1/S
 
@@ -68,6 +71,8 @@ def rule(ctx: Context):
     # prefix scorer
     W = p.gie_window_blocks
     total = jnp.where(W > 0, jnp.minimum(n, W), n)
+    if ctx.fleet.match_total is not None:  # view gie_estimate: GIE's own hashes, counted by its index
+        total = jnp.where(p.view == VIEWS["gie_estimate"], ctx.fleet.match_total, total)
     est = jnp.where(total > 0, ratio16(jnp.minimum(m, total), total), 0)
     hitp = act & (m > 0)
     mmax = jnp.max(jnp.where(hitp, m, 0))
@@ -87,8 +92,9 @@ def rule(ctx: Context):
 
 
 KNOBS = (
-    Knob("gie_prefix_mode", 0, 0, 2, doc="prefix scorer: 0 none, 1 estimate (matched / total over the first "
-         "gie_window_blocks blocks), 2 precise (longest prefix, min-max over pods with a hit)"),
+    Knob("gie_prefix_mode", 0, 0, 2, doc="prefix scorer: 0 none, 1 estimate (matched / total: GIE's hashes on "
+         "view gie_estimate, else over the first gie_window_blocks blocks), 2 precise (longest prefix, min-max "
+         "over pods with a hit)"),
     Knob("gie_prefix_w_pct", 100, 0, 5000, doc="weight of the prefix scorer", unit="1/100"),
     Knob("gie_kv_w_pct", 100, 0, 5000, doc="weight of the kv-cache scorer (1 - KV usage)", unit="1/100"),
     Knob("gie_queue_w_pct", 100, 0, 5000, doc="weight of the queue scorer (min-max of waiting requests)",
@@ -99,6 +105,8 @@ KNOBS = (
     Knob("gie_load_w_pct", 0, 0, 5000, doc="weight of llm-d's load-aware scorer", unit="1/100"),
     Knob("gie_load_threshold", 128, 1, 2**20, doc="load-aware scorer: the score falls from 0.5 at an empty "
          "queue to 0 at this many waiting requests", unit="requests"),
+    Knob("gie_lru_capacity", 31_250, 1, 2**31 - 2, doc="view gie_estimate: hashes per pod in GIE's prefix index "
+         "LRU (lruCapacityPerServer; GIE v0.5.1's default 31,250)", unit="hashes"),
 )
 
 ROUTER = register(Router(

@@ -12,6 +12,10 @@
                       request ``i`` when ``i == 0`` or ``arrival - last_sync >= stale_lag_ms`` (KV events
                       delivered in batches every ``stale_lag_ms``), TTL checked at arrival against the
                       block's time as of the sync.
+``gie_estimate`` (3)  GIE v0.5.1's prefix-cache-scorer index (:mod:`.gie_index`): prompt-byte block
+                      hashes (the stream's ``gie_hash``), a per-pod LRU of ``gie_lru_capacity``
+                      hashes fed by routing decisions; ``match[r]`` is GIE's count of hashes (not
+                      blocks) and ``FleetView.match_total`` the request's hashes (vllm replica only).
 
 ``tree_size[r]`` is the index's occupancy (approximate) or the replica's true occupancy (precise,
 stale). Request ``i`` is handled by router instance ``u = i mod instances``; with ``local_load`` an
@@ -28,7 +32,7 @@ from cacheresearch.routers.registry import Knob, register_knobs
 
 __all__ = ["VIEWS", "view_id", "VIEW_KNOBS", "REPLICA_KNOBS"]
 
-VIEWS: dict[str, int] = {"precise": 0, "approximate": 1, "stale": 2}
+VIEWS: dict[str, int] = {"precise": 0, "approximate": 1, "stale": 2, "gie_estimate": 3}
 
 
 def view_id(name: str) -> int:
@@ -61,4 +65,8 @@ REPLICA_KNOBS = register_knobs(
     Knob("restart_replica", -1, -1, 2**16, doc="cache event: this replica restarts at restart_ms and its cache is "
          "flushed before the first request arriving at or after it (-1: none)"),
     Knob("restart_ms", 0, 0, 2**31 - 2, doc="cache event: time of the replica restart", unit="ms"),
+    # the replicas' metrics as a scraper sees them (GIE's EPP scrapes every 50 ms), not a routing rule
+    Knob("load_refresh_ms", 0, 0, 2**30, doc="the load metrics routers read (waiting requests, KV usage) are "
+         "scraped every this many ms (at its multiples; GIE's default 50); 0: read live (vllm replica only)",
+         unit="ms"),
 )

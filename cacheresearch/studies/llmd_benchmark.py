@@ -17,10 +17,17 @@ not have. ``llmd.max_requests_per_stage`` runs a reduced benchmark (the first re
 
 Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_s``, ``stage_warmup``):
 ``ttft_p90_s``, ``ttft_mean_s``, ``output_tokens_per_s``, ``requests_per_s``, ``token_hit_rate``,
-``stage_drained``, ``n_requests``; per arm the run's time-mean ``kv_usage_mean`` and ``waiting_mean``
-(the replica keeps run totals only: idle gaps included, so lower than a per-stage mean), ``preemptions``,
+``kv_usage_mean`` (KV blocks in use / pool) and ``waiting_mean`` (waiting requests per pod), time means
+over each stage's span (start to last finish), ``stage_drained``, ``n_requests``; per arm the whole run's
+time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps included), ``preemptions``,
 ``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default 1)
-``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all``.
+``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all``,
+``kv_usage_mean_all``, ``waiting_mean_all`` (time means over the stages' spans).
+
+The approximate arm runs on GIE's own index (view ``gie_estimate``): the stream carries the prompts'
+byte-block hashes under ``llmd.bytes_per_token`` (an assumption, default 4: GIE's own guess), one stream
+per estimate-mode hash configuration. ``llmd.metrics_refresh_ms`` (default 50: GIE v0.5.1's
+``DefaultRefreshMetricsInterval``; 0 = live) is how often the schedulers' load metrics are scraped.
 ``published_*`` hold the report's figures beside ours when the files are the bundled ones.
 """
 
@@ -38,8 +45,9 @@ from cacheresearch.core.params import make_params
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.replica.hardware import kv_blocks
 from cacheresearch.replica.roofline import step_coefficients, vllm_scheduler_defaults
-from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
+from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, read_epp
 from cacheresearch.studies.base import Cells, Study, StudyError, common_attrs
+from cacheresearch.workload.gie_hashes import gie_hashes_shared_prefix
 from cacheresearch.workload.inference_perf import (
     InferencePerfError,
     read_inference_perf,
@@ -93,11 +101,14 @@ PUBLISHED_ALL = {
     "ttft_p90_s": {"precise": 0.542, "approximate": 31.083, "load": 94.865, "random": 92.551},
     "ttft_mean_s": {"precise": 0.298, "approximate": 13.316, "load": 46.987, "random": 45.281},
     "output_tokens_per_s": {"precise": 8730.0, "approximate": 6944.4, "load": 4266.4, "random": 4428.7},
+    # the report's EPP summary over its whole run (KV usage mean as a fraction; waiting requests mean)
+    "kv_usage_mean": {"precise": 0.593, "approximate": 0.662, "load": 0.543, "random": 0.590},
+    "waiting_mean": {"precise": 0.1, "approximate": 8.1, "load": 28.9, "random": 27.3},
 }
 PUBLISHED_RATES = _R
 
 DEFAULTS = dict(inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0, overhead_ms=0.0,
-                max_requests_per_stage=None, bytes_per_token=4.0, max_running=256, seed=None)
+                max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50, max_running=256, seed=None)
 
 
 class LlmdBenchmarkError(ValueError):
@@ -132,6 +143,33 @@ def _nearest_rank(v: np.ndarray, pct: int) -> float:
     return float(s[max(-(-pct * s.size // 100) - 1, 0)])
 
 
+def _gauges(m, stage, K: int, warm: int, starts, fin, ok_all, cap: int, R: int):
+    """Per-stage time means of KV usage (blocks in use / pool) and waiting requests per pod, over the stage's
+    span (its start to its last finish), and the same over the non-warm-up stages. The engine's integrals
+    at each arrival (``kv_acc_at``, ``q_acc_at``) are differenced between the stages' first arrivals; the
+    stages drain before the next starts, so the idle time between them adds nothing."""
+    kv_at = np.asarray(m.kv_acc_at).astype(np.float64)
+    q_at = np.asarray(m.q_acc_at).astype(np.float64)
+    first = [int(np.argmax(stage == k)) if np.any(stage == k) else -1 for k in range(K)]
+    ends_kv = [kv_at[first[k + 1]] if k + 1 < K and first[k + 1] >= 0 else float(np.sum(m.kv_acc))
+               for k in range(K)]
+    ends_q = [q_at[first[k + 1]] if k + 1 < K and first[k + 1] >= 0 else float(np.sum(m.q_acc)) for k in range(K)]
+    kv, wq = np.full(K, np.nan), np.full(K, np.nan)
+    tot = np.zeros(3)
+    for k in range(K):
+        ok = ok_all & (stage == k)
+        if first[k] < 0 or not ok.any():
+            continue
+        span = fin[ok].max() - starts[k]
+        dkv, dq = ends_kv[k] - kv_at[first[k]], ends_q[k] - q_at[first[k]]
+        kv[k], wq[k] = dkv / (cap * R * span), dq / (R * span)
+        if k >= warm:
+            tot += (dkv, dq, span)
+    if tot[2] <= 0:
+        return kv, wq, np.nan, np.nan
+    return kv, wq, tot[0] / (cap * R * tot[2]), tot[1] / (R * tot[2])
+
+
 def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stage):
     """One arm's per-stage figures (TTFT p90 and mean with the fixed overhead, output tokens/s, requests/s,
     token hit rate), the summary over the non-warm-up stages, and which stages drained."""
@@ -164,7 +202,7 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stag
                 ttft_mean_s_all=float(tt[sel_all].mean()) if sel_all.any() else np.nan,
                 output_tokens_per_s_all=tok_all / span_all if span_all > 0 else np.nan,
                 requests_per_s_all=float(n_stage[warm:].sum() / durs[warm:].sum()))
-    return per, alls, stage_drained(arr, fin, stage)
+    return per, alls, stage_drained(arr, fin, stage), fin, served
 
 
 def llmd_benchmark_study(cfg) -> xr.Dataset:
@@ -185,8 +223,12 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         cap = int(cap) if cap is not None else kv_blocks(
             model, gpu, tp=tp, block_tokens=bt, kv_dtype=str(_get(cfg, "replica.kv_dtype", "bf16")),
             gpu_memory_utilization=float(_get(cfg, "replica.gpu_memory_utilization", 0.9)))
-        arms = {a: epp_knobs(read_epp(f), block_tokens=bt, bytes_per_token=float(lc["bytes_per_token"]))
-                for a, f in epp.items()}
+        specs = {a: read_epp(f) for a, f in epp.items()}
+        arms = {a: epp_knobs(sp, block_tokens=bt) for a, sp in specs.items()}
+        hcfg = {a: epp_hash_config(sp) for a, sp in specs.items()}
+        refresh = int(lc["metrics_refresh_ms"])
+        if refresh < 0:
+            raise LlmdBenchmarkError(f"llmd.metrics_refresh_ms must be >= 0, got {refresh}")
     except (InferencePerfError, EppConfigError, LlmdBenchmarkError, ValueError) as e:
         raise StudyError(str(e)) from None
     seed = int(lc["seed"] if lc["seed"] is not None else _get(cfg, "seed", 0))
@@ -200,7 +242,12 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     base = dict(max_num_seqs=sched["max_num_seqs"], max_num_batched_tokens=sched["max_num_batched_tokens"],
                 **{k: v for k, v in step.items() if k.startswith("step_")})
     base.update(knobs)
-    stream = compile_stream(w, stateful_singletons=True)
+    # one stream per estimate-mode hash configuration (GIE's prompt-byte hashes; arms without one read the first)
+    confs = sorted({c for c in hcfg.values() if c is not None})
+    streams = [compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes_shared_prefix(
+        w.tenant, w.meta["prompt"], system_len=ip.data.system_prompt_len, question_len=ip.data.question_len,
+        bytes_per_token=float(lc["bytes_per_token"]), hash_block_bytes=hb, max_blocks=mb)) for hb, mb in confs] \
+        or [compile_stream(w, stateful_singletons=True)]
     stage = w.meta["stage"]
     K = len(ip.stages)
     n_stage = np.bincount(stage, minlength=K)
@@ -214,33 +261,37 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         raise StudyError(f"llmd.warmup_stages must be in [0, {K - 1}], got {warm}")
     names = list(arms)
     per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
-                                                          "requests_per_s", "token_hit_rate")}
+                                                          "requests_per_s", "token_hit_rate", "kv_usage_mean",
+                                                          "waiting_mean")}
     drained = np.zeros((len(names), K), bool)
-    run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean", "waiting_mean", "preemptions", "dropped",
-                                                         "wall_s")}
+    run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean_run", "waiting_mean_run", "preemptions",
+                                                         "dropped", "wall_s")}
     alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
-                                                     "requests_per_s_all")}
+                                                     "requests_per_s_all", "kv_usage_mean_all", "waiting_mean_all")}
     starts = w.meta["stage_start_ms"].astype(np.float64)
     durs = np.array([s.duration for s in ip.stages])
     ps = []
     for a in names:
-        kn = dict(base)
+        kn = dict(base, load_refresh_ms=refresh)
         kn.update({k: v for k, v in arms[a].items() if k != "router"})
         ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
+    sid = [confs.index(hcfg[a]) if hcfg[a] is not None else 0 for a in names]
     t1 = time.perf_counter()
     # every arm is a cell of one batch: the pipeline runs them as chunks (resumable; engine.max_batch=N)
-    mm = yield Cells([stream], [0] * len(ps), ps, [seed] * len(ps), max_replicas=R,
+    mm = yield Cells(streams, sid, ps, [seed] * len(ps), max_replicas=R,
                      options=dict(per_request=True, scheduler="vllm", max_running=S, queue_slots=Q))
     run_vars["wall_s"][:] = (time.perf_counter() - t1) / len(ps)
     for i, a in enumerate(names):
         m = jax.tree.map(lambda x, i=i: x[i], mm)
-        st_i, all_i, drained[i] = _arm_metrics(m, w, stage, K, warm, ov, starts, durs, n_stage)
+        st_i, all_i, drained[i], fin_i, ok_i = _arm_metrics(m, w, stage, K, warm, ov, starts, durs, n_stage)
+        st_i["kv_usage_mean"], st_i["waiting_mean"], all_i["kv_usage_mean_all"], all_i["waiting_mean_all"] = \
+            _gauges(m, stage, K, warm, starts, fin_i, ok_i, cap, R)
         for v, x in st_i.items():
             per[v][i] = x
         for v, x in all_i.items():
             alls[v][i] = x
-        run_vars["kv_usage_mean"][i] = float(m.kv_util_mean)
-        run_vars["waiting_mean"][i] = float(m.queue_len_mean)
+        run_vars["kv_usage_mean_run"][i] = float(m.kv_util_mean)
+        run_vars["waiting_mean_run"][i] = float(m.queue_len_mean)
         run_vars["preemptions"][i] = int(m.preemptions)
         run_vars["dropped"][i] = int(m.dropped)
     coords = dict(arm=names, stage=np.arange(K), stage_rate=("stage", [s.rate for s in ip.stages]),
@@ -265,6 +316,9 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         tp=tp, block_tokens=bt, capacity_blocks=cap, step_source=step["source"], sched_source=sched["source"],
         knobs=repr({a: arms[a] for a in names}), base_knobs=repr(base), overhead_ms=ov,
         overhead_note="assumption: fixed gateway / tokenizer / HTTP time added to every TTFT",
+        bytes_per_token=float(lc["bytes_per_token"]),
+        bytes_per_token_note="assumption: prompt bytes per token, for GIE's byte-block hashes (GIE's own guess: 4)",
+        metrics_refresh_ms=refresh, gie_hash_configs=repr(confs),
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
         stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
@@ -291,8 +345,8 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
         lines.append(f"| {a} | {float(r.ttft_p90_s_all):.3g}{pub('published_ttft_p90_s_all')} "
                      f"| {float(r.ttft_mean_s_all):.3g}{pub('published_ttft_mean_s_all')} "
                      f"| {float(r.output_tokens_per_s_all):,.0f}{pub('published_output_tokens_per_s_all')} "
-                     f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} | {float(r.kv_usage_mean):.2f} "
-                     f"| {float(r.waiting_mean):.2f} |")
+                     f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} | {float(r.kv_usage_mean_all):.2f} "
+                     f"| {float(r.waiting_mean_all):.2f} |")
     lines += ["", "(published in parentheses)", "", "TTFT p90 per stage (s):", ""]
     lines.append("| rate | " + " | ".join(str(a) for a in ds.arm.values) + " |")
     lines.append("|---" * (1 + ds.sizes["arm"]) + "|")
@@ -312,8 +366,9 @@ def plot_llmd_benchmark(ds: xr.Dataset):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    vars_ = ["ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "token_hit_rate"]
-    fig, axes = plt.subplots(1, len(vars_), figsize=(18, 4.5))
+    vars_ = ["ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "token_hit_rate", "kv_usage_mean", "waiting_mean"]
+    vars_ = [v for v in vars_ if v in ds]
+    fig, axes = plt.subplots(1, len(vars_), figsize=(4.5 * len(vars_), 4.5))
     ladder = ~ds.stage_warmup.values
     x = ds.stage_rate.values[ladder]
     for ax, v in zip(axes, vars_):
