@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 import numpy as np
-from reference_fleet import route_one
+from reference_fleet import ring_nodes, route_one
 from reference_gie_index import GieIndexer
 
 PS_PER_MS = 10**9
@@ -113,6 +113,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
                  gie_load_threshold=128, gie_lru_capacity=31_250)
     knobs.update(kn)
+    ring = ring_nodes(replicas, int(knobs.get("vnodes", 100))) if router == "chwbl" else None  # chwbl's ring
     ttft = [-1] * N
     fin = [-1] * N
     hit = [0] * N
@@ -336,7 +337,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         if load_refresh_ms > 0:
             queue, kv_used = scrape_q, scrape_kv
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=None, kn=knobs, kv_used=kv_used, capacity=C,
+                      active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
                       match_total=len(gie_of[i]) if view == "gie_estimate" else None)
         rep_of[i] = r
         if view == "gie_estimate":
