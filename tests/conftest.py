@@ -19,6 +19,10 @@ SLOW_CASES = {
     "test_gie_scorers.py::test_vllm_replica_with_gie_equals_reference[2-precise]",
     "test_notebooks.py::test_notebook_runs[routing.py]",
     "test_engine.py::test_grid_equals_single_runs[False]",
+    "test_routing_experiments.py::test_latency_grows_with_load_and_copies_follow_the_router[hot_tenant]",
+    "test_routing_experiments.py::test_latency_grows_with_load_and_copies_follow_the_router[llmd_blog]",
+    "test_launchers.py::test_two_part_multirun_equals_single_process[submitit_local]",
+    "test_notebooks.py::test_notebook_runs[seed_fleet.py]",
 }
 
 

@@ -20,7 +20,7 @@ from cacheresearch.workload.synthetic import tenant_workload
 SHAPE = StreamShape(steps=160, width=2, requests=160, entries=320, positions=2560, keys=160)
 STATIC = dict(max_replicas=3, max_running=8, queue_slots=64, max_runs=4, max_instances=3, match=True,
               index=True, stale=True, scheduler="vllm",
-              routers_compiled=("round_robin", "random", "weighted_scorers", "cache_aware", "least_loaded"))
+              routers_compiled=("round_robin", "random", "weighted_scorers", "cache_aware", "least_loaded", "gie"))
 S_BOUND = STATIC["max_running"]
 
 

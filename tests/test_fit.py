@@ -252,6 +252,7 @@ def test_validation_curves_on_the_fixture():
     assert che[0] == pytest.approx(an_ttl[0], abs=1e-9) and che[0] == pytest.approx(cap[-1], abs=0.01)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_experiment_fit_and_fitted_source(tmp_path):
     from cacheresearch.shell.sweep import run_experiment
 

@@ -145,6 +145,7 @@ def kw_without_capacity(kw):
     c_pct=st.integers(100, 300),
     replicas=st.integers(1, R_MAX),
 )
+@pytest.mark.slow  # long; see README's slow checks
 def test_chwbl_never_exceeds_bounded_load(w, data, c_pct, replicas):
     """Property (Mirrokni et al.): after every assignment no replica holds more than
     ceil(c * (in-flight + 1) / R) requests, where in-flight counts the requests before it."""

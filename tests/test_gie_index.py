@@ -148,6 +148,7 @@ def test_hashes_from_block_keys_on_block_aligned_sharing():
 
 
 @pytest.mark.parametrize("refresh", [0, 7])
+@pytest.mark.slow  # long; see README's slow checks
 def test_vllm_replica_with_gie_estimate_equals_reference(refresh):
     w = _workload(4, 4, 200, 40, 30, 2, 12)
     g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=12)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from reference_fleet import route_one
-from test_batch import _check, _ref, _run, _workload
+from test_batch import S_BOUND, _check, _ref, _run, _workload
 
 from cacheresearch import routers as rt
 from cacheresearch.core.params import make_params
@@ -158,6 +158,6 @@ def test_vllm_replica_with_gie_equals_reference(mode, view):
     kn = dict(capacity_blocks=70, max_num_batched_tokens=64, max_num_seqs=4, gie_prefix_mode=mode,
               gie_window_blocks=5, gie_prefix_w_pct=300, gie_kv_w_pct=200, gie_queue_w_pct=200, view=view,
               index_capacity=40)
-    m, bits = _run(w, R=3, router="gie", S=6, **kn)
-    ref = _ref(w, R=3, router="gie", bits=bits, S=6, Q=64, **kn)
+    m, bits = _run(w, R=3, router="gie", **kn)
+    ref = _ref(w, R=3, router="gie", bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)

@@ -259,6 +259,7 @@ def test_only_full_blocks_are_hashed():
     assert nb3[0] == 1 and got3[0, 0] == got[0, 0] and got3[0, 1] == 0
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_jit_and_no_jit_agree():
     tokens = _rand_tokens(2, 12, seed=10)
     kw = dict(

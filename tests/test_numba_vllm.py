@@ -19,7 +19,7 @@ from cacheresearch.workload.synthetic import tenant_workload
 nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
 
 _PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")
-_FLOAT32_GAUGES = ("kv_acc", "q_acc", "kv_util_mean", "queue_len_mean")
+_FLOAT32_GAUGES = ("kv_acc", "q_acc", "kv_util_mean", "queue_len_mean", "kv_acc_at", "q_acc_at")
 
 
 def _workload(seed, out, n_tenants=4, rate=30, dur=2):

@@ -49,6 +49,7 @@ def check(w, stream, policy, capacity, replicas, router, seed=0):
 @settings(HYP, max_examples=10)
 @given(w=tree_workloads(), capacity=st.integers(0, 60), replicas=st.integers(1, R_MAX),
        router=st.sampled_from(["round_robin", "random", "prefix_hash"]), seed=st.integers(0, 3))
+@pytest.mark.slow  # long; see README's slow checks
 def test_priority_policies_match_reference_on_trees(w, capacity, replicas, router, seed):
     stream = padded(w, N_MAX, L_MAX)
     for policy in PRIORITY:

@@ -209,6 +209,7 @@ def test_diff_pairs(case):
         assert r["hit_tokens_lost"] > 0 and r["usd_lost_per_request"] >= 0
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_cli_two_json_requests(tmp_path):
     case = next(c for c in PAIRS if c["name"] == "tools_reordered_tekken")
     _skip_unless("tekken")

@@ -104,6 +104,7 @@ def test_cells_chunk_to_fit_memory_and_refuse_what_cannot(cells, full_run, monke
         simulate_cells(streams, stream_of, params, seeds, backend="jax", **OPTS)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_max_batch_bounds_configurations_per_call(cells, full_run):
     streams, stream_of, params, seeds = cells
     full, _ = full_run

@@ -49,6 +49,7 @@ def test_derived_arrays_equal_the_flagged_compile():
 @settings(HYP, max_examples=6)
 @given(w=tree_workloads(), policy=st.sampled_from(sorted(NEEDS)), capacity=st.integers(0, 30),
        replicas=st.integers(1, R_MAX), router=st.sampled_from(["round_robin", "prefix_hash"]))
+@pytest.mark.slow  # long; see README's slow checks
 def test_derived_then_padded_gives_the_flagged_results(w, policy, capacity, replicas, router):
     # the grid runner's path: derive what the program needs (serve_stream), then pad to the program's shape
     p = make_params(policy, capacity_blocks=capacity, replicas=replicas, router=router, prefix_blocks=2)

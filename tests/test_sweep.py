@@ -130,6 +130,7 @@ def fixture_cmd1(tmp_path_factory):
     return ds, out
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_replay_cmd1_layout(fixture_cmd1):
     ds, out = fixture_cmd1
     _, desc = _check_common(ds, out, ["policy", "capacity_blocks", "replicas"], "replay")

@@ -747,7 +747,7 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
 
 @njit(cache=True)
 def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, ttft, fin, hitb,
-         npre, repof, rs_out, fs_out, tot):
+         npre, repof, rs_out, fs_out, tot, kat):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
@@ -773,6 +773,9 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         now_t = rq[i, QARR] * PS_MS
         _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
                  fin[g], hitb[g], npre[g])
+        for x in range(nrep):  # the KV and waiting integrals at this arrival (per-stage time means)
+            kat[g, i, 0] += fs[x, 0]
+            kat[g, i, 1] += fs[x, 1]
         n = rq[i, QNB]
         u = i % ninst
         _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv)
@@ -812,10 +815,11 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     rs_out = np.zeros((G, R, NRS), np.int64)
     fs_out = np.zeros((G, R, 2), np.float32)
     tot = np.zeros((G, 4), np.int64)  # copies, copies_n, over_n, over_q
+    kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
     for g in prange(G):
         _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E, ttft, fin,
-             hitb, npre, repof, rs_out, fs_out, tot)
-    return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot
+             hitb, npre, repof, rs_out, fs_out, tot, kat)
+    return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat
 
 
 # ------------------------------------------------------------------------------ the host side
@@ -888,7 +892,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
 
 def _metrics(stream, P, st, out, n, no) -> Metrics:
     """core.simulate's vllm metrics from the kernel's outputs (integers, exact sums, the float32 gauges)."""
-    ttft_t, fin_t, hitb, npre, repof, rs, fs, tot = out
+    ttft_t, fin_t, hitb, npre, repof, rs, fs, tot, kat = out
     G, R = rs.shape[0], rs.shape[1]
     arr = np.asarray(stream.arrival_ms)[:n].astype(np.int64)
     inp = np.asarray(stream.input_tokens)[:n].astype(np.int64)
@@ -926,6 +930,13 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         o[:, :n] = a
         return o
 
+    def per_req_f(a):
+        if not st.per_request:
+            return np.zeros((G, 0), np.float32)
+        o = np.zeros((G, no), np.float32)
+        o[:, :n] = a
+        return o
+
     def lim(x):
         return _limbs(np.asarray(x, np.int64).sum(axis=1))
 
@@ -956,6 +967,7 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         dropped=wa(rs[:, :, DROPPED] + rs[:, :, REJECTED]).sum(axis=1).astype(np.int32),
         steps=wa(rs[:, :, STEPS]).sum(axis=1).astype(np.int32),
         e2e_ms=per_req(e2e_ms, -1), preempted=per_req(npre, 0),
+        kv_acc_at=per_req_f(kat[:, :, 0]), q_acc_at=per_req_f(kat[:, :, 1]),
         n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=th, ttft_sum_lo=tl,
         ttft_n=nl.astype(np.int32), busy_time=busy_ms, horizon_time=horizon.astype(np.int32),
         replicas_active=np.clip(P["replicas"], 1, R).astype(np.int32), copies_sum=tot[:, 0].astype(np.int32),

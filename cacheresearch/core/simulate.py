@@ -676,7 +676,10 @@ def serve_stream(stream: Stream, st: Static) -> Stream:
 
 def check_stream(stream: Stream, st: Static, params=None) -> None:
     """A stream fits the program (after :func:`serve_stream`): the vllm replica's run bound; the
-    ``gie_estimate`` view (with ``params``) needs the stream's GIE hashes."""
+    ``gie_estimate`` view (with concrete ``params``; traced ones are checked where they were made) needs the
+    stream's GIE hashes."""
+    if params is not None and isinstance(params.view, jax.core.Tracer):
+        params = None
     if params is not None and stream.gie_hash is None:
         views = np.asarray(params.view).reshape(-1)
         if np.any(views == VIEWS["gie_estimate"]):
