@@ -253,3 +253,15 @@ def test_kv_pressure_is_what_the_pool_does():
     a, _ = _run(w, R=2, router="llmd_precise", **kn)
     b, _ = _run(w, R=2, router="llmd_precise", kv_pressure=True, **kn)
     assert np.array_equal(a.ttft_ms, b.ttft_ms) and np.array_equal(a.replica, b.replica)
+
+
+def test_gie_scorers_equal_reference():
+    """GIE's scorer chain (estimated prefix mode, approximate view) on the vllm replica; the other modes are
+    test_gie_scorers.py's slow cases. Here it shares this file's compiled program."""
+    w = _workload(3, 4, 200, 40, 30, 2, 12)
+    kn = dict(capacity_blocks=70, max_num_batched_tokens=64, max_num_seqs=4, gie_prefix_mode=1,
+              gie_window_blocks=5, gie_prefix_w_pct=300, gie_kv_w_pct=200, gie_queue_w_pct=200, view="approximate",
+              index_capacity=40)
+    m, bits = _run(w, R=3, router="gie", **kn)
+    ref = _ref(w, R=3, router="gie", bits=bits, S=S_BOUND, Q=64, **kn)
+    _check(w, m, ref)

@@ -152,6 +152,7 @@ def test_oracle_agrees_with_float_formulas_on_hand_states():
     assert r == int(np.argmax(f))
 
 
+@pytest.mark.slow  # one case runs in the default suite inside test_batch.py, which shares its compiled program
 @pytest.mark.parametrize("mode,view", [(2, "precise"), (1, "approximate"), (0, "precise")])
 def test_vllm_replica_with_gie_equals_reference(mode, view):
     w = _workload(3, 4, 200, 40, 30, 2, 12)

@@ -90,6 +90,7 @@ def test_equals_reference_and_jax_hypothesis_many(**case):
     _case(**case, jax_too=True)
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_equals_jax_every_field():
     """Every Metrics field against the JAX replica (chunked prefill, preemption, the approximate view)."""
     ref = _compare(_workload(3, 20), R=3, router="llmd_approximate", capacity_blocks=30, max_num_batched_tokens=48,

@@ -147,6 +147,7 @@ def test_replay_cmd1_layout(fixture_cmd1):
     assert ds.attrs["max_replicas"] == 8
 
 
+@pytest.mark.slow  # long; see README's slow checks
 def test_replay_cmd1_values_match_reference(fixture_cmd1):
     ds, _ = fixture_cmd1
     w = load_mooncake(FIXTURE, block_tokens=512)

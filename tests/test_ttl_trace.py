@@ -62,6 +62,7 @@ def reference_plan_cost(w: Workload, pricing_of_root, root) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ prediction vs replay
+@pytest.mark.slow  # long; see README's slow checks
 def test_prediction_matches_replay_on_poisson_roots():
     """Every key of the fixture is a Poisson process, where the prediction is exact in expectation:
     30 regenerations of the fixture (other seeds) gave relative errors of mean +0.1%, SD 1.2% (5 min),
