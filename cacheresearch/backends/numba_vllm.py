@@ -801,7 +801,8 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         if index:
             _index_learn(u * R + r, i, pi[ICAP], rq, log0, ist, ix, ixl)
         _enqueue(i, r, now_t, Q, rq, rs, wq)
-    _advance(T_LIM, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
+    end_t = np.int64(T_LIM)  # a typed int64, not a literal: one compiled _advance serves both calls
+    _advance(end_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
              fin[g], hitb[g], npre[g])
     rs_out[g] = rs
     fs_out[g] = fs
@@ -816,9 +817,9 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     fs_out = np.zeros((G, R, 2), np.float32)
     tot = np.zeros((G, 4), np.int64)  # copies, copies_n, over_n, over_q
     kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
-    for g in prange(G):
-        _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E, ttft, fin,
-             hitb, npre, repof, rs_out, fs_out, tot, kat)
+    for g in prange(G):  # the prange index is typed both int64 and uint64: pass one type, one compiled _one
+        _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E,
+             ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat)
     return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat
 
 
