@@ -14,6 +14,7 @@ from test_engine import FIXTURE, HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_w
 from test_stream import long_run_workloads
 
 from cacheresearch.backends.numba_cache import replay_grid
+from cacheresearch.core import run
 from cacheresearch.core.run import BackendError, simulate_cells
 from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params
 from cacheresearch.metrics.core import Metrics
@@ -160,8 +161,9 @@ def test_backends_equal_on_two_streams_and_auto_splits_programs():
          fleet_params(("lru", 5, 0, 4, "prefix_hash", 3, 1, 2_000_000))] * 2
     stream_of = np.asarray([0, 0, 0, 0, 1, 1, 1, 1])
     assert_backends_equal(streams, stream_of, P, np.arange(8), per_request=True, match=True, queue_slots=2)
-    # auto: the load-reading router goes to the JAX engine, the rest to numba (a CPU host); the plan says which
-    mixed = P + [make_params("lru", capacity_blocks=15, replicas=3, router="least_loaded")]
+    # auto: the approximate view's program goes to the JAX engine, the covered one to numba (a CPU host); the
+    # plan says which
+    mixed = P + [make_params("lru", capacity_blocks=15, replicas=3, router="cache_aware", view="approximate")]
     lines = []
     auto, plan = simulate_cells(streams, np.append(stream_of, 0), mixed, np.arange(9), max_replicas=R_MAX,
                                 per_request=True, log=lines.append)
@@ -172,6 +174,28 @@ def test_backends_equal_on_two_streams_and_auto_splits_programs():
     assert any("(numba)" in x for x in lines[1:]) and any("(jax)" in x for x in lines[1:])
     for f in ("hit_tokens_lo", "hit_tokens_hi", "ttft_p99_ms", "busy_ms", "occupancy", "ttft_mean_ms", "utilisation"):
         np.testing.assert_array_equal(np.asarray(getattr(auto, f)), np.asarray(getattr(jax_m, f)), err_msg=f)
+
+
+def test_auto_runs_each_fcfs_program_on_one_backend():
+    """auto: numba takes an fcfs program only when it covers all of its configurations (else the JAX program,
+    compiled for the rest anyway, takes them all); a program with its own state shape decides alone; on the
+    vllm replica the covered configurations still go to numba."""
+    free = [make_params("lru", capacity_blocks=15, replicas=2, router=r) for r in ("random", "prefix_hash")]
+    load = make_params("lru", capacity_blocks=15, replicas=2, router="least_loaded")
+    approx = make_params("lru", capacity_blocks=15, replicas=2, router="cache_aware", view="approximate")
+
+    def backends(params, scheduler="fcfs"):
+        groups = run._group_cells(params, np.zeros(len(params), np.int64), "auto", True, scheduler)
+        return sorted((k[-1], sorted(g for cs in v.values() for g in cs)) for k, v in groups.items())
+
+    assert backends(free) == [("numba", [0, 1])]
+    assert backends(free + [load]) == [("jax", [0, 1, 2])]
+    assert backends(free + [approx]) == [("jax", [2]), ("numba", [0, 1])]
+    assert backends(free + [load], "vllm") == [("numba", [0, 1, 2])]  # least_loaded is covered there
+    hot = make_params("lru", capacity_blocks=15, replicas=2, router="kv_cost", temperature=0.5)  # JAX only
+    assert backends(free + [hot], "vllm") == [("jax", [2]), ("numba", [0, 1])]
+    groups = run._group_cells(free, np.zeros(2, np.int64), "jax", True, "fcfs")
+    assert [k[-1] for k in groups] == ["jax"]
 
 
 def test_numba_backend_refuses_what_it_does_not_cover():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from cacheresearch.cache.policies import POLICIES
@@ -39,7 +40,6 @@ from cacheresearch.workload import Workload
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES", "coverage", "available", "run_stream"]
 
 REPLAY_POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
-_KERNEL = None
 _LIM = 2**31 - 1
 
 
@@ -91,187 +91,181 @@ class ReplayMetrics(NamedTuple):
     replica: np.ndarray  # int32 [G, N]
 
 
-def _build():
-    import numba  # noqa: PLC0415
+# the kernel's parts, module-level so that cache=True finds them again in a new process (a closure's
+# compiled code is keyed on its captured dispatchers and was compiled afresh by every process)
+_JIT = numba.njit(cache=True, inline="always")
 
-    njit = numba.njit(cache=True, inline="always")
 
-    @njit
-    def leading(stamp, tim, thr, log0, e0, p, K, now, T, lf):
-        """The leading-run match of entries e0..e0+p-1 on one row (cacheresearch.core.views.leading)."""
-        hit = 0
-        for q in range(p):
-            run, m = log0[e0 + q, 0], log0[e0 + q, 1]
-            sl = 0
-            t_old = 0
-            if run < K:
-                s = stamp[run]
-                t_old = tim[run]
-                if s >= 0:
-                    sl = min(max(s + m - thr, 0), m)
-            live = now - t_old <= T
-            if sl == m and live:
-                hit += m
-            else:
-                if live and lf:
-                    hit += sl
-                break
-        return hit
+@_JIT
+def leading(stamp, tim, thr, log0, e0, p, K, now, T, lf):
+    """The leading-run match of entries e0..e0+p-1 on one row (cacheresearch.core.views.leading)."""
+    hit = 0
+    for q in range(p):
+        run, m = log0[e0 + q, 0], log0[e0 + q, 1]
+        sl = 0
+        t_old = 0
+        if run < K:
+            s = stamp[run]
+            t_old = tim[run]
+            if s >= 0:
+                sl = min(max(s + m - thr, 0), m)
+        live = now - t_old <= T
+        if sl == m and live:
+            hit += m
+        else:
+            if live and lf:
+                hit += sl
+            break
+    return hit
 
-    @njit
-    def evict(stamp, lr, lm, lb, cnt, pq, poff, thr, occ, r, C, K):
-        """Lazy-pointer LRU down to C blocks, then the new threshold (cacheresearch.cache.store.evict)."""
-        while occ[r] > C and pq[r] < cnt[r]:
-            j = pq[r]
-            run, m, b = lr[r, j], lm[r, j], lb[r, j]
-            ok = run == K + 1 or (run < K and stamp[r, run] == b)
-            avail = m - poff[r] if ok else 0
-            need = occ[r] - C
-            if avail > need:
-                poff[r] += need
-                occ[r] -= need
-            else:
-                occ[r] -= avail
-                pq[r] = j + 1
-                poff[r] = 0
-        if pq[r] < cnt[r]:
-            thr[r] = lb[r, pq[r]] + poff[r]
-        elif cnt[r] > 0:
-            thr[r] = lb[r, cnt[r] - 1] + lm[r, cnt[r] - 1]
+@_JIT
+def evict(stamp, lr, lm, lb, cnt, pq, poff, thr, occ, r, C, K):
+    """Lazy-pointer LRU down to C blocks, then the new threshold (cacheresearch.cache.store.evict)."""
+    while occ[r] > C and pq[r] < cnt[r]:
+        j = pq[r]
+        run, m, b = lr[r, j], lm[r, j], lb[r, j]
+        ok = run == K + 1 or (run < K and stamp[r, run] == b)
+        avail = m - poff[r] if ok else 0
+        need = occ[r] - C
+        if avail > need:
+            poff[r] += need
+            occ[r] -= need
+        else:
+            occ[r] -= avail
+            pq[r] = j + 1
+            poff[r] = 0
+    if pq[r] < cnt[r]:
+        thr[r] = lb[r, pq[r]] + poff[r]
+    elif cnt[r] > 0:
+        thr[r] = lb[r, cnt[r] - 1] + lm[r, cnt[r] - 1]
 
-    @njit
-    def ms_of(units, per, scale):
-        """cacheresearch.replica.fcfs.ms_of: ceil(units * scale / per), saturating; (value, saturated)."""
-        q, rem = units // per, units % per
-        big = q > (_LIM - scale) // max(scale, 1)
-        head = _LIM - scale if big else q * scale
-        return head + (rem * scale + per - 1) // per, big
+@_JIT
+def ms_of(units, per, scale):
+    """cacheresearch.replica.fcfs.ms_of: ceil(units * scale / per), saturating; (value, saturated)."""
+    q, rem = units // per, units % per
+    big = q > (_LIM - scale) // max(scale, 1)
+    head = _LIM - scale if big else q * scale
+    return head + (rem * scale + per - 1) // per, big
 
-    @njit
-    def sat_add(a, b):
-        if a > _LIM - b:
-            return _LIM, True
-        return a + b, False
+@_JIT
+def sat_add(a, b):
+    if a > _LIM - b:
+        return _LIM, True
+    return a + b, False
 
-    return numba, leading, evict, ms_of, sat_add
+
+@numba.njit(parallel=True, cache=True)
+def _run(arrival, nb, inp, outp, off, nruns, e0, log0, K, bt, rep, cap, ttl, leaf, refresh, pb, nrep,
+        ptps, dus, R, Q, queue, match, per_req):
+    G, N = rep.shape
+    E = log0.shape[0]
+    hit_blocks = np.zeros((G, N), np.int32)
+    ttft_out = np.zeros((G, N), np.int32)
+    mreq = np.zeros((G, N if per_req else 0, R), np.int32)
+    ints = np.zeros((G, 8), np.int64)  # hit tokens, requests hit, qover, tover, copies, copies_n, over_n, over_q
+    per_r = np.zeros((G, 5, R), np.int64)  # occupancy, max occupancy, requests, busy, busy_ms
+    for g in numba.prange(G):
+        stamp = np.full((R, K), -1, np.int64)
+        tim = np.zeros((R, K), np.int64)
+        lr, lm, lb = np.zeros((R, E), np.int64), np.zeros((R, E), np.int64), np.zeros((R, E), np.int64)
+        cnt, pq, poff = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
+        thr, occ = np.zeros(R, np.int64), np.zeros(R, np.int64)
+        fin = np.zeros((R, Q), np.int64)
+        head = np.zeros(R, np.int64)
+        busy = np.zeros(R, np.int64)
+        bms = np.zeros(R, np.int64)
+        mt = np.zeros(R, np.int64)
+        C, T, lf, rf, nr = cap[g], ttl[g], leaf[g], refresh[g], nrep[g]
+        for i in range(N):
+            r = rep[g, i]
+            now = arrival[i]
+            n = nb[i]
+            p = nruns[i]
+            # ---- probe: every active replica's precise match (copies, overflow share)
+            mbest = 0
+            if match:
+                for x in range(nr):
+                    mt[x] = leading(stamp[x], tim[x], thr[x], log0, e0[i], p, K, now, T, lf)
+                    mbest = max(mbest, mt[x])
+                if per_req:
+                    for x in range(nr):
+                        mreq[g, i, x] = mt[x]
+            pbi = min(pb[g], n)
+            if n > 0:
+                c = 0
+                for x in range(nr):
+                    if (mt[x] if match else 0) >= pbi:
+                        c += 1
+                ints[g, 4] += c
+                ints[g, 5] += 1
+            if match and mbest > 0:
+                ints[g, 7] += 1
+                if mt[r] < mbest:
+                    ints[g, 6] += 1
+            # ---- lookup on the chosen replica, then restamp and log the request's runs
+            hit = leading(stamp[r], tim[r], thr[r], log0, e0[i], p, K, now, T, lf)
+            new = 0
+            for q in range(p):
+                e = e0[i] + q
+                run, m, bp = log0[e, 0], log0[e, 1], log0[e, 2]
+                sl = 0
+                t_old = 0
+                if run < K:
+                    s = stamp[r, run]
+                    t_old = tim[r, run]
+                    if s >= 0:
+                        sl = min(max(s + m - thr[r], 0), m)
+                new += m - sl
+                if run < K:
+                    stamp[r, run] = (off[i] + n - (bp - off[i]) - m) if lf else bp
+                    if rf or not (sl > 0 and now - t_old <= T):
+                        tim[r, run] = now
+            for k in range(p):  # the request's entries, base stamps ascending (leaf-first: last run first)
+                e = e0[i] + ((p - 1 - k) if lf else k)
+                run, m, bp = log0[e, 0], log0[e, 1], log0[e, 2]
+                c = cnt[r]
+                lr[r, c] = run
+                lm[r, c] = m
+                lb[r, c] = (off[i] + n - (bp - off[i]) - m) if lf else bp
+                cnt[r] = c + 1
+            occ[r] += new
+            evict(stamp, lr, lm, lb, cnt, pq, poff, thr, occ, r, C, K)
+            if occ[r] > per_r[g, 1, r]:
+                per_r[g, 1, r] = occ[r]
+            per_r[g, 2, r] += 1
+            hit_blocks[g, i] = hit
+            ht = inp[i] if hit > inp[i] // bt else hit * bt
+            ints[g, 0] += ht
+            if hit > 0:
+                ints[g, 1] += 1
+            # ---- the fcfs queue (cacheresearch.replica.fcfs.dispatch)
+            if queue:
+                pre, o1 = ms_of(inp[i] - ht, ptps[g], 1000)
+                dec, o2 = ms_of(outp[i], 1000, dus[g])
+                start = max(now, busy[r])
+                svc, o3 = sat_add(pre, dec)
+                f, o4 = sat_add(start, svc)
+                tt, o5 = sat_add(start - now, pre)
+                b2, o6 = sat_add(bms[r], svc)
+                if fin[r, head[r]] > now:
+                    ints[g, 2] += 1
+                fin[r, head[r]] = f
+                head[r] = (head[r] + 1) % Q
+                busy[r] = f
+                bms[r] = b2
+                if o1 or o2 or o3 or o4 or o5 or o6:
+                    ints[g, 3] = 1
+                ttft_out[g, i] = tt
+        for x in range(R):
+            per_r[g, 0, x] = occ[x]
+            per_r[g, 3, x] = busy[x]
+            per_r[g, 4, x] = bms[x]
+    return hit_blocks, ttft_out, mreq, ints, per_r
 
 
 def _kernel():
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
-    numba, leading, evict, ms_of, sat_add = _build()
-
-    @numba.njit(parallel=True, cache=True)
-    def run(arrival, nb, inp, outp, off, nruns, e0, log0, K, bt, rep, cap, ttl, leaf, refresh, pb, nrep,
-            ptps, dus, R, Q, queue, match, per_req):
-        G, N = rep.shape
-        E = log0.shape[0]
-        hit_blocks = np.zeros((G, N), np.int32)
-        ttft_out = np.zeros((G, N), np.int32)
-        mreq = np.zeros((G, N if per_req else 0, R), np.int32)
-        ints = np.zeros((G, 8), np.int64)  # hit tokens, requests hit, qover, tover, copies, copies_n, over_n, over_q
-        per_r = np.zeros((G, 5, R), np.int64)  # occupancy, max occupancy, requests, busy, busy_ms
-        for g in numba.prange(G):
-            stamp = np.full((R, K), -1, np.int64)
-            tim = np.zeros((R, K), np.int64)
-            lr, lm, lb = np.zeros((R, E), np.int64), np.zeros((R, E), np.int64), np.zeros((R, E), np.int64)
-            cnt, pq, poff = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
-            thr, occ = np.zeros(R, np.int64), np.zeros(R, np.int64)
-            fin = np.zeros((R, Q), np.int64)
-            head = np.zeros(R, np.int64)
-            busy = np.zeros(R, np.int64)
-            bms = np.zeros(R, np.int64)
-            mt = np.zeros(R, np.int64)
-            C, T, lf, rf, nr = cap[g], ttl[g], leaf[g], refresh[g], nrep[g]
-            for i in range(N):
-                r = rep[g, i]
-                now = arrival[i]
-                n = nb[i]
-                p = nruns[i]
-                # ---- probe: every active replica's precise match (copies, overflow share)
-                mbest = 0
-                if match:
-                    for x in range(nr):
-                        mt[x] = leading(stamp[x], tim[x], thr[x], log0, e0[i], p, K, now, T, lf)
-                        mbest = max(mbest, mt[x])
-                    if per_req:
-                        for x in range(nr):
-                            mreq[g, i, x] = mt[x]
-                pbi = min(pb[g], n)
-                if n > 0:
-                    c = 0
-                    for x in range(nr):
-                        if (mt[x] if match else 0) >= pbi:
-                            c += 1
-                    ints[g, 4] += c
-                    ints[g, 5] += 1
-                if match and mbest > 0:
-                    ints[g, 7] += 1
-                    if mt[r] < mbest:
-                        ints[g, 6] += 1
-                # ---- lookup on the chosen replica, then restamp and log the request's runs
-                hit = leading(stamp[r], tim[r], thr[r], log0, e0[i], p, K, now, T, lf)
-                new = 0
-                for q in range(p):
-                    e = e0[i] + q
-                    run, m, bp = log0[e, 0], log0[e, 1], log0[e, 2]
-                    sl = 0
-                    t_old = 0
-                    if run < K:
-                        s = stamp[r, run]
-                        t_old = tim[r, run]
-                        if s >= 0:
-                            sl = min(max(s + m - thr[r], 0), m)
-                    new += m - sl
-                    if run < K:
-                        stamp[r, run] = (off[i] + n - (bp - off[i]) - m) if lf else bp
-                        if rf or not (sl > 0 and now - t_old <= T):
-                            tim[r, run] = now
-                for k in range(p):  # the request's entries, base stamps ascending (leaf-first: last run first)
-                    e = e0[i] + ((p - 1 - k) if lf else k)
-                    run, m, bp = log0[e, 0], log0[e, 1], log0[e, 2]
-                    c = cnt[r]
-                    lr[r, c] = run
-                    lm[r, c] = m
-                    lb[r, c] = (off[i] + n - (bp - off[i]) - m) if lf else bp
-                    cnt[r] = c + 1
-                occ[r] += new
-                evict(stamp, lr, lm, lb, cnt, pq, poff, thr, occ, r, C, K)
-                if occ[r] > per_r[g, 1, r]:
-                    per_r[g, 1, r] = occ[r]
-                per_r[g, 2, r] += 1
-                hit_blocks[g, i] = hit
-                ht = inp[i] if hit > inp[i] // bt else hit * bt
-                ints[g, 0] += ht
-                if hit > 0:
-                    ints[g, 1] += 1
-                # ---- the fcfs queue (cacheresearch.replica.fcfs.dispatch)
-                if queue:
-                    pre, o1 = ms_of(inp[i] - ht, ptps[g], 1000)
-                    dec, o2 = ms_of(outp[i], 1000, dus[g])
-                    start = max(now, busy[r])
-                    svc, o3 = sat_add(pre, dec)
-                    f, o4 = sat_add(start, svc)
-                    tt, o5 = sat_add(start - now, pre)
-                    b2, o6 = sat_add(bms[r], svc)
-                    if fin[r, head[r]] > now:
-                        ints[g, 2] += 1
-                    fin[r, head[r]] = f
-                    head[r] = (head[r] + 1) % Q
-                    busy[r] = f
-                    bms[r] = b2
-                    if o1 or o2 or o3 or o4 or o5 or o6:
-                        ints[g, 3] = 1
-                    ttft_out[g, i] = tt
-            for x in range(R):
-                per_r[g, 0, x] = occ[x]
-                per_r[g, 3, x] = busy[x]
-                per_r[g, 4, x] = bms[x]
-        return hit_blocks, ttft_out, mreq, ints, per_r
-
-    _KERNEL = run
-    return _KERNEL
+    """The compiled kernel (module-level functions: numba's on-disk cache serves every later process)."""
+    return _run
 
 
 def _limbs(total) -> tuple[np.ndarray, np.ndarray]:

@@ -328,6 +328,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         for why in missing:
             refused[why] = refused.get(why, 0) + 1
         groups.setdefault(needs + (b,), {}).setdefault(int(stream_of[g]), []).append(g)
+    if backend == "auto" and scheduler != "vllm":
+        groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
         covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router but gie, on every view"
@@ -336,6 +338,25 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
                            "backend=auto (the JAX engine for the rest) or backend=jax")
     return groups
+
+
+def _whole_programs(groups: dict) -> dict:
+    """``auto`` on the fcfs replica: a program (one static state shape) runs on one backend, numba when it
+    covers all of the program's configurations, else JAX for all of them. The JAX program is compiled
+    for the rest anyway and its vmapped batch takes the covered configurations at little extra cost,
+    where a numba part would add its own compile and one call per stream (the main job: 24 of 108
+    configurations on numba made it slower, not faster). On the vllm replica the JAX program's cost per
+    configuration is high, so there the covered configurations still go to numba."""
+    out: dict = {}
+    for key, by_stream in groups.items():
+        if key[-1] == "numba" and key[:-1] + ("jax",) in groups:
+            key = key[:-1] + ("jax",)
+        for s, cells in by_stream.items():
+            out.setdefault(key, {}).setdefault(s, []).extend(cells)
+    for by_stream in out.values():
+        for cells in by_stream.values():
+            cells.sort()
+    return out
 
 
 def _numba_group(streams, sids, cells, st, max_batch, budget, D):
