@@ -14,7 +14,8 @@ and the progress bar. The modules:
 * :mod:`~cacheresearch.studies.diagnostics`: ``volatile``, ``events``, ``granularity``, ``capacity``;
 * :mod:`~cacheresearch.studies.traces`: ``fit``, ``mooncake_fig9``, ``mooncake_fig10``,
   ``mooncake_table1``, ``ttl_trace``;
-* :mod:`~cacheresearch.studies.hosted`: ``hosted``; :mod:`~cacheresearch.studies.layouts`: ``layouts``.
+* :mod:`~cacheresearch.studies.hosted`: ``hosted``; :mod:`~cacheresearch.studies.layouts`: ``layouts``;
+  :mod:`~cacheresearch.studies.policy_curves`: ``policy_curves``.
 
 Adding a study: ``docs/adding_a_study.md``.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import xarray as xr
 
-from cacheresearch.studies import audit, diagnostics, economics, hosted, layouts, llmd_benchmark, traces
+from cacheresearch.studies import audit, diagnostics, economics, hosted, layouts, llmd_benchmark, policy_curves, traces
 from cacheresearch.studies.base import Study, StudyError, run_in_memory
 from cacheresearch.studies.economics import fixed_units, ratio_interval, refresh_units
 
@@ -41,7 +42,7 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts):
+for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves):
     for _s in _module.STUDIES:
         register(_s)
 
