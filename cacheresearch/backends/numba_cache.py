@@ -288,7 +288,8 @@ def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
     for (router, R, pb), gs in groups.items():
         hi, lo = prefix_keys(off, nb, np.asarray(stream.key_hi), np.asarray(stream.key_lo), pb)
         rep[gs] = fixed_routes(router, R, n, prefix_hi=hi, prefix_lo=lo,
-                               keys=[keys[g] for g in gs] if router == "random" else None)
+                               keys=keys[np.asarray(gs)] if router == "random" and hasattr(keys, "shape")
+                               else [keys[g] for g in gs] if router == "random" else None)
     return rep
 
 
@@ -311,10 +312,9 @@ def _run_kernel(stream: Stream, P: dict, keys: list, st):
 
 
 def _fields(params) -> dict:
+    """{field: [G] NumPy array} of a list of configurations (or of a stacked grid)."""
     if isinstance(params, (list, tuple)):
-        from cacheresearch.core.params import stack_params  # noqa: PLC0415
-
-        params = stack_params(list(params))
+        return {f: np.stack([np.asarray(getattr(p, f)) for p in params]).reshape(-1) for f in params[0]._fields}
     return {f: np.asarray(getattr(params, f)).reshape(-1) for f in params._fields}
 
 

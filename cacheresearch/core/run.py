@@ -276,7 +276,7 @@ class CellRunner:
         """A numba call: one stream, its cells in threads (backends/numba_cache.py); the same metrics."""
         stream, st, n_out = self._ready[call.group]
         cells = call.cells
-        keys = [jax.random.key(int(self._seeds[g])) for g in cells]
+        keys = jax.vmap(jax.random.key)(jnp.asarray(self._seeds[np.asarray(cells, np.int64)]))  # one call, [G] keys
         m = _numba_module(st.scheduler).run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys,
                                                    st, n_out=n_out)
         return cells, finalize(m, st)
@@ -424,7 +424,7 @@ def plan_cells(
     for (index, stale, priority, s3, kind), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
-        grid = _stack([params[g] for cs in cells for g in cs])
+        grid = jax.tree.map(lambda *a: np.stack(a), *[params[g] for cs in cells for g in cs])  # host arrays
         depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
         options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
@@ -546,9 +546,8 @@ def simulate_cells(
     """
     runner = plan_cells(streams, stream_of, params, seeds, max_replicas=max_replicas, max_batch=max_batch,
                         memory_fraction=memory_fraction, devices=devices, log=log, backend=backend, **options)
-    out: list = [None] * len(params)
-    for k in range(len(runner.calls)):
-        cells, m = runner.run(k)
-        for n, g in enumerate(cells):
-            out[g] = jax.tree.map(lambda x, n=n: x[n], m)
-    return jax.tree.map(lambda *xs: np.stack(xs), *out), runner.plan
+    parts = [runner.run(k) for k in range(len(runner.calls))]
+    order = np.concatenate([np.asarray(cells, np.int64) for cells, _ in parts])
+    where = np.empty(len(params), np.int64)
+    where[order] = np.arange(order.size)  # cell g is row where[g] of the calls' rows, concatenated
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[where], *[m for _, m in parts]), runner.plan

@@ -54,7 +54,7 @@ def fixed_routes(router: str, replicas: int, n: int, *, prefix_hi=None, prefix_l
         if keys is None:
             raise ValueError("random routing needs PRNG keys")
         kk = jnp.stack(list(keys)) if not hasattr(keys, "shape") else keys
-        b0 = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (n + 1,), jnp.uint32))(kk))[:, :n]  # request_bits col 0
+        b0 = np.asarray(_first_bits(kk, n))  # request_bits column 0
     if prefix_hi is None or router not in REGISTRY.knob_readers("prefix_blocks"):
         prefix_hi = prefix_lo = np.zeros(n, np.uint32)
     L = G * n
@@ -64,6 +64,13 @@ def fixed_routes(router: str, replicas: int, n: int, *, prefix_hi=None, prefix_l
     cols = [np.pad(np.asarray(x), (0, pad)) for x in cols]
     out = _route_batch(router_id(router), int(replicas), *cols)
     return np.asarray(out, dtype=np.int32)[:L].reshape(G, n)
+
+
+@partial(jax.jit, static_argnums=1)
+def _first_bits(keys, n: int):
+    """Column 0 of the engine's ``request_bits`` for ``n`` requests under each PRNG key (one compiled call:
+    the same draws as eager calls, without a dispatch per operation)."""
+    return jax.vmap(lambda k: jax.random.bits(k, (n + 1,), jnp.uint32))(keys)[:, :n]
 
 
 @partial(jax.jit, static_argnums=(0, 1))
