@@ -288,9 +288,15 @@ def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
     for (router, R, pb), gs in groups.items():
         hi, lo = prefix_keys(off, nb, np.asarray(stream.key_hi), np.asarray(stream.key_lo), pb)
         rep[gs] = fixed_routes(router, R, n, prefix_hi=hi, prefix_lo=lo,
-                               keys=keys[np.asarray(gs)] if router == "random" and hasattr(keys, "shape")
-                               else [keys[g] for g in gs] if router == "random" else None)
+                               keys=_subset(keys, gs) if router == "random" else None)
     return rep
+
+
+def _subset(keys, gs: list):
+    """The PRNG keys of configurations ``gs`` (a batched key array: no gather when ``gs`` is all of them)."""
+    if not hasattr(keys, "shape"):
+        return [keys[g] for g in gs]
+    return keys if gs == list(range(keys.shape[0])) else keys[np.asarray(gs)]
 
 
 def _run_kernel(stream: Stream, P: dict, keys: list, st):
