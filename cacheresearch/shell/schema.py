@@ -181,6 +181,9 @@ class EngineConf:
     match: Optional[bool] = None
     queue_slots: int = 256  # in-flight requests tracked per replica (overflow is reported)
     backend: str = "auto"  # auto | jax | numba (core/run.py BACKENDS: auto = numba where it covers, on a CPU host)
+    # JAX's persistent compilation cache for the command line: auto = $XDG_CACHE_HOME/cacheresearch/jax
+    # (~/.cache/...), a directory, or none; a JAX_COMPILATION_CACHE_DIR in the environment wins
+    compile_cache: Optional[str] = "auto"
 
 
 @dataclass

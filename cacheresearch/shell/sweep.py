@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -924,6 +925,25 @@ def notebook_dataset(reduced: list[str], env: str = "CACHERESEARCH_RESULTS") -> 
     return ds, out_dir
 
 
+def compile_cache(cfg) -> str | None:
+    """Turn on JAX's persistent compilation cache at ``engine.compile_cache`` (``auto``:
+    ``$XDG_CACHE_HOME/cacheresearch/jax``, else ``~/.cache/cacheresearch/jax``; ``none``: off). A rerun of
+    the same programs loads them instead of compiling (the main job: 20 s of its 42 s). A cache directory
+    already set (``JAX_COMPILATION_CACHE_DIR``) is kept. Returns the directory in use, or None."""
+    v = OmegaConf.select(cfg, "engine.compile_cache", default="auto")
+    if v is None or str(v).lower() in ("", "none", "null", "off", "false"):
+        return None
+    if jax.config.jax_compilation_cache_dir:
+        return str(jax.config.jax_compilation_cache_dir)
+    if str(v) == "auto":
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(base) / "cacheresearch" / "jax"
+    else:
+        path = Path(str(v)).expanduser()
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    return str(path)
+
+
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
@@ -931,6 +951,7 @@ def main(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     launch = cfg.launch
+    compile_cache(cfg)
     try:
         parts = _integer("launch.parts", launch.parts, 1)
         if launch.dir is not None:
