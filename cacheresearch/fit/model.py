@@ -535,6 +535,14 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
     comp["arrivals"] = arr
     # ---- sessions: counts, gaps, censoring windows
     cnt, gaps, gs, s_of, sess, uniq, win = _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w)
+    if sess.get("family") == "empirical_sessions" and arr.get("family") != "empirical_times":
+        # sessions drawn whole keep their rank's trace start (a session's length and its place among the
+        # long ones depend on when it starts); a renewal law of the starts would move them, so the starts
+        # are the trace's, kernel-jittered (the ablation found the parametric starts the weakest component
+        # of whole-session models: a day of API traffic, the Mooncake trace)
+        fig = {k: v for k, v in ck.rows.get("arrivals", {}).items() if k not in ("used", "why")}
+        ck.add("arrivals", "empirical", "sessions are drawn whole: their trace starts, kernel-jittered", **fig)
+        comp["arrivals"] = arr = emp["arrivals"]
     # ---- first requests' lengths; session kinds (parametric sessions only)
     first_tok = np.maximum(w.input_tokens[first], 1).astype(np.float64)
     emp["first"] = L.empirical(first_tok, integer=True)

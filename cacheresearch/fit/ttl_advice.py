@@ -34,6 +34,14 @@ pricing's minimum), so the expected read tokens are ``sum_j tokens_j * q(key at 
 long-run version (no compulsory first miss, ``q = 1 - exp(-lambda T)`` with ``lambda = n / D``): what
 the advisor of :mod:`cacheresearch.analysis.pricing` assumes.
 
+``fitted`` (the default) replaces the exponential by each root's reuse law, then blends in the
+root's own reuse gaps (:func:`root_gap_cdfs`): the hit probability at ``T`` is the posterior mean
+``(k F_own(T) + k0 F_law) / (k + k0)`` of a Dirichlet-process prior centred on the fitted law with
+``k0 = REUSE_MIN``, ``k`` the root's reusing requests (not blocks: the blocks of one request share one
+predecessor). A busy root is predicted from its own gaps, a root of a few requests from the law.
+Small roots stay noisy: a root's replay is one draw of its few reuses, so even a predictor exact in
+expectation is off by that draw's spread (on the shared Mooncake trace a median 27% at 5 minutes).
+
 Daily figures scale the window's cost by ``86400 / D``. Plain NumPy on the host; no I/O.
 """
 
@@ -47,7 +55,7 @@ from cacheresearch.analysis.pricing import MTOK, Pricing, preset, request_cost_u
 from cacheresearch.workload import Workload
 
 __all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
-           "block_reuse_gaps", "root_reuse_laws", "root_cost_errors",
+           "block_reuse_gaps", "root_reuse_laws", "root_gap_cdfs", "choose_reuse_scale", "root_cost_errors",
            "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
 
 DAY = 86_400.0
@@ -179,11 +187,16 @@ def request_option_costs(w: Workload, pricing: Pricing | None, read_tokens, base
 
 
 def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, *, steady: bool = False,
-                       base_none: float = 3.0, reuse_laws=None) -> np.ndarray:
+                       base_none: float = 3.0, reuse_laws=None, own_gaps=None,
+                       reuse_scale: str = "rate") -> np.ndarray:
     """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*).
     ``reuse_laws``: per root the CDF of its reuse times in units of each key's mean spacing ``D / n``
     (:func:`root_reuse_laws`); then an occurrence of a key seen ``n`` times hits with
-    ``(n - 1) / n * F_root(TTL n / D)`` instead of the Poisson formula (whose ``F`` is exponential)."""
+    ``(n - 1) / n * F_root(TTL n / D)`` instead of the Poisson formula (whose ``F`` is exponential).
+    ``own_gaps`` (:func:`root_gap_cdfs`): ``T -> (F [G], k [G])``, each root's empirical CDF of its
+    reuse gaps in seconds at ``T`` and its number of reusing requests; the hit probability is then the
+    posterior mean ``(k F_own(T) + k0 F_root) / (k + k0)`` with ``k0 = REUSE_MIN`` (a Dirichlet-process
+    prior centred on the fitted law, weighing as much as ``REUSE_MIN`` reusing requests)."""
     D = float(duration_s)
     req, j, tok = _block_tokens(w)
     _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
@@ -200,7 +213,11 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
             if steady:
                 q_key = -np.expm1(-(n / D) * T)
             elif reuse_laws is not None:
-                q_key = (n - 1.0) / n * _law_at(reuse_laws, key_root, T * n / D)
+                q_key = (n - 1.0) / n * _law_at(reuse_laws, key_root, T * n / D if reuse_scale == "rate"
+                                                 else np.full(n.size, T))
+                if own_gaps is not None:  # the root's own reuse gaps, weighted by its reusing requests
+                    f_own, k = own_gaps(T)
+                    q_key = ((n - 1.0) / n * (k * f_own)[key_root] + REUSE_MIN * q_key) / (k[key_root] + REUSE_MIN)
             else:
                 q_key = (n - 1.0) / n * (1.0 - np.clip(1.0 - T / D, 0.0, 1.0) ** n)
             jm = _min_block(w, p)
@@ -229,6 +246,26 @@ def block_reuse_gaps(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     if o.size:
         gap[o[1:]] = np.where(same, t[req[o][1:]] - t[req[o][:-1]], np.nan)
     return gap, req
+
+
+def root_gap_cdfs(w: Workload, root, n_roots: int):
+    """``T -> (F [G], k [G])``: per root the share of its blocks' reuse gaps (seconds since the previous
+    request holding the key) at most ``T``, and its number of reusing requests (requests with a reused
+    block): the effective sample size, since the blocks of one request share one predecessor. A
+    session's blocks all see the session's gaps between requests, whatever their rate over the window,
+    so seconds (not units of a key's mean spacing) are the scale of a root's own gaps."""
+    gap, req = block_reuse_gaps(w)
+    ok = np.isfinite(gap)
+    rb = np.asarray(root)[req[ok]]
+    g = gap[ok]
+    tot = np.bincount(rb, minlength=n_roots).astype(np.float64)
+    k = (np.bincount(np.asarray(root)[np.unique(req[ok])], minlength=n_roots).astype(np.float64)
+         if ok.any() else np.zeros(n_roots))
+
+    def at(T: float):
+        return np.bincount(rb, weights=(g <= T).astype(np.float64), minlength=n_roots) / np.maximum(tot, 1.0), k
+
+    return at
 
 
 def _law_at(laws, key_root: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -276,16 +313,18 @@ def _reuse_law(x: np.ndarray) -> tuple:
     return (lambda v: L._cdf(law, np.asarray(v, dtype=np.float64))), dict(desc, used="parametric", why="")
 
 
-def root_reuse_laws(w: Workload, root, n_roots: int, duration_s: float) -> tuple[list, list]:
+def root_reuse_laws(w: Workload, root, n_roots: int, duration_s: float, scale: str = "rate") -> tuple[list, list]:
     """``(cdfs, laws)``: each root's reuse-time law, the seconds between consecutive requests that contain
     one of its keys, each divided by its key's mean spacing ``D / n`` (``n`` requests hold the key in
     the window ``D``): the shape of the reuse (bursts within sessions, long idle gaps between them)
     apart from each key's rate, which stays the key's own as in the Poisson prediction (there the
     law is exponential). Roots with fewer than ``REUSE_MIN`` requests that reuse a key take the law
-    pooled over all roots (fewer values than that do not fix a law's shape)."""
+    pooled over all roots (fewer values than that do not fix a law's shape). ``scale="seconds"``:
+    the gaps in seconds instead (a session's blocks all see its gaps between requests, whatever
+    their rate over the window); evaluate those laws at ``T``, the rate laws at ``T n / D``."""
     gap, req = block_reuse_gaps(w)
     _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
-    x = gap * cnt[pos.reshape(-1)] / float(duration_s)
+    x = gap * cnt[pos.reshape(-1)] / float(duration_s) if scale == "rate" else gap
     ok = np.isfinite(x)
     r_blk = np.asarray(root)[req]
     reusing = np.bincount(np.asarray(root)[np.unique(req[ok])], minlength=n_roots) if ok.any() else np.zeros(n_roots)
@@ -305,6 +344,34 @@ def root_reuse_laws(w: Workload, root, n_roots: int, duration_s: float) -> tuple
         cdfs.append(f)
         laws.append(d)
     return cdfs, laws
+
+
+def choose_reuse_scale(w: Workload, root, n_roots: int, duration_s: float, ttls, own_gaps) -> tuple:
+    """``(scale, cdfs, laws, misfit)``: the scale of the reuse laws (``rate``: units of each key's mean
+    spacing, right for keys requested independently; ``seconds``: right for sessions) whose laws
+    describe the roots' own gaps better: per TTL and root, the law's mean hit probability over the
+    root's reused blocks against the root's own share of gaps at most ``T``, weighted by its reusing
+    requests (``misfit``: the weighted mean absolute difference per scale). Ties keep ``rate``."""
+    gap, req = block_reuse_gaps(w)
+    ok = np.isfinite(gap)
+    _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
+    n_blk = cnt[pos.reshape(-1)][ok].astype(np.float64)
+    rb = np.asarray(root)[req[ok]]
+    nb = np.maximum(np.bincount(rb, minlength=n_roots), 1)
+    best, misfit = None, {}
+    for scale in ("rate", "seconds"):
+        cdfs, laws = root_reuse_laws(w, root, n_roots, duration_s, scale)
+        err = wsum = 0.0
+        for T in ttls:
+            f_own, k = own_gaps(float(T))
+            x = T * n_blk / float(duration_s) if scale == "rate" else np.full(n_blk.size, float(T))
+            f_law = np.bincount(rb, weights=_law_at(cdfs, rb, x), minlength=n_roots) / nb
+            err += float(np.sum(k * np.abs(f_law - f_own)))
+            wsum += float(k.sum())
+        misfit[scale] = err / wsum if wsum > 0 else 0.0
+        if best is None or misfit[scale] < misfit[best[0]] - 1e-12:
+            best = (scale, cdfs, laws)
+    return best + (misfit,)
 
 
 def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
@@ -368,8 +435,11 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
     laws = ()
     pred = pois
     if reuse == "fitted":
-        cdfs, laws = root_reuse_laws(w, root, G, D)
-        pred = predict_root_costs(w, res, root, G, D, base_none=base_none, reuse_laws=cdfs)
+        own = root_gap_cdfs(w, root, G)
+        scale, cdfs, laws, misfit = choose_reuse_scale(w, root, G, D, sorted({p.ttl_s for p in priced}), own)
+        laws = [dict(d, scale=scale, scale_misfit=misfit) for d in laws]
+        pred = predict_root_costs(w, res, root, G, D, base_none=base_none, reuse_laws=cdfs, own_gaps=own,
+                                  reuse_scale=scale)
     stdy = predict_root_costs(w, res, root, G, D, steady=True, base_none=base_none)
     ttls = sorted({p.ttl_s for p in priced})
     hits = replay_hit_tokens(w, ttls) if ttls else np.zeros((0, w.n_requests), np.int64)

@@ -813,7 +813,8 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         coords={"root": rows, "option": names, "plan": list(plans)},
     )
     S.doc(ds, {
-        "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (Poisson keys, the trace's window)",
+        "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (study.reuse: fitted = its own "
+                                       "reuse gaps blended with its fitted law; poisson = Poisson keys)",
                                        "USD/day"),
         "cost_predicted_poisson_usd_per_day": ("predicted daily cost with Poisson keys (for comparison)", "USD/day"),
         "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
