@@ -159,6 +159,7 @@ def test_gie_equals_reference_and_jax_hypothesis_many(**case):
     _gie_case(**case, jax_too=True)
 
 
+@pytest.mark.slow  # two JAX compiles (about a minute); test_gie_equals_reference_hypothesis is the default sibling
 def test_gie_estimate_and_scrape_equal_jax_every_field():
     """The benchmark's approximate arm in small (estimate mode 1/1/1 on GIE's index, 7 ms scrapes) and its
     precise arm (3/2/2, live loads): every Metrics field against the JAX replica, and the reference."""
