@@ -4,6 +4,8 @@ roofline against BLIS's coefficients."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -216,3 +218,35 @@ def test_study_on_a_small_benchmark_of_the_series(tmp_path):
     assert np.all(ds.kv_usage_mean.max("stage").values > ds.kv_usage_mean_run.values)
     # the approximate arm ran on GIE's own index, its hashes under the bytes-per-token assumption
     assert ds.attrs["gie_hash_configs"] == "[(64, 256)]" and ds.attrs["metrics_refresh_ms"] == 50
+
+
+SERIES = Path(__file__).resolve().parent / "fixtures" / "llmd_series"
+
+
+def test_another_benchmark_of_the_series_runs_from_its_own_files():
+    """A hand-made file set of the series (tests/fixtures/llmd_series: constant sends, another model, pod count
+    and residency, the later plugin names, estimate-mode parameters off GIE's defaults, llm-d's load-aware
+    scorer): read and run end to end on the numba vllm backend, nothing taken from the bundled files."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+
+    epp = {a: str(SERIES / f"epp-{a}.yaml") for a in ("precise", "estimated", "random")}
+    cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="series", seed=2, fleet=dict(replicas=3),
+                                replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                cache=dict(block_tokens=16, capacity_blocks=64),
+                                llmd=dict(inference_perf=str(SERIES / "inference-perf.yaml"), epp=epp, stage_gap_s=60,
+                                          max_running=16)))
+    ds = run_study(cfg)
+    assert ds.arm.values.tolist() == ["precise", "estimated", "random"]
+    assert ds.stage_rate.values.tolist() == [4, 2, 6, 10] and ds.n_requests.values.tolist() == [20, 12, 30, 40]
+    assert bool(ds.stage_drained.all()) and "published_ttft_p90_s" not in ds
+    assert ds.attrs["gie_hash_configs"] == "[(32, 40)]"  # the file's hashBlockSize / maxPrefixBlocksToMatch
+    knobs = eval(ds.attrs["knobs"])  # noqa: S307 - the study's own repr of plain dicts
+    assert knobs["estimated"]["gie_lru_capacity"] == 600 and knobs["estimated"]["gie_load_threshold"] == 16
+    assert (knobs["precise"]["gie_prefix_w_pct"], knobs["precise"]["gie_kv_w_pct"]) == (200, 100)
+    for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "token_hit_rate", "kv_usage_mean"):
+        assert np.all(np.isfinite(ds[v].values)), v
+    # constant sends: a stage's requests/s is its rate (n requests over the span of n - 1 gaps)
+    np.testing.assert_allclose(ds.requests_per_s.sel(arm="random").values,
+                               [r * n / (n - 1) for r, n in ((4, 20), (2, 12), (6, 30), (10, 40))], rtol=1e-2)

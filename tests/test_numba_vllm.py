@@ -14,6 +14,7 @@ from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, simulate, static_options
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.metrics.core import finalize
+from cacheresearch.workload.gie_hashes import gie_hashes_from_keys
 from cacheresearch.workload.synthetic import tenant_workload
 
 nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
@@ -34,8 +35,8 @@ def _numba(s, p, key, *, R, S, Q):
     return type(m)(*(np.asarray(x)[0] for x in m))
 
 
-def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, **kn):
-    s = compile_stream(w, stateful_singletons=True)
+def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, gie_hashes=None, **kn):
+    s = compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes)
     p = make_params("lru", replicas=R, router=router, **kn)
     key = jax.random.key(seed)
     mn = _numba(s, p, key, R=R, S=S, Q=Q)
@@ -43,7 +44,8 @@ def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, **kn):
     k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
     k.update(kn)
     rule = k.pop("router")
-    ref = reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, **k)
+    ref = reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, gie_hashes=gie_hashes,
+                          **k)
     for f in _PER_REQUEST:
         a, b = np.asarray(getattr(mn, f)), np.asarray(ref[f])
         bad = np.nonzero(a != b)[0]
@@ -122,12 +124,56 @@ def test_clock_past_six_hours_and_the_lazy_free_queue():
     assert ref["preemptions"] > 0
 
 
+_GIE_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 160), budget=st.sampled_from([48, 200, 4096]),
+                  seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(1, 30), mode=st.integers(0, 2),
+                  view=st.sampled_from(["precise", "approximate", "stale", "gie_estimate"]),
+                  weights=st.tuples(*[st.sampled_from([0, 100, 200, 300]) for _ in range(4)]),
+                  window=st.sampled_from([0, 3, 12]), refresh=st.sampled_from([0, 7, 50]),
+                  lru=st.sampled_from([12, 20, 31_250]))
+
+
+def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too):
+    """The gie router (every scorer and weight, the tie rule) on every view, GIE's own index on view
+    gie_estimate (an LRU small enough to forget), the load scrape every ``refresh`` ms."""
+    w = _workload(seed, out, rate=40)
+    g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=11) if view == "gie_estimate" \
+        else None
+    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs, gie_prefix_mode=mode,
+              gie_prefix_w_pct=weights[0], gie_kv_w_pct=weights[1], gie_queue_w_pct=weights[2],
+              gie_load_w_pct=weights[3], gie_load_threshold=3, gie_window_blocks=window, view=view,
+              load_refresh_ms=refresh, gie_lru_capacity=lru, index_capacity=cap // 2 + 20, stale_lag_ms=150)
+    return _compare(w, R=R, router="gie", gie_hashes=g, jax_too=jax_too, **kn)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_GIE_CASES)
+def test_gie_equals_reference_hypothesis(**case):
+    """gie on the numba backend against the plain-Python reference, request by request."""
+    _gie_case(**case, jax_too=False)
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_GIE_CASES)
+def test_gie_equals_reference_and_jax_hypothesis_many(**case):
+    _gie_case(**case, jax_too=True)
+
+
+@pytest.mark.slow  # two JAX compiles (about a minute); test_gie_equals_reference_hypothesis is the default sibling
+def test_gie_estimate_and_scrape_equal_jax_every_field():
+    """The benchmark's approximate arm in small (estimate mode 1/1/1 on GIE's index, 7 ms scrapes) and its
+    precise arm (3/2/2, live loads): every Metrics field against the JAX replica, and the reference."""
+    for mode, view, wts, refresh in ((1, "gie_estimate", (100, 100, 100, 0), 7), (2, "precise", (300, 200, 200, 0), 0)):
+        ref = _gie_case(5, 60, 64, 4, 3, 20, mode, view, wts, 0, refresh, 20, jax_too=True)
+        assert len(set(ref["replica"].tolist())) == 3
+
+
 def test_coverage_names_what_is_left_to_jax():
     p = [make_params("lru", capacity_blocks=50, router="gie"), make_params("lru", capacity_blocks=50,
                                                                            router="kv_cost", temperature=0.5)]
     st_ = static_options(p[0], max_replicas=2, scheduler="vllm", max_running=8)
     missing = nv.coverage(p, st_)
-    assert any("gie" in x for x in missing) and any("temperature" in x for x in missing)
+    assert not any("gie" in x for x in missing) and any("temperature" in x for x in missing)
     assert nv.coverage([make_params("lru", capacity_blocks=50, router="preble")], st_) == []
     assert nv.coverage(p[:1], static_options(p[0], max_replicas=2)) != []
 
@@ -148,6 +194,6 @@ def test_runner_takes_numba_for_the_vllm_replica_on_cpu():
         one = _numba(s, ps[0], jax.random.key(0), R=3, S=6, Q=64)
         np.testing.assert_array_equal(m.ttft_ms[0], one.ttft_ms)
         assert int(m.steps[0]) == int(one.steps)
-    with pytest.raises(BackendError, match="gie"):
-        simulate_cells([s], np.zeros(1, np.int64), [make_params("lru", replicas=3, router="gie", **kn)],
-                       np.zeros(1, np.int64), backend="numba", **opts)
+    with pytest.raises(BackendError, match="temperature"):
+        simulate_cells([s], np.zeros(1, np.int64), [make_params("lru", replicas=3, router="kv_cost", temperature=0.5,
+                                                                **kn)], np.zeros(1, np.int64), backend="numba", **opts)

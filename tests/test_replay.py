@@ -207,8 +207,8 @@ def test_numba_backend_refuses_what_it_does_not_cover():
                     (make_params("lru", capacity_blocks=15, replicas=2, restart_replica=1), "restart")):
         with pytest.raises(BackendError, match=what):
             simulate_cells([s], [0], [p], [0], max_replicas=2, backend="numba")
-    with pytest.raises(BackendError, match="gie"):  # the vllm replica's numba backend: every router but gie
-        simulate_cells([s], [0], [make_params("lru", capacity_blocks=15, router="gie")], [0], max_replicas=1,
-                       backend="numba", scheduler="vllm")
+    with pytest.raises(BackendError, match="temperature"):  # the vllm replica's numba backend: kv_cost sampling
+        simulate_cells([s], [0], [make_params("lru", capacity_blocks=15, router="kv_cost", temperature=0.5)], [0],
+                       max_replicas=1, backend="numba", scheduler="vllm")
     with pytest.raises(ValueError, match="backend"):
         simulate_cells([s], [0], [make_params("lru", capacity_blocks=15)], [0], max_replicas=1, backend="gpu")

@@ -17,7 +17,13 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   were released in (tail first within a request); the pointer skips entries whose run was pinned
   again, restamped or emptied (amortised O(1) per evicted run, where the JAX pool scans all runs);
 * the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
-  index per instance and replica, the store's lazy pointer) and ``stale`` views, ``local_load``.
+  index per instance and replica, the store's lazy pointer), ``stale`` and ``gie_estimate`` views,
+  ``local_load``, and the load scrape every ``load_refresh_ms`` (:func:`_scrape`);
+* ``gie`` (:mod:`cacheresearch.routers.gie`): GIE's queue, kv-cache, prefix (estimate / precise) and
+  load-aware scores in the same 1/65536 integers, the max-score picker's tie rule on the same random word;
+  on the ``gie_estimate`` view GIE's own prefix index (:mod:`cacheresearch.routers.gie_index`) as a
+  per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
+  valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
 
 The metrics are the JAX replica's, field by field (:func:`run_stream` builds the same unfinalized
 :class:`~cacheresearch.metrics.core.Metrics`); the float32 KV and queue integrals are accumulated in the
@@ -33,7 +39,7 @@ from numba import njit, prange
 from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import LIMB, Metrics
-from cacheresearch.routers import ROUTERS, ring_positions
+from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
 
 __all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "POLICIES_COVERED"]
 
@@ -41,9 +47,10 @@ PS_MS = 10**9
 MS_LIM = 2**31 - 1
 T_LIM = MS_LIM * PS_MS  # the JAX clock's span (Time saturates at MS_LIM ms): time_overflow past it
 BIG = 2**31 - 1
-#: router name -> the kernel's code (kv_cost at temperature 0; gie is not covered)
+#: router name -> the kernel's code (kv_cost at temperature 0)
 ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
-                "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9}
+                "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
+GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
 POLICIES_COVERED = ("lru", "unbounded")
 
 # per-replica integer state, columns of rs [R, NRS]
@@ -58,13 +65,16 @@ QARR, QNB, QIN, QOUT, QOFF, QNR, QE0 = range(7)
 NRQ = 7
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
- CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM) = range(29)
-NPI = 29
+ CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU) = range(38)
+NPI = 38
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
               "balance_abs", "balance_rel_pct", "miss_smallest_tree", "overlap_weight_pct", "prefix_weight_pct",
-              "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms")
+              "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
+              "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
+              "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -80,7 +90,7 @@ def coverage(params: list, st) -> list[str]:
     rnames = {v: k for k, v in ROUTERS.items()}
     rts = sorted({rnames[int(p.router)] for p in params} - set(ROUTER_CODES))
     if rts:
-        out.append(f"routers {rts} (the GIE scorer chain is JAX only)")
+        out.append(f"routers {rts}")
     if any(int(p.router) == ROUTERS["kv_cost"] and float(p.temperature) > 0 for p in params):
         out.append("kv_cost at temperature > 0 (float32 softmax sampling: JAX only)")
     if any(int(p.restart_replica) >= 0 for p in params):
@@ -96,8 +106,10 @@ def state_bytes(stream: Stream, st) -> int:
     E = int(np.asarray(stream.log).shape[-2])
     R = st.max_replicas
     rows = st.max_instances * R if st.index else 0
+    G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
+    gie = R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0
     return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
-            + R * (st.max_running * NSL + st.queue_slots * 3) * 8)
+            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie)
 
 
 # ------------------------------------------------------------------------------ pool
@@ -602,13 +614,15 @@ def _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv):
 
 
 @njit(cache=True)
-def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv):
+def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv, kvu, total_g):
     """The routers of ROUTER_CODES (routers/*.py; tests/reference_fleet.py's route_one)."""
     off = (bits[0] * nrep) >> 32
     if code == 0:
         return off
     if code == 1:
         return i % nrep
+    if code == 10:
+        return _gie_rule(n, nrep, bits[1], q, m, kvu, total_g, pi, tmpv)
     h = _mix32(pkh, pkl)
     if code == 2:
         return h % nrep
@@ -636,6 +650,132 @@ def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv
                         bd, best = d, r * V + v
         return min(best // V, ring.shape[0] - 1)
     return _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv)
+
+
+# ------------------------------------------------------------------------------ gie: scorers, its index, the scrape
+@njit(cache=True)
+def _i32(x):
+    """``x`` wrapped to int32 (the JAX rule's int32 products)."""
+    return ((x + 2**31) % 2**32) - 2**31
+
+
+@njit(cache=True)
+def _ratio16(a, b):
+    """routers.gie.ratio16: ``floor(S a / b)`` with both shifted right until ``b < 2**15``."""
+    b = max(b, 1)
+    s = 0
+    while (b >> s) >= 2**15:
+        s += 1
+    return _i32((a >> s) * GIE_S) // max(b >> s, 1)
+
+
+@njit(cache=True)
+def _gie_rule(n, nrep, bits1, q, m, kvu, total_g, pi, tmpv):
+    """routers.gie.rule: the weighted queue, kv-cache, prefix and load-aware scores, then the max-score
+    picker (the ``floor(bits[1] k / 2**32)``-th of the ``k`` tied pods in index order)."""
+    qmax, qmin, mmax, mmin = 0, np.int64(BIG), 0, np.int64(BIG)
+    for r in range(nrep):
+        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+        if m[r] > 0:
+            mmax, mmin = max(mmax, m[r]), min(mmin, m[r])
+    cap = max(pi[CAP], 1)
+    W = pi[G_WIN]
+    total = min(n, W) if W > 0 else n
+    if pi[VIEW] == 3:  # view gie_estimate: GIE's own hashes
+        total = total_g
+    T = max(pi[G_THR], 1)
+    best = np.int64(-(2**62))
+    for r in range(nrep):
+        qs = _i32((qmax - q[r]) * GIE_S) // max(qmax - qmin, 1) if qmax > qmin else GIE_S
+        ks = _ratio16(cap - min(max(kvu[r], 0), cap), cap)
+        if pi[G_MODE] == 1:
+            ps = _ratio16(min(m[r], total), total) if total > 0 else 0
+        elif pi[G_MODE] == 2:
+            ps = 0 if m[r] <= 0 else (_ratio16(m[r] - mmin, max(mmax - mmin, 1)) if mmax > mmin else GIE_S)
+        else:
+            ps = 0
+        ls = _ratio16(T - min(q[r], T), T) // 2
+        tmpv[r] = _i32(pi[G_WP] * ps + pi[G_WK] * ks + pi[G_WQ] * qs + pi[G_WL] * ls)
+        best = max(best, tmpv[r])
+    k = 0
+    for r in range(nrep):
+        k += 1 if tmpv[r] == best else 0
+    j = (bits1 * k) >> 32
+    for r in range(nrep):
+        if tmpv[r] == best:
+            if j == 0:
+                return r
+            j -= 1
+    return 0
+
+
+@njit(cache=True)
+def _gie_match(ids, n, nrep, gpres, cnt):
+    """routers.gie_index.gie_match: walk the hashes while some pod holds one, counting per pod."""
+    for r in range(nrep):
+        cnt[r] = 0
+    for lane in range(n):
+        h = ids[lane]
+        held = False
+        for r in range(nrep):
+            if gpres[r, h]:
+                cnt[r] += 1
+                held = True
+        if not held:
+            break
+
+
+@njit(cache=True)
+def _gie_add(ids, n, r, cap, gpres, gst, gs, glog):
+    """routers.gie_index.gie_add: pod ``r``'s LRU refreshes or inserts every hash in order (stamps
+    ``clk + lane``), then drops its lowest-stamped entries down to ``cap``. The entries sit in a log in
+    stamp order (``gs``: clk, size, pointer, count), so the lowest stamps are the first valid entries."""
+    L = glog.shape[1]
+    if gs[r, 3] + n > L:  # compact: keep the valid entries (at most size <= min(cap, G))
+        k = 0
+        for j in range(gs[r, 2], gs[r, 3]):
+            h = glog[r, j, 0]
+            if gpres[r, h] and gst[r, h] == glog[r, j, 1]:
+                glog[r, k, 0], glog[r, k, 1] = h, glog[r, j, 1]
+                k += 1
+        gs[r, 2], gs[r, 3] = 0, k
+    clk = gs[r, 0]
+    for lane in range(n):
+        h = ids[lane]
+        if not gpres[r, h]:
+            gpres[r, h] = True
+            gs[r, 1] += 1
+        gst[r, h] = clk + lane
+        c = gs[r, 3]
+        glog[r, c, 0], glog[r, c, 1] = h, clk + lane
+        gs[r, 3] = c + 1
+    gs[r, 0] = clk + n
+    while gs[r, 1] > max(cap, 1) and gs[r, 2] < gs[r, 3]:
+        j = gs[r, 2]
+        h = glog[r, j, 0]
+        if gpres[r, h] and gst[r, h] == glog[r, j, 1]:
+            gpres[r, h] = False
+            gs[r, 1] -= 1
+        gs[r, 2] = j + 1
+
+
+@njit(cache=True)
+def _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
+            fin, hitb, npre, scr, sq, skv, a):
+    """replica.vllm._scrape: with ``load_refresh_ms = P > 0``, at the first arrival past a new multiple of
+    ``P`` the pods run up to that tick and their waiting requests and KV blocks in use are kept."""
+    P = pi[REFRESH]
+    if P <= 0:
+        return
+    tick = (rq[i, QARR] // P) * P
+    if tick <= scr[0]:
+        return
+    _advance(tick * PS_MS, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
+             fin, hitb, npre)
+    _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, sq, a)
+    for r in range(nrep):
+        skv[r] = rs[r, PINNED] + rs[r, WORK]
+    scr[0] = tick
 
 
 # ------------------------------------------------------------------------------ views and the arrival loop
@@ -727,8 +867,9 @@ def _enqueue(i, r, now_t, Q, rq, rs, wq):
 
 
 @njit(cache=True)
-def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv):
-    """Every replica's precise match ``mt`` and the router's view ``mv`` (precise, stale or approximate)."""
+def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres):
+    """Every replica's precise match ``mt`` and the router's view ``mv`` (precise, stale, approximate or
+    gie_estimate: GIE's count of the request's prompt-byte hashes)."""
     now = rq[i, QARR]
     p, e0 = rq[i, QNR], rq[i, QE0]
     for r in range(nrep):
@@ -740,14 +881,16 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
             sync[0], sync[1] = now, 1
         for r in range(nrep):
             mv[r] = _lead(snap[r], log0, e0, p)
-    if index:
+    if index and pi[VIEW] == 1:
         for r in range(nrep):
-            mv[r] = _index_match(u * R + r, log0, e0, p, ist, ix[:, 3]) if pi[VIEW] == 1 else mt[r]
+            mv[r] = _index_match(u * R + r, log0, e0, p, ist, ix[:, 3])
+    if pi[VIEW] == 3:
+        _gie_match(gh[i], gn[i], nrep, gpres, mv)
 
 
 @njit(cache=True)
-def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, ttft, fin, hitb,
-         npre, repof, rs_out, fs_out, tot, kat):
+def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, gh, gn, GI, ttft,
+         fin, hitb, npre, repof, rs_out, fs_out, tot, kat):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
@@ -769,23 +912,35 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     nrep = min(max(pi[NREP], 1), R)
     ninst = min(max(pi[NINST], 1), NI)
     code = pi[ROUTER]
+    gie = pi[VIEW] == 3  # GIE's index [R, GI] (view gie_estimate): present, stamps, (clk, size, ptr, cnt), log
+    G1, Lg = (GI, 2 * (min(max(pi[G_LRU], 1), GI) + gh.shape[1]) + 2) if gie else (1, 1)
+    gpres, gst = np.zeros((R, G1), np.bool_), np.zeros((R, G1), np.int64)
+    gs, glog = np.zeros((R, 4), np.int64), np.zeros((R, Lg, 2), np.int64)
+    scr, sq, skv, kvu = np.full(1, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     for i in range(N):
         now_t = rq[i, QARR] * PS_MS
+        u = i % ninst
+        _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
+                ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
         _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
                  fin[g], hitb[g], npre[g])
         for x in range(nrep):  # the KV and waiting integrals at this arrival (per-stage time means)
             kat[g, i, 0] += fs[x, 0]
             kat[g, i, 1] += fs[x, 1]
         n = rq[i, QNB]
-        u = i % ninst
-        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv)
+        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres)
         _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, q, a)
         for x in range(nrep):
             tree[x] = rs[x, CACHED]
+            kvu[x] = skv[x] if pi[REFRESH] > 0 else rs[x, PINNED] + rs[x, WORK]
+            if pi[REFRESH] > 0:  # the scraped waiting counts (every router's queue)
+                q[x] = sq[x]
         pb = min(pi[PB], n)
         kpos = rq[i, QOFF] + max(pb - 1, 0)
         r = _route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
-                   q, mv, a, tree, pi, ring, elig, tmpv)
+                   q, mv, a, tree, pi, ring, elig, tmpv, kvu, gn[i])
+        if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
+            _gie_add(gh[i], gn[i], r, pi[G_LRU], gpres, gst, gs, glog)
         # the routing metrics (replicas holding the routing prefix; sent away from the best)
         mbest, cp = 0, 0
         for x in range(nrep):
@@ -809,7 +964,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
 
 
 @njit(parallel=True, cache=True)
-def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E):
+def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, gh, gn, GI):
     G, N = pi.shape[0], rq.shape[0]
     ttft, fin = np.full((G, N), -1, np.int64), np.full((G, N), -1, np.int64)
     hitb, npre, repof = np.zeros((G, N), np.int64), np.zeros((G, N), np.int64), np.zeros((G, N), np.int64)
@@ -819,7 +974,7 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
     for g in prange(G):  # the prange index is typed both int64 and uint64: pass one type, one compiled _one
         _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E,
-             ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat)
+             gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat)
     return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat
 
 
@@ -840,6 +995,19 @@ def _config_matrix(P: dict) -> np.ndarray:
     rnames = {v: k for k, v in ROUTERS.items()}
     pi[:, ROUTER] = [ROUTER_CODES[rnames[int(x)]] for x in P["router"]]
     return pi
+
+
+def _gie_arrays(stream: Stream, P: dict, n: int):
+    """The stream's GIE hash ids ``[n, H]``, counts ``[n]`` and id space (view gie_estimate), or 1-wide
+    placeholders when no configuration reads them."""
+    gie = np.any(P["view"] == VIEWS["gie_estimate"])
+    if gie and stream.gie_hash is None:
+        raise ValueError("view 'gie_estimate' needs the stream's GIE hashes (compile_stream(..., gie_hashes=...))")
+    if not gie:
+        return np.zeros((max(n, 1), 1), np.int64), np.zeros(max(n, 1), np.int64), 1
+    gh = np.ascontiguousarray(np.asarray(stream.gie_hash)[:n].astype(np.int64))
+    gn = np.asarray(stream.gie_n)[:n].astype(np.int64)
+    return gh, gn, max(int(stream.n_gie), 1)
 
 
 def _limbs(total) -> tuple[np.ndarray, np.ndarray]:
@@ -885,9 +1053,10 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas
     ring = np.asarray(ring_positions(R, st.max_vnodes)).astype(np.int64)
+    gh, gn, GI = _gie_arrays(stream, P, n)
     out = _kernel(rq, log0, pkey, K, int(stream.block_tokens), R, st.max_running, st.queue_slots,
                   st.max_instances, st.max_running, bool(st.stale), bool(st.index), bool(st.match),
-                  _config_matrix(P), bits, ring, 2 * K + 16, int(log0.shape[0]))
+                  _config_matrix(P), bits, ring, 2 * K + 16, int(log0.shape[0]), gh, gn, GI)
     return _metrics(stream, P, st, out, n, n if n_out is None else int(n_out))
 
 

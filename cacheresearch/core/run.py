@@ -332,7 +332,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router but gie, on every view"
+        covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router (gie included; kv_cost "
+                  "at temperature 0) on every view, with the load scrape"
                   if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
                   "and the routers that read neither load nor cache")
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
