@@ -514,7 +514,7 @@ class _Carry(NamedTuple):
     scrape_t: jax.Array  # int32 ms of the last scrape (-1: none yet)
     acc_kv: jax.Array  # float32 [N + 1] the active replicas' kv_acc summed, at each arrival
     acc_q: jax.Array  # float32 [N + 1] the same of q_acc
-    iters: jax.Array  # int32 [N + 1] iterations of the event loop before each arrival (N: the drain)
+    iters: jax.Array  # int32 [N + 1] event-loop iterations before each arrival (N: the drain)
     events: jax.Array  # int32 replica events (decode stretches and engine steps, summed over replicas)
 
 
@@ -531,53 +531,37 @@ def _record(c: _Carry, ev):
     return c._replace(ttft_t=put(c.ttft_t, rf), fin_t=put(c.fin_t, rd))
 
 
-def _eligible(reps: Replica, now_t, params, R):
-    """The active replicas with a step that starts at or before ``now_t``."""
-    active = jnp.arange(R, dtype=jnp.int32) < jnp.clip(params.replicas, 1, R)
-    return active & (has_work(reps) | jnp.any(reps.run.done, axis=1)) & t_le(reps.clock, now_t)
-
-
-def _event(c: _Carry, go, now_t, at, stream, params, W, max_seqs) -> _Carry:
-    """One iteration of the event loop: every replica in ``go`` takes a decode-only stretch where one
-    applies, else one engine step (replicas are independent between arrivals); counted at arrival ``at``."""
-    stretch = jax.vmap(lambda r, g: _decode_stretch(r, g, now_t, stream, params, max_seqs=max_seqs))
-    step = jax.vmap(lambda r, g: replica_step(r, g, stream, params, W=W, max_seqs=max_seqs))
-    # a decode-only stretch where one applies, else one engine step (disjoint replicas)
-    reps, ev_s, taken = stretch(c.reps, go)
-    reps, ev = step(reps, go & ~taken)
-    ev = jax.tree.map(lambda a, b: jnp.where(taken.reshape(taken.shape + (1,) * (a.ndim - 1)), a, b), ev_s, ev)
-    # hits and preemption counts of finishing requests, before the slots change
-    req, first, fin, _ = ev
-    N1 = c.hit_b.shape[0]
-    rd = jnp.where(fin, req, N1).reshape(-1)
-    c = c._replace(reps=reps, hit_b=c.hit_b.at[rd].set(reps.run.hit.reshape(-1), mode="drop"),
-                   npre=c.npre.at[rd].set(reps.run.npre.reshape(-1), mode="drop"),
-                   iters=c.iters.at[at].add(jnp.any(go).astype(jnp.int32)),
-                   events=c.events + jnp.sum(go.astype(jnp.int32)))
-    return _record(c, ev)
-
-
 def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R, at):
-    """Run every replica's steps that start at or before ``now_t`` (a Time; all of them at MS_LIM ms)."""
-    return jax.lax.while_loop(
-        lambda c: jnp.any(_eligible(c.reps, now_t, params, R)),
-        lambda c: _event(c, _eligible(c.reps, now_t, params, R), now_t, at, stream, params, W, max_seqs), c)
+    """Run every replica's steps that start at or before ``now_t`` (a Time; all of them at MS_LIM ms);
+    the loop's iterations are counted at arrival ``at`` (vmapped over configurations, the loop runs
+    as many as the configuration with the most there: ``benchmarks/vllm_lockstep.py``)."""
+    ridx = jnp.arange(R, dtype=jnp.int32)
+    active = ridx < jnp.clip(params.replicas, 1, R)
 
+    def elig(reps):
+        return active & (has_work(reps) | jnp.any(reps.run.done, axis=1)) & t_le(reps.clock, now_t)
 
-def _scrape_due(c: _Carry, now, real, params):
-    """The load scrape (``load_refresh_ms = P > 0``) due before the arrival at ``now``: (due, tick), the
-    last multiple of ``P`` at or before ``now`` when it is later than the last scrape."""
-    P = params.load_refresh_ms
-    tick = (now // jnp.maximum(P, 1)) * P
-    return real & (P > 0) & (tick > c.scrape_t), tick
+    def cond(c):
+        return jnp.any(elig(c.reps))
 
+    def body(c):
+        go = elig(c.reps)
+        stretch = jax.vmap(lambda r, g: _decode_stretch(r, g, now_t, stream, params, max_seqs=max_seqs))
+        step = jax.vmap(lambda r, g: replica_step(r, g, stream, params, W=W, max_seqs=max_seqs))
+        # a decode-only stretch where one applies, else one engine step (disjoint replicas)
+        reps, ev_s, taken = stretch(c.reps, go)
+        reps, ev = step(reps, go & ~taken)
+        ev = jax.tree.map(lambda a, b: jnp.where(taken.reshape(taken.shape + (1,) * (a.ndim - 1)), a, b), ev_s, ev)
+        # hits and preemption counts of finishing requests, before the slots change
+        req, first, fin, _ = ev
+        N1 = c.hit_b.shape[0]
+        rd = jnp.where(fin, req, N1).reshape(-1)
+        c = c._replace(reps=reps, hit_b=c.hit_b.at[rd].set(reps.run.hit.reshape(-1), mode="drop"),
+                       npre=c.npre.at[rd].set(reps.run.npre.reshape(-1), mode="drop"),
+                       iters=c.iters.at[at].add(1), events=c.events + jnp.sum(go.astype(jnp.int32)))
+        return _record(c, ev)
 
-def _scrape_take(c: _Carry, due, tick, stream, params, u, instances) -> _Carry:
-    """Record the pods' waiting requests and KV blocks in use as the scrape of ``tick`` (when ``due``)."""
-    q, _ = _loads(c.reps, stream, u, instances, params.local_load)
-    kv = c.reps.pool.pinned + c.reps.pool.work
-    return c._replace(scrape_q=jnp.where(due, q, c.scrape_q), scrape_kv=jnp.where(due, kv, c.scrape_kv),
-                      scrape_t=jnp.where(due, tick, c.scrape_t))
+    return jax.lax.while_loop(cond, body, c)
 
 
 def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R, at) -> _Carry:
@@ -585,114 +569,18 @@ def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R, at) -> 
     of the last multiple of ``P`` at or before ``now``, taken when it is later than the last scrape (the
     replicas run up to that tick first; running them in two stretches changes nothing, no request
     arrives in between). With ``P = 0`` nothing runs: the router reads the live values."""
-    due, tick = _scrape_due(c, now, real, params)
+    P = params.load_refresh_ms
+    tick = (now // jnp.maximum(P, 1)) * P
+    due = real & (P > 0) & (tick > c.scrape_t)
     c = _advance(c, t_ms(jnp.where(due, tick, -1)), stream, params, W, S, R, at)
-    return _scrape_take(c, due, tick, stream, params, u, instances)
+    q, _ = _loads(c.reps, stream, u, instances, params.local_load)
+    kv = c.reps.pool.pinned + c.reps.pool.work
+    return c._replace(scrape_q=jnp.where(due, q, c.scrape_q), scrape_kv=jnp.where(due, kv, c.scrape_kv),
+                      scrape_t=jnp.where(due, tick, c.scrape_t))
 
 
-def _arrive(c: _Carry, req, stream, params, st, bits, ring, sy) -> _Carry:
-    """Request ``req`` arrives: the router reads the views and loads, picks a replica, the approximate
-    index learns the decision, the request joins the replica's waiting ring. A padding request (``req >=
-    n_requests``) changes nothing but its own slot ``req`` of the per-request arrays."""
-    R = st.max_replicas
-    K = stream.run_len.shape[0]
-    W = max(st.max_runs, 1)
-    E1 = stream.log.shape[-2]
-    replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
-    instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
-    ridx = jnp.arange(R, dtype=jnp.int32)
-    active = ridx < replicas
-    gie = stream.gie_hash is not None
-    real = req < stream.n_requests
-    now = stream.arrival_ms[req]
-    now_t = t_ms(now)
-    u = jnp.mod(req, instances)
-    reps = c.reps
-    c = c._replace(acc_kv=c.acc_kv.at[req].set(jnp.sum(jnp.where(active, reps.stats.kv_acc, 0.0))),
-                   acc_q=c.acc_q.at[req].set(jnp.sum(jnp.where(active, reps.stats.q_acc, 0.0))))
-    n = stream.n_blocks[req]
-    base = stream.offset[req]
-    runs, m, j0, ok = _req_runs(stream, req, W)
-    ok = ok & real
-    tg = jnp.where(ok, runs, K)
-    s_all = reps.pool.s.at[:, tg].get(mode="fill", fill_value=0)  # [R, W]
-    mt = jnp.where(active, leading_hit(s_all, m[None], ok[None]), 0)
-    mv = mt
-    if st.stale:  # the router's copy of every pool, synced at the first request and every stale_lag_ms
-        do = real & (params.view == 2) & (~c.synced | (now - c.sync_t >= params.stale_lag_ms))
-        c = c._replace(snap=jnp.where(do, reps.pool.s, c.snap), sync_t=jnp.where(do, now, c.sync_t),
-                       synced=c.synced | do)
-        s_snap = c.snap.at[:, tg].get(mode="fill", fill_value=0)
-        mv = jnp.where(params.view == 2, jnp.where(active, leading_hit(s_snap, m[None], ok[None]), 0), mv)
-    if st.index:
-        _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
-                       stale=False, index=True, active=active)
-        mv = jnp.where(params.view == 1, mvi, mv)  # approximate rows from the index; stale rows kept
-    gtot = None
-    if gie:  # GIE's own index (view gie_estimate): its count of prompt-byte hashes and their total
-        gids, gn = stream.gie_hash[req], stream.gie_n[req]
-        gcnt, gtot = gie_match(c.gix, gids, gn, active)
-        mv = jnp.where(params.view == VIEWS["gie_estimate"], gcnt, mv)
-    rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
-    # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads), and KV blocks
-    # in use (gpu_cache_usage_perc): live, or as of the last scrape (load_refresh_ms > 0)
-    queue, act = _loads(reps, stream, u, instances, params.local_load)
-    scraped = params.load_refresh_ms > 0
-    fv = FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
-                   tree_size=reps.pool.cached,
-                   kv_used=jnp.where(scraped, c.scrape_kv, reps.pool.pinned + reps.pool.work), match_total=gtot)
-    r = route(params.router, rv, fv, params, ring, compiled=st.routers)
-    if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
-        c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,
-                                   real & (params.view == VIEWS["gie_estimate"])))
-    # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
-    copies_i, sample, qual, away = routing_counts(mt, mt[r], pb, n, active, real, st.match)
-    c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),
-                   over_q=c.over_q + qual.astype(jnp.int32), over_n=c.over_n + away.astype(jnp.int32),
-                   rep_of=c.rep_of.at[req].set(r))
-    # the approximate index learns the decision (leaf-first LRU of index_capacity blocks)
-    store = c.store
-    if st.index:
-        vrow = R + u * R + r
-        g = store.kv.at[vrow, tg].get(mode="fill", fill_value=-1)
-        sli = stored_len(g[:, 0], m, store.thr[vrow])
-        leaf_b = leaf_stamp(base, n, j0, m)
-        vals = jnp.stack([leaf_b, jnp.zeros_like(leaf_b)], axis=-1)
-        kv = store.kv.at[vrow, tg].set(vals, mode="drop")
-        p = stream.n_runs[req]
-        lane = jnp.arange(W, dtype=jnp.int32)
-        rq_at = jnp.where(ok, store.cnt[vrow] + lane, E1)
-        rq = store.rq.at[vrow, rq_at].set(stream.entry0[req] + lane, mode="drop")
-        store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(jnp.where(real, p, 0)),
-                               occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
-        store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, real)
-    # enqueue on replica r (touching only its ring slot and counters)
-    Q = st.queue_slots
-    w = reps.wait
-    idle = (reps.nrun[r] == 0) & (w.count[r] == 0)
-    room = real & (w.count[r] < Q)
-    pos = jnp.where(room, jnp.mod(w.head[r] + w.count[r], Q), Q)
-    one = (ridx == r).astype(jnp.int32)
-    w = w._replace(req=w.req.at[r, pos].set(req, mode="drop"), d=w.d.at[r, pos].set(0, mode="drop"),
-                   npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
-    reps = reps._replace(
-        wait=w,
-        clock=t_where((ridx == r) & idle & real, t_max(reps.clock, now_t), reps.clock),
-        load_req=reps.load_req + one * room.astype(jnp.int32),
-        load_blk=reps.load_blk + one * jnp.where(room, n, 0),
-        stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
-    )
-    return c._replace(reps=reps, store=store)
-
-
-def simulate_vllm(stream, params, key, st, request_bits, finish, loop: str = "scan"):
-    """The vllm replicas over the arrivals; ``finish(stream, params, c, st, ...)`` builds Metrics.
-
-    ``loop``: ``"flat"`` (one loop whose iterations are events or arrivals: a vmapped batch of
-    configurations runs as many iterations as its configuration with the most events and arrivals) or
-    ``"scan"`` (a scan over arrivals, an event loop before each: a batch runs, before each arrival, the
-    most events any of its configurations has there). Both give the same results; see
-    ``benchmarks/vllm_lockstep.py`` for what each costs."""
+def simulate_vllm(stream, params, key, st, request_bits, finish):
+    """The scan over arrivals with vllm replicas; ``finish(stream, params, c, st, ...)`` builds Metrics."""
     R = st.max_replicas
     K = stream.run_len.shape[0]
     N1 = stream.arrival_ms.shape[0]
@@ -719,49 +607,90 @@ def simulate_vllm(stream, params, key, st, request_bits, finish, loop: str = "sc
                 jnp.int32(-1), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.int32), z)
     sy = init_sync(R)
 
-    if loop == "scan":
-        def step(c: _Carry, req):
-            real = req < stream.n_requests  # padding requests (stacked streams) are never routed
-            now = stream.arrival_ms[req]
-            u = jnp.mod(req, instances)
-            c = _scrape(c, now, real, stream, params, u, instances, W, S, R, req)
-            c = _advance(c, t_ms(now), stream, params, W, S, R, req)
-            return _arrive(c, req, stream, params, st, bits, ring, sy), None
+    def step(c: _Carry, req):
+        real = req < stream.n_requests  # padding requests (stacked streams) are never routed
+        now = stream.arrival_ms[req]
+        now_t = t_ms(now)
+        u = jnp.mod(req, instances)
+        c = _scrape(c, now, real, stream, params, u, instances, W, S, R, req)
+        c = _advance(c, now_t, stream, params, W, S, R, req)
+        reps = c.reps
+        c = c._replace(acc_kv=c.acc_kv.at[req].set(jnp.sum(jnp.where(active, reps.stats.kv_acc, 0.0))),
+                       acc_q=c.acc_q.at[req].set(jnp.sum(jnp.where(active, reps.stats.q_acc, 0.0))))
+        n = stream.n_blocks[req]
+        base = stream.offset[req]
+        runs, m, j0, ok = _req_runs(stream, req, W)
+        ok = ok & real
+        tg = jnp.where(ok, runs, K)
+        s_all = reps.pool.s.at[:, tg].get(mode="fill", fill_value=0)  # [R, W]
+        mt = jnp.where(active, leading_hit(s_all, m[None], ok[None]), 0)
+        mv = mt
+        if st.stale:  # the router's copy of every pool, synced at the first request and every stale_lag_ms
+            do = real & (params.view == 2) & (~c.synced | (now - c.sync_t >= params.stale_lag_ms))
+            c = c._replace(snap=jnp.where(do, reps.pool.s, c.snap), sync_t=jnp.where(do, now, c.sync_t),
+                           synced=c.synced | do)
+            s_snap = c.snap.at[:, tg].get(mode="fill", fill_value=0)
+            mv = jnp.where(params.view == 2, jnp.where(active, leading_hit(s_snap, m[None], ok[None]), 0), mv)
+        if st.index:
+            _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
+                           stale=False, index=True, active=active)
+            mv = jnp.where(params.view == 1, mvi, mv)  # approximate rows from the index; stale rows kept
+        gtot = None
+        if gie:  # GIE's own index (view gie_estimate): its count of prompt-byte hashes and their total
+            gids, gn = stream.gie_hash[req], stream.gie_n[req]
+            gcnt, gtot = gie_match(c.gix, gids, gn, active)
+            mv = jnp.where(params.view == VIEWS["gie_estimate"], gcnt, mv)
+        rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
+        # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads), and KV blocks
+        # in use (gpu_cache_usage_perc): live, or as of the last scrape (load_refresh_ms > 0)
+        queue, act = _loads(reps, stream, u, instances, params.local_load)
+        scraped = params.load_refresh_ms > 0
+        fv = FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
+                       tree_size=reps.pool.cached,
+                       kv_used=jnp.where(scraped, c.scrape_kv, reps.pool.pinned + reps.pool.work), match_total=gtot)
+        r = route(params.router, rv, fv, params, ring, compiled=st.routers)
+        if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
+            c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,
+                                       real & (params.view == VIEWS["gie_estimate"])))
+        # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
+        copies_i, sample, qual, away = routing_counts(mt, mt[r], pb, n, active, real, st.match)
+        c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),
+                       over_q=c.over_q + qual.astype(jnp.int32), over_n=c.over_n + away.astype(jnp.int32),
+                       rep_of=c.rep_of.at[req].set(r))
+        # the approximate index learns the decision (leaf-first LRU of index_capacity blocks)
+        store = c.store
+        if st.index:
+            vrow = R + u * R + r
+            g = store.kv.at[vrow, tg].get(mode="fill", fill_value=-1)
+            sli = stored_len(g[:, 0], m, store.thr[vrow])
+            leaf_b = leaf_stamp(base, n, j0, m)
+            vals = jnp.stack([leaf_b, jnp.zeros_like(leaf_b)], axis=-1)
+            kv = store.kv.at[vrow, tg].set(vals, mode="drop")
+            p = stream.n_runs[req]
+            lane = jnp.arange(W, dtype=jnp.int32)
+            rq_at = jnp.where(ok, store.cnt[vrow] + lane, E1)
+            rq = store.rq.at[vrow, rq_at].set(stream.entry0[req] + lane, mode="drop")
+            store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(jnp.where(real, p, 0)),
+                                   occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
+            store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, real)
+        # enqueue on replica r (touching only its ring slot and counters)
+        Q = st.queue_slots
+        w = reps.wait
+        idle = (reps.nrun[r] == 0) & (w.count[r] == 0)
+        room = real & (w.count[r] < Q)
+        pos = jnp.where(room, jnp.mod(w.head[r] + w.count[r], Q), Q)
+        one = (ridx == r).astype(jnp.int32)
+        w = w._replace(req=w.req.at[r, pos].set(req, mode="drop"), d=w.d.at[r, pos].set(0, mode="drop"),
+                       npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
+        reps = reps._replace(
+            wait=w,
+            clock=t_where((ridx == r) & idle & real, t_max(reps.clock, now_t), reps.clock),
+            load_req=reps.load_req + one * room.astype(jnp.int32),
+            load_blk=reps.load_blk + one * jnp.where(room, n, 0),
+            stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
+        )
+        return c._replace(reps=reps, store=store), None
 
-        c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
-        c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R, N)
-    elif loop == "flat":
-        c = _flat(c0, stream, params, st, bits, ring, sy)
-    else:
-        raise ValueError(f"loop={loop!r}: 'flat' or 'scan'")
+    c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
+    c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R, N)
     return finish(stream, params, c, st, active, replicas)
-
-
-def _flat(c0: _Carry, stream, params, st, bits, ring, sy) -> _Carry:
-    """The flat event loop: each iteration runs one event iteration (every replica with a step that
-    starts by the current target time), or, when none has one, takes the load scrape or the next
-    arrival. Targets: a due scrape's tick, then the arrival, then (after the last arrival) the drain.
-    The operations of each configuration are those of the scan, in the same order."""
-    R, S, W = st.max_replicas, st.max_running, max(st.max_runs, 1)
-    N = stream.arrival_ms.shape[0] - 1
-    instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
-
-    def body(x):
-        c, i, phase, _ = x
-        drain = i >= N
-        real = ~drain & (i < stream.n_requests)
-        now = stream.arrival_ms[i]
-        due, tick = _scrape_due(c, now, real, params)
-        first = (phase == 0) & due  # the scrape's tick first, then the arrival
-        t = t_ms(jnp.where(drain, MS_LIM, jnp.where(first, tick, now)))
-        go = _eligible(c.reps, t, params, R)
-        quiet = ~jnp.any(go)
-        c = _event(c, go, t, i, stream, params, W, S)  # a no-op where nothing steps
-        c = _scrape_take(c, quiet & first, tick, stream, params, jnp.mod(i, instances), instances)
-        arrive = quiet & ~first & ~drain
-        c = _arrive(c, jnp.where(arrive, i, N), stream, params, st, bits, ring, sy)  # N: padding, a no-op
-        return (c, i + arrive.astype(jnp.int32), jnp.where(quiet & first, 1, jnp.where(arrive, 0, phase)),
-                quiet & drain)
-
-    c, _, _, _ = jax.lax.while_loop(lambda x: ~x[3], body, (c0, jnp.int32(0), jnp.int32(0), jnp.bool_(False)))
-    return c
