@@ -345,3 +345,43 @@ def test_prefix_poisson_workload_validation_and_zipf():
         prefix_poisson_workload(duration_s=30 * 86_400.0)
     with pytest.raises(ValueError, match="rate_per_hour"):
         prefix_poisson_workload(n_prefixes=2, rate_per_hour=np.array([1.0]))
+
+
+@pytest.mark.parametrize("n", [1, 63, 65, 200])
+def test_hash_rows_padding_changes_no_key(n):
+    """hash_rows pads each call's rows to a power of two (fewer compiled programs): every row's keys
+    equal an unpadded call's, with a parent chain and salts too."""
+    from cacheresearch.workload.keys import block_keys_jit, to_uint64  # noqa: PLC0415
+    from cacheresearch.workload.synthetic import _rows_bucket, hash_rows  # noqa: PLC0415
+
+    rng = np.random.default_rng(n)
+    tok = rng.integers(0, 50_000, size=(n, 48), dtype=np.int32)
+    par = (rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32),
+           rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32))
+    salt = rng.integers(0, 3, n).astype(np.uint32)
+    for kw in (dict(), dict(parent=par, start_token=16), dict(salt=salt)):
+        got = hash_rows(tok, 16, **kw)
+        call = {("cache_salt" if k == "salt" else k): v for k, v in kw.items()}
+        hi, lo, _ = block_keys_jit(tok, np.full(n, 48, np.int32), block_size=16, **call)
+        assert np.array_equal(got, to_uint64(hi, lo))
+    assert _rows_bucket(n) >= n and _rows_bucket(n) & (_rows_bucket(n) - 1) == 0
+
+
+def test_dense_ids_and_repeat_check_from_one_sort():
+    """Workload.dense_ids equals np.unique's inverse; the repeat check names the first request that
+    repeats a key (keys shared across requests are fine)."""
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        nb = rng.integers(0, 6, size=12)
+        keys = rng.integers(0, 9, size=int(nb.sum())).astype(np.uint64)
+        off = np.concatenate([[0], np.cumsum(nb)])
+        w = Workload(arrival_ms=np.arange(12), input_tokens=nb * 16, output_tokens=np.ones(12, np.int64),
+                     tenant=np.zeros(12, np.int32), keys=keys, offsets=off, block_tokens=16)
+        if keys.size:
+            assert np.array_equal(w.dense_ids(), np.unique(keys, return_inverse=True)[1].reshape(-1))
+        rep = [i for i in range(12) if len(set(keys[off[i]:off[i + 1]].tolist())) < nb[i]]
+        if rep:
+            with pytest.raises(ValueError, match=f"request {rep[0]} repeats a block key"):
+                w.check_distinct_keys()
+        else:
+            w.check_distinct_keys()

@@ -514,6 +514,8 @@ class _Carry(NamedTuple):
     scrape_t: jax.Array  # int32 ms of the last scrape (-1: none yet)
     acc_kv: jax.Array  # float32 [N + 1] the active replicas' kv_acc summed, at each arrival
     acc_q: jax.Array  # float32 [N + 1] the same of q_acc
+    iters: jax.Array  # int32 [N + 1] event-loop iterations before each arrival (N: the drain)
+    events: jax.Array  # int32 replica events (decode stretches and engine steps, summed over replicas)
 
 
 def _record(c: _Carry, ev):
@@ -529,8 +531,10 @@ def _record(c: _Carry, ev):
     return c._replace(ttft_t=put(c.ttft_t, rf), fin_t=put(c.fin_t, rd))
 
 
-def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
-    """Run every replica's steps that start at or before ``now_t`` (a Time; all of them at MS_LIM ms)."""
+def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R, at):
+    """Run every replica's steps that start at or before ``now_t`` (a Time; all of them at MS_LIM ms);
+    the loop's iterations are counted at arrival ``at`` (vmapped over configurations, the loop runs
+    as many as the configuration with the most there: ``benchmarks/vllm_lockstep.py``)."""
     ridx = jnp.arange(R, dtype=jnp.int32)
     active = ridx < jnp.clip(params.replicas, 1, R)
 
@@ -553,13 +557,14 @@ def _advance(c: _Carry, now_t, stream, params, W, max_seqs, R):
         N1 = c.hit_b.shape[0]
         rd = jnp.where(fin, req, N1).reshape(-1)
         c = c._replace(reps=reps, hit_b=c.hit_b.at[rd].set(reps.run.hit.reshape(-1), mode="drop"),
-                       npre=c.npre.at[rd].set(reps.run.npre.reshape(-1), mode="drop"))
+                       npre=c.npre.at[rd].set(reps.run.npre.reshape(-1), mode="drop"),
+                       iters=c.iters.at[at].add(1), events=c.events + jnp.sum(go.astype(jnp.int32)))
         return _record(c, ev)
 
     return jax.lax.while_loop(cond, body, c)
 
 
-def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R) -> _Carry:
+def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R, at) -> _Carry:
     """The load scrape (``load_refresh_ms = P > 0``): the pods' waiting requests and KV blocks in use as
     of the last multiple of ``P`` at or before ``now``, taken when it is later than the last scrape (the
     replicas run up to that tick first; running them in two stretches changes nothing, no request
@@ -567,7 +572,7 @@ def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R) -> _Car
     P = params.load_refresh_ms
     tick = (now // jnp.maximum(P, 1)) * P
     due = real & (P > 0) & (tick > c.scrape_t)
-    c = _advance(c, t_ms(jnp.where(due, tick, -1)), stream, params, W, S, R)
+    c = _advance(c, t_ms(jnp.where(due, tick, -1)), stream, params, W, S, R, at)
     q, _ = _loads(c.reps, stream, u, instances, params.local_load)
     kv = c.reps.pool.pinned + c.reps.pool.work
     return c._replace(scrape_q=jnp.where(due, q, c.scrape_q), scrape_kv=jnp.where(due, kv, c.scrape_kv),
@@ -599,7 +604,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
                 jnp.zeros(N1, jnp.int32), z, z, z, z,
                 jnp.zeros((R, K) if st.stale else (1, 1), jnp.int32), z, jnp.bool_(False),
                 init_gie_index(R, stream.n_gie) if gie else None, jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
-                jnp.int32(-1), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.float32))
+                jnp.int32(-1), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.int32), z)
     sy = init_sync(R)
 
     def step(c: _Carry, req):
@@ -607,8 +612,8 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         now = stream.arrival_ms[req]
         now_t = t_ms(now)
         u = jnp.mod(req, instances)
-        c = _scrape(c, now, real, stream, params, u, instances, W, S, R)
-        c = _advance(c, now_t, stream, params, W, S, R)
+        c = _scrape(c, now, real, stream, params, u, instances, W, S, R, req)
+        c = _advance(c, now_t, stream, params, W, S, R, req)
         reps = c.reps
         c = c._replace(acc_kv=c.acc_kv.at[req].set(jnp.sum(jnp.where(active, reps.stats.kv_acc, 0.0))),
                        acc_q=c.acc_q.at[req].set(jnp.sum(jnp.where(active, reps.stats.q_acc, 0.0))))
@@ -687,5 +692,5 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         return c._replace(reps=reps, store=store), None
 
     c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
-    c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R)
+    c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R, N)
     return finish(stream, params, c, st, active, replicas)

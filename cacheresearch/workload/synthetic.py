@@ -139,16 +139,31 @@ def hash_rows(tokens: np.ndarray, bs: int, parent=None, start_token: int = 0, sa
     out = np.empty((n, length // bs), dtype=np.uint64)
     if out.size == 0:
         return out
-    lengths = np.full(min(n, _CHUNK), length, dtype=np.int32)
     for a in range(0, n, _CHUNK):
         b = min(n, a + _CHUNK)
-        par = None if parent is None else (parent[0][a:b], parent[1][a:b])
-        sa = None if salt is None else np.asarray(salt[a:b], dtype=np.uint32)
+        m = _rows_bucket(b - a)  # padded to a power of two: one compiled program per bucket, not per size
+        par = None if parent is None else (_pad_rows(parent[0][a:b], m), _pad_rows(parent[1][a:b], m))
+        sa = None if salt is None else _pad_rows(np.asarray(salt[a:b], dtype=np.uint32), m)
         hi, lo, _ = block_keys_jit(
-            tokens[a:b], lengths[: b - a], block_size=bs, parent=par, start_token=start_token, cache_salt=sa
+            _pad_rows(tokens[a:b], m), np.full(m, length, dtype=np.int32), block_size=bs, parent=par,
+            start_token=start_token, cache_salt=sa,
         )
-        out[a:b] = to_uint64(hi, lo)
+        out[a:b] = to_uint64(np.asarray(hi)[: b - a], np.asarray(lo)[: b - a])
     return out
+
+
+def _rows_bucket(n: int) -> int:
+    """The row count a hashing call is padded to: the next power of two (at least 64, at most ``_CHUNK``).
+    Rows are hashed independently, so padding rows change no key; it bounds the distinct programs
+    compiled over a sweep's streams to a few instead of one per stream size."""
+    return min(_CHUNK, max(64, 1 << max(int(n) - 1, 0).bit_length()))
+
+
+def _pad_rows(x: np.ndarray, m: int) -> np.ndarray:
+    x = np.asarray(x)
+    if x.shape[0] == m:
+        return x
+    return np.concatenate([x, np.zeros((m - x.shape[0],) + x.shape[1:], dtype=x.dtype)])
 
 
 def _prefix_suffix_keys(prefix: np.ndarray, which: np.ndarray, tail: np.ndarray, bs: int, salt=None) -> np.ndarray:

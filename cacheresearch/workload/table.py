@@ -99,25 +99,37 @@ class Workload:
         """Each block key's rank among the distinct keys (int64 [total blocks]); cached."""
         cache = self.__dict__.get("_dense")
         if cache is None:
-            _, ids = np.unique(self.keys, return_inverse=True)
-            cache = ids.astype(np.int64).reshape(-1)
-            object.__setattr__(self, "_dense", cache)
+            cache = self._sort_keys()[0]
         return cache
+
+    def _sort_keys(self) -> tuple[np.ndarray, int]:
+        """One stable sort of the keys gives both the dense ids (``np.unique``'s inverse) and the first
+        request that repeats a key (-1: none): equal keys are adjacent in key order, and within them in
+        position order, so a request's repeated key is two neighbours with the same request. Both cached."""
+        order = np.argsort(self.keys, kind="stable")
+        k = self.keys[order]
+        new = np.ones(k.shape[0], dtype=bool)
+        new[1:] = k[1:] != k[:-1]
+        ids = np.empty(k.shape[0], dtype=np.int64)
+        ids[order] = np.cumsum(new) - 1
+        req = np.repeat(np.arange(self.n_requests), self.n_blocks)[order]
+        dup = ~new[1:] & (req[1:] == req[:-1])
+        first = int(req[1:][dup].min()) if dup.any() else -1
+        object.__setattr__(self, "_dense", ids)
+        object.__setattr__(self, "_repeat", first)
+        return ids, first
 
     def check_distinct_keys(self) -> None:
         """Chained keys never repeat inside one request; the engine relies on it (checked once)."""
-        if self.total_blocks == 0 or self.__dict__.get("_distinct_ok"):
+        if self.total_blocks == 0:
             return
-        req = np.repeat(np.arange(self.n_requests), self.n_blocks)
-        order = np.lexsort((self.keys, req))
-        k, r = self.keys[order], req[order]
-        dup = (k[1:] == k[:-1]) & (r[1:] == r[:-1])
-        if dup.any():
-            i = int(r[1:][dup][0])
+        first = self.__dict__.get("_repeat")
+        if first is None:
+            first = self._sort_keys()[1]
+        if first >= 0:
             raise WorkloadError(
-                f"request {i} repeats a block key; chained block keys are distinct within a request"
+                f"request {first} repeats a block key; chained block keys are distinct within a request"
             )
-        object.__setattr__(self, "_distinct_ok", True)
 
     # ------------------------------------------------------------ conveniences
     def slice(self, start: int, stop: int) -> "Workload":
