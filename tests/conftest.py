@@ -33,6 +33,7 @@ LONG_FILES = {
     "test_engine.py": 112, "test_chunks.py": 104, "test_numba_vllm.py": 75, "test_libcachesim_parity.py": 61,
     "test_bench.py": 58, "test_routing_experiments.py": 55, "test_batch.py": 55, "test_sweep.py": 53,
     "test_ttl_trace.py": 49, "test_fleet.py": 43, "test_fit.py": 43, "test_replay.py": 36, "test_keys.py": 19,
+    "test_synthetic.py": 21, "test_analytic.py": 18,
 }
 
 
