@@ -425,7 +425,7 @@ def plan_cells(
     for (index, stale, priority, s3, kind), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
-        grid = jax.tree.map(lambda *a: np.stack(a), *[params[g] for cs in cells for g in cs])  # host arrays
+        grid = jax.tree.map(lambda *a: np.asarray(a), *[params[g] for cs in cells for g in cs])  # host arrays
         depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
         options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
