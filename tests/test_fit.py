@@ -170,7 +170,9 @@ def test_fit_recovers_session_structure(known_fit):
         np.sqrt(L._frozen(L.Law.from_dict(c["arrivals"]["renewal"])).var()) - 1.0) < 0.1
     # branching: step classes within 0.03, the zeta exponent of dropped blocks within 0.25
     assert np.allclose(c["step"]["class_p"][:4], [0.1, 0.2, 0.6, 0.1], atol=0.03)
-    assert c["step"]["class_p"][4] == 0.0  # rewrites of the context are not at longer contexts: branches
+    # rewrites of the context are not at longer contexts, and the zeta tail's (keeping the root, or a
+    # share that grows with the parent) are branches
+    assert c["step"]["class_p"][4] == 0.0
     bd = c["step"]["branch_dropped"]
     assert bd["family"] == "zeta" and bd["params"]["a"] == pytest.approx(2.5, abs=0.25)
     # the parent is inferred (longest shared prefix, ties to the most recent), so a lag-2 parent that

@@ -340,6 +340,17 @@ def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> 
             "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
 
 
+MIN_REWRITES = 10  # fewer rewrites than this (and not length-triggered): they stay branches
+
+
+def _kept_growth_p(parent_blocks: np.ndarray, kept: np.ndarray) -> float:
+    """p-value that what rewrites keep grows with their parent's length (one-sided Spearman); 0.0 with fewer
+    than :data:`MIN_REWRITES` rewrites (no test: they are read as branches)."""
+    if kept.size < MIN_REWRITES or np.ptp(kept) == 0 or np.ptp(parent_blocks) == 0:
+        return 0.0 if kept.size < MIN_REWRITES else 1.0
+    return float(stats.spearmanr(parent_blocks, kept, alternative="greater").pvalue)
+
+
 def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq, tokens):
     """The step classes of a type's requests (their laws, or the empirical law), into ``comp`` and ``emp``."""
     stp = sel & (st.parent >= 0)
@@ -348,20 +359,29 @@ def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq, tokens):
     if stp.sum() >= 1:
         d, a = st.dropped[stp], st.appended[stp]
         cls = _step_class(d, a, st.shared[stp])
-        # an agent compacts when its context nears a limit: rewrites (steps keeping at most half of
-        # their parent) are a class of their own, length-triggered, when their parents are longer
-        # than the other steps' (one-sided Mann-Whitney, p < 0.01); else they stay branches
+        # rewrites (steps keeping at most half of their parent) are compactions, a class of their own
+        # whose kept blocks carry over to a context of any length, when they are length-triggered
+        # (their parents longer than the other steps', one-sided Mann-Whitney p < 0.01: an agent
+        # compacting near a limit) or when what they keep (more than the root block) does not grow
+        # with the parent (at least MIN_REWRITES of them, one-sided Spearman p >= 0.01: a rewrite to a
+        # fixed head, drawn at random at its observed rate); else they are long branches (what they
+        # drop carries over; one that keeps only the root is a branch censored at its parent's length)
         pbl = nb[st.parent[stp]]
         cp = cls == 4
         mw_p = 1.0
         if cp.sum() >= 2 and (~cp).sum() >= 2:
             mw_p = float(stats.mannwhitneyu(pbl[cp], pbl[~cp], alternative="greater").pvalue)
+        head = cp & (st.shared[stp] > 1)  # a rewrite keeping only the root block is a branch that dropped all
+        kept_p = _kept_growth_p(pbl[head], st.shared[stp][head]) if mw_p >= 0.01 else 0.0
         if cp.any():
             ck.add("step.compaction_trigger", "empirical" if mw_p < 0.01 else "none",
                    f"rewrites at longer contexts (Mann-Whitney p {mw_p:.2g})" if mw_p < 0.01 else
-                   f"rewrites not at longer contexts (p {mw_p:.2g}): branches", mannwhitney_p=mw_p)
-        if mw_p >= 0.01:
-            cls = np.where(cp, 2, cls)
+                   f"rewrites not at longer contexts (p {mw_p:.2g}), keeping a head that does not grow with "
+                   f"the parent (Spearman p {kept_p:.2g}): at random, {float(cp.mean()):.3g} of steps"
+                   if kept_p >= 0.01 else f"rewrites not at longer contexts (p {mw_p:.2g}): branches",
+                   mannwhitney_p=mw_p, kept_growth_p=kept_p)
+        if mw_p >= 0.01:  # not length-triggered: rewrites to a fixed head stay, the rest are branches
+            cls = np.where(cp & ~(head & (kept_p >= 0.01)), 2, cls)
         # whole empirical sessions keep their own steps (drawn at random within the session): a
         # session's growth and compaction rates stay its own
         sstep = np.searchsorted(uniq, st.session[stp])
@@ -382,9 +402,10 @@ def _fit_steps(ck, comp, emp, force, nb, s_of, sel, st, uniq, tokens):
         cp = cls == 4
         compact = ({"family": "empirical_pairs", "kept": [int(x) for x in st.shared[stp][cp]],
                     "appended": [int(x) for x in a[cp]], "n": int(cp.sum())} if cp.any() else None)
-        # the sampler compacts a context once it reaches a limit drawn from the parents' lengths at
-        # compaction (the empirical law), and never at random
-        trigger = L.empirical(pbl[cp], integer=True, why="length-triggered compactions") if cp.any() else None
+        # length-triggered: the sampler compacts a context once it reaches a limit drawn from the
+        # parents' lengths at compaction (the empirical law), and never at random; else at class_p's rate
+        trigger = (L.empirical(pbl[cp], integer=True, why="length-triggered compactions")
+                   if cp.any() and mw_p < 0.01 else None)
         steps = {}
         for fe in (False, True):
             sub = _Checks() if fe else ck
