@@ -8,6 +8,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+
 PKG = Path(__file__).resolve().parents[1] / "cacheresearch"
 MAX_LINES = 120
 CORE_ROOMS = ("analysis", "backends", "cache", "core", "fit", "metrics", "replica", "routers", "workload")
@@ -36,43 +40,15 @@ def _imports(tree: ast.Module, names) -> set[str]:
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
-    for root in graph:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter[0]
-        counter[0] += 1
-        stack.append(root)
-        on.add(root)
-        while work:
-            v, it = work[-1]
-            w = next(it, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = counter[0]
-                    counter[0] += 1
-                    stack.append(w)
-                    on.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    x = stack.pop()
-                    on.discard(x)
-                    comp.append(x)
-                    if x == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
-    return out
+    """Strongly connected components of more than one module (scipy's strong components)."""
+    names = sorted(set(graph) | {w for ws in graph.values() for w in ws})
+    at = {n: i for i, n in enumerate(names)}
+    rows = [at[v] for v, ws in graph.items() for _ in ws]
+    cols = [at[w] for ws in graph.values() for w in ws]
+    adj = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(names), len(names)))
+    _, label = connected_components(adj, directed=True, connection="strong")
+    comps = [sorted(n for n, lab in zip(names, label) if lab == k) for k in np.unique(label)]
+    return sorted(c for c in comps if len(c) > 1)
 
 
 def test_no_function_over_120_lines():
