@@ -94,3 +94,10 @@ def test_resolve_model_errors(tmp_path):
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
         hw.resolve_model(str(tmp_path / "x.json"))
+
+
+def test_hf_ids_name_presets():
+    """Every id maps to a preset that exists; lookups ignore case; an unknown id is None."""
+    assert set(hw.HF_MODEL_IDS.values()) <= set(hw.MODELS)
+    assert hw.preset_for_hf_id("qwen/QWEN3-32b") == "qwen3_32b"
+    assert hw.preset_for_hf_id("org/unknown-model") is None

@@ -44,7 +44,8 @@ from os import PathLike
 from pathlib import Path
 
 __all__ = ["ModelSpec", "GpuSpec", "MODELS", "GPUS", "KV_DTYPE_BYTES", "kv_bytes_per_token", "block_bytes",
-           "kv_blocks", "kv_tokens", "capacity_table", "model_from_config", "resolve_model"]
+           "kv_blocks", "kv_tokens", "capacity_table", "model_from_config", "resolve_model", "HF_MODEL_IDS",
+           "preset_for_hf_id"]
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -107,6 +108,25 @@ MODELS: dict[str, ModelSpec] = {
         "mistralai/Mistral-7B-Instruct-v0.3 config.json: num_hidden_layers 32, num_key_value_heads 8, head_dim "
         "128; 7.25 B parameters (model card), BF16 weights"),
 }
+
+#: Hugging Face model ids (as inference-perf's ``server.model_name`` / ``tokenizer`` name them) of the presets.
+HF_MODEL_IDS: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3_8b", "meta-llama/Llama-3.1-8B": "llama3_8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama3_8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama3_70b", "meta-llama/Llama-3.3-70B-Instruct": "llama3_70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3_70b",
+    "Qwen/Qwen2.5-32B-Instruct": "qwen2.5_32b", "Qwen/Qwen2.5-32B": "qwen2.5_32b",
+    "Qwen/Qwen3-8B": "qwen3_8b", "Qwen/Qwen3-32B": "qwen3_32b",
+    "codellama/CodeLlama-34b-Instruct-hf": "codellama_34b",
+    "mistralai/Mistral-7B-Instruct-v0.3": "mistral_7b",
+}
+
+
+def preset_for_hf_id(model_id: str) -> str | None:
+    """The preset of a Hugging Face model id (:data:`HF_MODEL_IDS`, case-insensitive), or ``None``."""
+    low = {k.lower(): v for k, v in HF_MODEL_IDS.items()}
+    return low.get(str(model_id).strip().lower())
+
 
 #: GPU presets: device totals as reported by nvidia-smi (MiB), which is what vLLM's budget multiplies.
 GPUS: dict[str, GpuSpec] = {
