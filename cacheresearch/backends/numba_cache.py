@@ -380,7 +380,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         match=per_req(mreq) if st.match else per_req(np.zeros((G, n, R), np.int32)),
         replicas_over_bound=(P["replicas"] > R) | (P["replicas"] < 1),
         tpot_mean_ms=nan32, e2e_p50_ms=z - 1, e2e_p90_ms=z - 1, e2e_p99_ms=z - 1, preemptions=z,
-        kv_util_mean=nan32, kv_util_max=nan32, queue_len_mean=nan32, throughput_tps=nan32, dropped=z, steps=z,
+        kv_util_mean=nan32, kv_util_max=nan32, queue_len_mean=nan32, throughput_tps=nan32, dropped=z, steps=z, events=z,
         e2e_ms=empty, preempted=empty, kv_acc_at=empty.astype(np.float32), q_acc_at=empty.astype(np.float32),
         n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=sh, ttft_sum_lo=sl,
         ttft_n=np.full(G, n, np.int32), busy_time=per_r[:, 4].astype(np.int32), horizon_time=horizon.astype(np.int32),

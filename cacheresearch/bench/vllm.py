@@ -6,8 +6,11 @@ The workload is ``benchmarks/vllm_lockstep.py``'s (16 groups sharing 2,000-token
 round_robin) and ``max_num_seqs``. Each backend runs the whole grid through the runner
 (:func:`cacheresearch.core.run.simulate_cells`, ``backend=``) twice: the first call includes compilation,
 the second is timed. Reported per backend: wall and process CPU seconds, simulated requests per second
-(configurations x requests / wall), engine steps per second, and whether every configuration's steps and
-TTFT p90 equal the other backend's. Timings depend on the machine and its load: report them with it.
+(configurations x requests / wall), engine steps and replica events per second (``Metrics.events``: a
+decode-only stretch taken at once or one other engine step), events per configuration (mean and max: a
+vmapped JAX batch loops as often as its busiest configuration, so ``events_max / events_mean`` is the
+lockstep's cost bound), and whether every configuration's steps, events and TTFT p90 equal the first
+backend's. Timings depend on the machine and its load: report them with it.
 """
 
 from __future__ import annotations
@@ -49,14 +52,16 @@ def sweep_vllm(n: int = 64, requests: int = 400, backends=("numba", "jax"), repl
         t0, c0 = time.perf_counter(), time.process_time()
         m, plan = simulate_cells([s], np.zeros(len(ps), np.int64), ps, seeds, backend=b, **opts)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        got = (np.asarray(m.steps), np.asarray(m.ttft_p90_ms))
-        same = None if ref is None else bool(np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1]))
+        got = (np.asarray(m.steps), np.asarray(m.events), np.asarray(m.ttft_p90_ms))
+        same = None if ref is None else all(np.array_equal(a, b) for a, b in zip(got, ref))
         ref = got if ref is None else ref
-        steps = int(got[0].sum())
+        steps, ev = int(got[0].sum()), got[1].astype(np.int64)
         rows.append(dict(name=f"sweep{len(ps)}_vllm", backend=b, programs=[g.backend for g in plan.groups],
                          configurations=len(ps), requests=int(w.n_requests), wall_s=round(wall, 3),
                          cpu_s=round(cpu, 3), requests_per_s=round(len(ps) * int(w.n_requests) / wall, 1),
                          engine_steps=steps, engine_steps_per_s=round(steps / wall, 1),
+                         events=int(ev.sum()), events_per_s=round(int(ev.sum()) / wall, 1),
+                         events_per_config_mean=round(float(ev.mean()), 1), events_per_config_max=int(ev.max()),
                          equal_to_first_backend=same))
     return dict(case=f"sweep{len(ps)}_vllm", rows=rows)
 
