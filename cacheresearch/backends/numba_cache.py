@@ -34,7 +34,7 @@ from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream, compile_stream
 from cacheresearch.metrics.core import LIMB, Metrics
 from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
-from cacheresearch.routers.fixed import fixed_routes, prefix_keys
+from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
 from cacheresearch.workload import Workload
 
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES", "coverage", "available", "run_stream"]
@@ -275,7 +275,9 @@ def _limbs(total) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
-    """The fixed replica of every request of every configuration [G, n] (one call per routing group)."""
+    """The fixed replica of every request of every configuration [G, n] (one call per routing group of
+    several replicas: on one replica every rule routes to it; ``random``'s draws for every configuration
+    in one call)."""
     G = P["router"].shape[0]
     rnames = {v: k for k, v in ROUTERS.items()}
     rep = np.zeros((G, n), np.int64)
@@ -285,18 +287,16 @@ def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
                           []).append(g)
     off = np.asarray(stream.offset)[:n]
     nb = np.asarray(stream.n_blocks)[:n]
+    bits = None
     for (router, R, pb), gs in groups.items():
+        if R == 1:  # a rule's replica is in [0, R): 0
+            continue
         hi, lo = prefix_keys(off, nb, np.asarray(stream.key_hi), np.asarray(stream.key_lo), pb)
+        if router == "random" and bits is None:
+            bits = first_bits(keys, n)
         rep[gs] = fixed_routes(router, R, n, prefix_hi=hi, prefix_lo=lo,
-                               keys=_subset(keys, gs) if router == "random" else None)
+                               bits0=bits[np.asarray(gs)] if router == "random" else None)
     return rep
-
-
-def _subset(keys, gs: list):
-    """The PRNG keys of configurations ``gs`` (a batched key array: no gather when ``gs`` is all of them)."""
-    if not hasattr(keys, "shape"):
-        return [keys[g] for g in gs]
-    return keys if gs == list(range(keys.shape[0])) else keys[np.asarray(gs)]
 
 
 def _run_kernel(stream: Stream, P: dict, keys: list, st):
