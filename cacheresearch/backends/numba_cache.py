@@ -358,6 +358,8 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     def per_req(a, fill=0):
         if not st.per_request:
             return np.zeros((G, 0) + a.shape[2:], np.int32)
+        if no == n:  # no padding: the kernel's own array (fresh per call), as int32
+            return np.asarray(a).astype(np.int32, copy=False)
         out = np.full((G, no) + a.shape[2:], fill, np.int32)
         out[:, :n] = a
         return out
@@ -377,7 +379,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         load_imbalance=nan32, prefix_copies=nan32, overflow_share=nan32,
         queue_overflow=ints[:, 2].astype(np.int32), time_overflow=ints[:, 3].astype(np.bool_),
         hit_blocks=per_req(hb), hit_tokens=per_req(hit_tok), replica=per_req(rep), ttft_ms=per_req(ttft),
-        match=per_req(mreq) if st.match else per_req(np.zeros((G, n, R), np.int32)),
+        match=per_req(mreq) if st.match else np.zeros((G, no if st.per_request else 0, R), np.int32),
         replicas_over_bound=(P["replicas"] > R) | (P["replicas"] < 1),
         tpot_mean_ms=nan32, e2e_p50_ms=z - 1, e2e_p90_ms=z - 1, e2e_p99_ms=z - 1, preemptions=z,
         kv_util_mean=nan32, kv_util_max=nan32, queue_len_mean=nan32, throughput_tps=nan32, dropped=z, steps=z, events=z,
