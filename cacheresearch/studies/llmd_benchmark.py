@@ -31,7 +31,12 @@ time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps included), 
 The approximate arm runs on GIE's own index (view ``gie_estimate``): the stream carries the prompts'
 byte-block hashes under ``llmd.bytes_per_token`` (an assumption, default 4: GIE's own guess), one stream
 per estimate-mode hash configuration. ``llmd.metrics_refresh_ms`` (default 50: GIE v0.5.1's
-``DefaultRefreshMetricsInterval``; 0 = live) is how often the schedulers' load metrics are scraped.
+``DefaultRefreshMetricsInterval``; 0 = live) is how often the schedulers' load metrics are scraped;
+``llmd.load_gauges`` (default 1) says what a scrape reads: vLLM V1's gauges, ``num_requests_waiting`` and KV
+usage as of the end of each pod's last completed engine step (``Scheduler.make_stats`` at the end of
+``update_from_output``; new requests join the waiting queue between steps, ``EngineCoreProc.run_busy_loop``),
+so a request admitted at the step after its arrival is never seen waiting; 0 reads the pods' state at the
+scrape instead.
 ``published_*`` hold the report's figures beside ours when the files are the bundled ones.
 """
 
@@ -112,7 +117,12 @@ PUBLISHED_ALL = {
 PUBLISHED_RATES = _R
 
 DEFAULTS = dict(inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0, overhead_ms=250.0,
-                max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50, max_running=256, seed=None)
+                max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50, load_gauges=1,
+                max_running=256, seed=None)
+
+OVERHEAD_NOTE = ("assumption: fixed gateway / EPP / tokenizer / HTTP time outside the pods, added to every client "
+                 "TTFT after the simulation; default 250 ms read off the 73-capacity report's lowest stage (precise "
+                 "at 3 QPS: 0.29 s mean TTFT with almost full hits), one constant for the series")
 
 
 class LlmdBenchmarkError(ValueError):
@@ -283,7 +293,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     durs = np.array([s.duration for s in ip.stages])
     ps = []
     for a in names:
-        kn = dict(base, load_refresh_ms=refresh)
+        kn = dict(base, load_refresh_ms=refresh, load_gauges=int(lc["load_gauges"]))
         kn.update({k: v for k, v in arms[a].items() if k != "router"})
         ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
     sid = [confs.index(hcfg[a]) if hcfg[a] is not None else 0 for a in names]
@@ -327,9 +337,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         inference_perf=str(ip_path), epp=repr({a: str(f) for a, f in epp.items()}), replicas=R, model=model, gpu=gpu,
         tp=tp, block_tokens=bt, capacity_blocks=cap, step_source=step["source"], sched_source=sched["source"],
         knobs=repr({a: arms[a] for a in names}), base_knobs=repr(base), overhead_ms=ov,
-        overhead_note="assumption: fixed gateway / EPP / tokenizer / HTTP time outside the pods, added to every "
-        "client TTFT after the simulation; default 250 ms read off the 73-capacity report's lowest stage (precise "
-        "at 3 QPS: 0.29 s mean TTFT with almost full hits), one constant for the series",
+        overhead_note=OVERHEAD_NOTE,
         bytes_per_token=float(lc["bytes_per_token"]),
         bytes_per_token_note="assumption: prompt bytes per token, for GIE's byte-block hashes (GIE's own guess: 4)",
         metrics_refresh_ms=refresh, gie_hash_configs=repr(confs),
