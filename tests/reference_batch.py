@@ -84,6 +84,17 @@ class _Replica:
         self.dropped = 0
         self.rejected = 0
         self.kv_max = 0
+        # vLLM V1's gauges (load_gauges): (waiting, KV blocks in use) at the end of every step, with its time
+        self.g_pen_t, self.g_pen, self.g_pub = 0, (0, 0), (0, 0)
+
+    def publish(self):
+        """make_stats at the end of a step (update_from_output): the step before becomes the previous one."""
+        self.g_pub = self.g_pen
+        self.g_pen_t, self.g_pen = self.clock, (len(self.waiting), self.pinned() + self.work)
+
+    def gauges_at(self, t):
+        """The gauges as of time ``t``: the last step completed by then."""
+        return self.g_pen if self.g_pen_t <= t else self.g_pub
 
     def pinned(self):
         return sum(1 for k in self.stored if self.ref.get(k, 0) > 0)
@@ -98,7 +109,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
-                    load_refresh_ms=0, **kn):
+                    load_refresh_ms=0, load_gauges=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
     R = int(replicas)
     N = int(workload.n_requests)
@@ -179,6 +190,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             rp.work -= work_of(q)
         rp.running = [q for q in rp.running if not q.done]
         if not rp.has_work():
+            rp.publish()
             return False
         # 2. running batch
         budget = int(max_num_batched_tokens)
@@ -259,6 +271,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         # 4. the step
         sched = [q for q in rp.running if q.tok > 0]
         if not sched:
+            rp.publish()
             return preempted
         ptok = sum(q.tok for q in sched if q.pref)
         dtok = sum(1 for q in sched if not q.pref)
@@ -271,6 +284,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         rp.steps += 1
         rp.busy += dt
         rp.kv_max = max(rp.kv_max, rp.pinned() + rp.work)
+        rp.publish()
         for q in sched:
             complete = q.pref and q.c >= q.pt
             if complete or not q.pref:
@@ -311,6 +325,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 advance(tick * PS_PER_MS)
                 scrape_q = [sum(1 for w in rp.waiting if (not local_load or w[0] % n_inst == u)) for rp in reps]
                 scrape_kv = [rp.pinned() + rp.work for rp in reps]
+                if load_gauges:  # vLLM's gauges as of the tick (pod-wide)
+                    scrape_q = [rp.gauges_at(tick * PS_PER_MS)[0] for rp in reps]
+                    scrape_kv = [rp.gauges_at(tick * PS_PER_MS)[1] for rp in reps]
                 scrape_t = tick
         advance(now_t)
         keys = keys_of[i]
@@ -359,6 +376,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         tree = [len(rp.stored) for rp in reps]
         pk = keys[min(int(prefix_blocks), n) - 1] if n > 0 else 0
         kv_used = [rp.pinned() + rp.work for rp in reps]
+        if load_gauges:  # vLLM's gauges read live: as of this arrival
+            queue = [rp.gauges_at(now_t)[0] for rp in reps]
+            kv_used = [rp.gauges_at(now_t)[1] for rp in reps]
         if load_refresh_ms > 0:
             queue, kv_used = scrape_q, scrape_kv
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,

@@ -250,3 +250,51 @@ def test_another_benchmark_of_the_series_runs_from_its_own_files():
     # constant sends: a stage's requests/s is its rate (n requests over the span of n - 1 gaps)
     np.testing.assert_allclose(ds.requests_per_s.sel(arm="random").values,
                                [r * n / (n - 1) for r, n in ((4, 20), (2, 12), (6, 30), (10, 40))], rtol=1e-2)
+
+
+def test_fixed_overhead_is_a_pure_addition_to_the_client_ttft(tmp_path):
+    """``llmd.overhead_ms`` (default 250, an assumption) never reaches the simulation: with 0 and 250 the cells
+    are the same, every request's pod TTFT, finish time and pod are the same, and the dataset's TTFTs are
+    shifted by exactly 0.25 s while every other variable is unchanged."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.core.run import simulate_cells
+    from cacheresearch.studies import get
+    from cacheresearch.studies.llmd_benchmark import DEFAULTS, client_ttft_s
+
+    assert DEFAULTS["overhead_ms"] == 250.0
+    ip = _write(tmp_path, "ip.yaml", SMALL_IP)
+    epp = {a: str(BUNDLED / f) for a, f in (("approximate", "epp-estimated-scheduling.yaml"),
+                                           ("precise", "epp-precise-scheduling.yaml"))}
+    runs = {}
+    for ov in (None, 0, 250):
+        llmd = dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8)
+        if ov is not None:
+            llmd["overhead_ms"] = ov
+        cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="ov", seed=3, fleet=dict(replicas=3),
+                                    replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                    cache=dict(block_tokens=64, capacity_blocks=20), llmd=llmd))
+        r = get("llmd_benchmark").plan(cfg)
+        c = r.cells
+        m, _ = simulate_cells(c.streams, c.stream_of, c.params, c.seeds, max_replicas=c.max_replicas, **c.options)
+        pod = {f: np.asarray(getattr(m, f)).copy() for f in ("ttft_ms", "e2e_ms", "hit_tokens")}
+        params = [p._asdict() for p in c.params]
+        r.assemble(m)
+        assert r.cells is None
+        runs[ov] = (pod, params, r.dataset)
+    (p0, k0, d0), (p1, k1, d1), (_, _, dd) = runs[0], runs[250], runs[None]
+    for f in p0:  # the pods and the routing saw the same thing
+        np.testing.assert_array_equal(p0[f], p1[f], err_msg=f)
+    for a, b in zip(k0, k1):
+        for f in a:
+            np.testing.assert_array_equal(np.asarray(a[f]), np.asarray(b[f]), err_msg=f)
+    assert np.all(p0["ttft_ms"] >= 0)
+    np.testing.assert_allclose(client_ttft_s(p0["ttft_ms"], 250) - client_ttft_s(p0["ttft_ms"], 0), 0.25,
+                               rtol=0, atol=1e-12)
+    for v in d0.data_vars:
+        if v.startswith("ttft_"):
+            np.testing.assert_allclose(d1[v].values - d0[v].values, 0.25, rtol=0, atol=1e-9, err_msg=v)
+        elif v != "wall_s":
+            np.testing.assert_array_equal(d0[v].values, d1[v].values, err_msg=v)
+    np.testing.assert_allclose(dd.ttft_p90_s_all.values, d1.ttft_p90_s_all.values, rtol=0, atol=1e-12)
+    assert d1.attrs["overhead_ms"] == 250.0 and "assumption" in d1.attrs["overhead_note"]

@@ -129,19 +129,21 @@ _GIE_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 160), budget=
                   view=st.sampled_from(["precise", "approximate", "stale", "gie_estimate"]),
                   weights=st.tuples(*[st.sampled_from([0, 100, 200, 300]) for _ in range(4)]),
                   window=st.sampled_from([0, 3, 12]), refresh=st.sampled_from([0, 7, 50]),
-                  lru=st.sampled_from([12, 20, 31_250]))
+                  lru=st.sampled_from([12, 20, 31_250]), gauges=st.sampled_from([0, 1]))
 
 
-def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too):
+def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too, gauges=0):
     """The gie router (every scorer and weight, the tie rule) on every view, GIE's own index on view
-    gie_estimate (an LRU small enough to forget), the load scrape every ``refresh`` ms."""
+    gie_estimate (an LRU small enough to forget), the load scrape every ``refresh`` ms, the loads as the
+    replicas' state or as vLLM's gauges (``gauges``: as of the last completed step)."""
     w = _workload(seed, out, rate=40)
     g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=11) if view == "gie_estimate" \
         else None
     kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs, gie_prefix_mode=mode,
               gie_prefix_w_pct=weights[0], gie_kv_w_pct=weights[1], gie_queue_w_pct=weights[2],
               gie_load_w_pct=weights[3], gie_load_threshold=3, gie_window_blocks=window, view=view,
-              load_refresh_ms=refresh, gie_lru_capacity=lru, index_capacity=cap // 2 + 20, stale_lag_ms=150)
+              load_refresh_ms=refresh, gie_lru_capacity=lru, index_capacity=cap // 2 + 20, stale_lag_ms=150,
+              load_gauges=gauges)
     return _compare(w, R=R, router="gie", gie_hashes=g, jax_too=jax_too, **kn)
 
 
@@ -164,8 +166,28 @@ def test_gie_estimate_and_scrape_equal_jax_every_field():
     """The benchmark's approximate arm in small (estimate mode 1/1/1 on GIE's index, 7 ms scrapes) and its
     precise arm (3/2/2, live loads): every Metrics field against the JAX replica, and the reference."""
     for mode, view, wts, refresh in ((1, "gie_estimate", (100, 100, 100, 0), 7), (2, "precise", (300, 200, 200, 0), 0)):
-        ref = _gie_case(5, 60, 64, 4, 3, 20, mode, view, wts, 0, refresh, 20, jax_too=True)
-        assert len(set(ref["replica"].tolist())) == 3
+        for gauges in (0, 1):
+            ref = _gie_case(5, 60, 64, 4, 3, 20, mode, view, wts, 0, refresh, 20, jax_too=True, gauges=gauges)
+            assert len(set(ref["replica"].tolist())) == 3
+
+
+@pytest.mark.parametrize("refresh", [0, 7, 50])
+def test_vllm_gauges_never_count_a_request_admitted_at_its_next_step(refresh):
+    """load_gauges=1 (vLLM V1's num_requests_waiting as of the end of the last completed step): with a pool and
+    a token budget that admit every request at the first step after its arrival, no request is ever counted
+    waiting, so the queue scorer alone sees every pod equal and every pick is the tie rule over all pods
+    (``floor(bits[1] R / 2**32)``); the replica's own state (load_gauges=0) counts a request from its arrival
+    to its next step, and the picks differ. Numba, the reference and (refresh 7) the JAX replica agree."""
+    R = 3
+    w = _workload(11, 12, rate=60)
+    kn = dict(capacity_blocks=4000, max_num_batched_tokens=100_000, max_num_seqs=64, gie_prefix_mode=0,
+              gie_prefix_w_pct=0, gie_kv_w_pct=0, gie_queue_w_pct=100, load_refresh_ms=refresh)
+    bits = np.asarray(request_bits(jax.random.key(0), w.n_requests + 1))[: w.n_requests]
+    tie = (bits[:, 1].astype(np.uint64) * np.uint64(R)) >> np.uint64(32)
+    ref1 = _compare(w, R=R, router="gie", S=64, Q=64, jax_too=refresh == 7, load_gauges=1, **kn)
+    np.testing.assert_array_equal(ref1["replica"], tie.astype(np.int64))
+    ref0 = _compare(w, R=R, router="gie", S=64, Q=64, jax_too=False, load_gauges=0, **kn)
+    assert np.any(ref0["replica"] != ref1["replica"])
 
 
 def test_coverage_names_what_is_left_to_jax():

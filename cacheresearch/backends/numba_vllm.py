@@ -18,7 +18,8 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   again, restamped or emptied (amortised O(1) per evicted run, where the JAX pool scans all runs);
 * the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
   index per instance and replica, the store's lazy pointer), ``stale`` and ``gie_estimate`` views,
-  ``local_load``, and the load scrape every ``load_refresh_ms`` (:func:`_scrape`);
+  ``local_load``, the load scrape every ``load_refresh_ms`` (:func:`_scrape`) and vLLM's published gauges
+  (``load_gauges``: each step publishes its waiting count and KV blocks in use at its end, :func:`_publish`);
 * ``gie`` (:mod:`cacheresearch.routers.gie`): GIE's queue, kv-cache, prefix (estimate / precise) and
   load-aware scores in the same 1/65536 integers, the max-score picker's tie rule on the same random word;
   on the ``gie_estimate`` view GIE's own prefix index (:mod:`cacheresearch.routers.gie_index`) as a
@@ -56,8 +57,8 @@ POLICIES_COVERED = ("lru", "unbounded")
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT, EVENTS) = range(21)
-NRS = 21
+ STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV) = range(26)
+NRS = 26
 # running slots, columns of sl [R, S, NSL]
 SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE = range(10)
 NSL = 10
@@ -67,15 +68,15 @@ NRQ = 7
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU) = range(38)
-NPI = 38
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE) = range(39)
+NPI = 39
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
               "balance_abs", "balance_rel_pct", "miss_smallest_tree", "overlap_weight_pct", "prefix_weight_pct",
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
-              "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity")
+              "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -398,6 +399,26 @@ def _finish(r, h, slot, rs, sl, fin, hitb, npre):
 
 
 @njit(cache=True)
+def _publish(r, rs, pw, pkv):
+    """vLLM V1's gauges (``load_gauges``): the step that just ran publishes its waiting count and KV blocks in
+    use at its end (the clock); ``(pw, pkv)`` are the step's before it (``pw < 0``: the last published)."""
+    if pw < 0:
+        pw, pkv = rs[r, PENW], rs[r, PENKV]
+    rs[r, PUBW], rs[r, PUBKV] = pw, pkv
+    rs[r, PENT], rs[r, PENW], rs[r, PENKV] = rs[r, CLOCK], rs[r, WCOUNT], rs[r, PINNED] + rs[r, WORK]
+
+
+@njit(cache=True)
+def _gauges_at(t, nrep, rs, q, kv):
+    """Every replica's published gauges as of time ``t``: its last completed step's."""
+    for r in range(nrep):
+        if rs[r, PENT] <= t:
+            q[r], kv[r] = rs[r, PENW], rs[r, PENKV]
+        else:
+            q[r], kv[r] = rs[r, PUBW], rs[r, PUBKV]
+
+
+@njit(cache=True)
 def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
     """Step 4: the step's time from its prefill tokens, decoding requests, their context and the prefill
     chunks' attention pairs; the clock, gauges, first tokens and completions."""
@@ -424,6 +445,7 @@ def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
     fs[r, 1] = fs[r, 1] + np.float32(rs[r, WCOUNT]) * dtf
     if rs[r, CLOCK] >= T_LIM:
         rs[r, TOVER] = 1
+    _publish(r, rs, -1, 0)
     for i in range(rs[r, NRUN]):
         if sl[r, i, STOK] > 0:
             h = sl[r, i, SREQ]
@@ -504,6 +526,7 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
         return False
     T = _stretch_total(lin, cps, ctx0, dn, n)
     used0 = rs[r, PINNED] + rs[r, WORK]
+    pw, pkv = (rs[r, WCOUNT], used0 + _stretch_blocks(r, dn, n - 1, bt, rq, sl)) if n >= 2 else (-1, 0)
     rs[r, WORK] += _stretch_blocks(r, dn, n, bt, rq, sl)
     if _evict(r, pi[CAP], rs, ps, pref, pst, frun, fst):
         rs[r, STUCK] = 1
@@ -518,6 +541,7 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
     fs[r, 1] = fs[r, 1] + np.float32(rs[r, WCOUNT]) * Tf
     if rs[r, CLOCK] >= T_LIM:
         rs[r, TOVER] = 1
+    _publish(r, rs, pw, pkv)
     for i in range(nrun):
         sl[r, i, SPREF] = 0
         sl[r, i, STOK] = 1 if i < dn else 0
@@ -777,6 +801,8 @@ def _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tm
     _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, sq, a)
     for r in range(nrep):
         skv[r] = rs[r, PINNED] + rs[r, WORK]
+    if pi[GAUGE] != 0:  # vLLM's gauges as of the tick
+        _gauges_at(tick * PS_MS, nrep, rs, sq, skv)
     scr[0] = tick
 
 
@@ -932,10 +958,13 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         n = rq[i, QNB]
         _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres)
         _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, q, a)
+        if pi[GAUGE] != 0 and pi[REFRESH] <= 0:  # vLLM's gauges read live: as of this arrival
+            _gauges_at(now_t, nrep, rs, sq, skv)
         for x in range(nrep):
             tree[x] = rs[x, CACHED]
-            kvu[x] = skv[x] if pi[REFRESH] > 0 else rs[x, PINNED] + rs[x, WORK]
-            if pi[REFRESH] > 0:  # the scraped waiting counts (every router's queue)
+            gauges = pi[REFRESH] > 0 or pi[GAUGE] != 0
+            kvu[x] = skv[x] if gauges else rs[x, PINNED] + rs[x, WORK]
+            if gauges:  # the scraped (or published) waiting counts (every router's queue)
                 q[x] = sq[x]
         pb = min(pi[PB], n)
         kpos = rq[i, QOFF] + max(pb - 1, 0)

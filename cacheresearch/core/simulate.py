@@ -625,6 +625,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
                          "(scheduler='vllm')")
     if np.any(np.asarray(params.load_refresh_ms) > 0) and st.scheduler != "vllm":
         raise ValueError("load_refresh_ms (scraped load metrics) is modelled with the vllm replica only")
+    if np.any(np.asarray(params.load_gauges) > 0) and st.scheduler != "vllm":
+        raise ValueError("load_gauges (vLLM's published gauges) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.id in BLOCK_IDS})
     if blk:

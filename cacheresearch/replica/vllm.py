@@ -96,6 +96,11 @@ class Replica(NamedTuple):
     load_blk: jax.Array  # int32 their blocks
     seen: jax.Array  # bool the clock has been set (a first request arrived)
     stats: Stats
+    # vLLM V1's gauges (load_gauges): (waiting requests, KV blocks in use) published at the end of the last
+    # step run (g_pen, from g_pen_t on) and of the step before it (g_pub)
+    g_pen_t: Time
+    g_pen: jax.Array  # int32 [2]
+    g_pub: jax.Array  # int32 [2]
 
 
 def init_replica(K: int, S: int, Q: int, N: int) -> Replica:
@@ -110,7 +115,17 @@ def init_replica(K: int, S: int, Q: int, N: int) -> Replica:
         wait=Waiting(jnp.full(Q, N, jnp.int32), jnp.zeros(Q, jnp.int32), jnp.zeros(Q, jnp.int32), z, z),
         clock=t_zero(), load_req=z, load_blk=z, seen=jnp.bool_(False),
         stats=Stats(z, t_zero(), f0, z, f0, z, z, z, jnp.bool_(False), jnp.bool_(False)),
+        g_pen_t=t_zero(), g_pen=jnp.zeros(2, jnp.int32), g_pub=jnp.zeros(2, jnp.int32),
     )
+
+
+def gauges_at(reps: Replica, t: Time):
+    """vLLM V1's gauges as of time ``t`` (``load_gauges``): each replica's waiting requests and KV blocks in
+    use at the end of its last step completed by ``t`` (vLLM's ``make_stats`` at the end of
+    ``update_from_output``; requests arriving during a step join the waiting queue at the next one)."""
+    done = t_le(reps.g_pen_t, t)[..., None]
+    g = jnp.where(done, reps.g_pen, reps.g_pub)
+    return g[..., 0], g[..., 1]
 
 
 def _ceil_div(a, b):
@@ -377,15 +392,22 @@ def replica_step(rep: Replica, go, stream, params, *, W: int, max_seqs: int):
     # the pool's arrays and the waiting ring change only under ``go`` (masked updates); the small state
     # is selected, so a replica that does not step costs no copy of its pool
     sel = lambda a, b: jnp.where(go, a, b)  # noqa: E731
-    new = Replica(
+    new = rep._replace(
         pool=pool._replace(ctr=sel(pool.ctr, rep.pool.ctr), cached=sel(pool.cached, rep.pool.cached),
                            pinned=sel(pool.pinned, rep.pool.pinned), work=sel(pool.work, rep.pool.work)),
         run=jax.tree.map(sel, run, rep.run), nrun=sel(nrun, rep.nrun),
         wait=wait._replace(head=sel(wait.head, rep.wait.head), count=sel(wait.count, rep.wait.count)),
         clock=t_where(go, clock, rep.clock), load_req=sel(load_req, rep.load_req), load_blk=sel(load_blk, rep.load_blk),
         seen=rep.seen, stats=jax.tree.map(sel, stats, rep.stats))
-    events = (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
-    return new, events
+    return _publish(new, rep, go), (jnp.where(go & v, run.req, N), go & first_tok, go & fin, clock)
+
+
+def _publish(new: Replica, old: Replica, go) -> Replica:
+    """vLLM V1's gauges (``load_gauges``): a step that ran publishes its waiting count and KV blocks in use at
+    its end (its clock); the one published before becomes the previous step's."""
+    g = jnp.stack([new.wait.count, new.pool.pinned + new.pool.work])
+    return new._replace(g_pen_t=t_where(go, new.clock, old.g_pen_t), g_pen=jnp.where(go, g, old.g_pen),
+                        g_pub=jnp.where(go, old.g_pen, old.g_pub))
 
 
 def _tri(n) -> Time:
@@ -466,7 +488,14 @@ def _decode_stretch(rep: Replica, go, now_t: Time, stream, params, *, max_seqs: 
         stuck=st.stuck | stuck, tover=st.tover | (taken & (clock.ms >= MS_LIM)))
     run = run._replace(d=d_new, done=jnp.where(taken, fin, run.done),
                        tok=jnp.where(taken, dec.astype(jnp.int32), run.tok), pref=run.pref & ~taken)
-    new = rep._replace(pool=pool, run=run, clock=t_where(taken, clock, rep.clock), stats=stats)
+    # the gauges: the stretch's last step and the one before it (blocks of its first n - 1 steps), or the
+    # step before the stretch when it is one step
+    wc = rep.wait.count
+    prev = jnp.where(n >= 2, jnp.stack([wc, used0 + blocks(jnp.maximum(n - 1, 0))]), rep.g_pen)
+    new = rep._replace(pool=pool, run=run, clock=t_where(taken, clock, rep.clock), stats=stats,
+                       g_pen_t=t_where(taken, clock, rep.g_pen_t),
+                       g_pen=jnp.where(taken, jnp.stack([wc, used]), rep.g_pen),
+                       g_pub=jnp.where(taken, prev, rep.g_pub))
     events = (jnp.where(taken & dec, run.req, stream.arrival_ms.shape[0] - 1), jnp.zeros(S, jnp.bool_), fin, clock)
     return new, events, taken
 
@@ -575,6 +604,9 @@ def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R, at) -> 
     c = _advance(c, t_ms(jnp.where(due, tick, -1)), stream, params, W, S, R, at)
     q, _ = _loads(c.reps, stream, u, instances, params.local_load)
     kv = c.reps.pool.pinned + c.reps.pool.work
+    gq, gkv = gauges_at(c.reps, t_ms(tick))  # vLLM's gauges as of the tick (load_gauges)
+    gg = params.load_gauges > 0
+    q, kv = jnp.where(gg, gq, q), jnp.where(gg, gkv, kv)
     return c._replace(scrape_q=jnp.where(due, q, c.scrape_q), scrape_kv=jnp.where(due, kv, c.scrape_kv),
                       scrape_t=jnp.where(due, tick, c.scrape_t))
 
@@ -643,11 +675,16 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
         # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads), and KV blocks
         # in use (gpu_cache_usage_perc): live, or as of the last scrape (load_refresh_ms > 0)
+        # (load_gauges: vLLM's gauges, as of the last completed step, read at the scrape or live)
         queue, act = _loads(reps, stream, u, instances, params.local_load)
+        kv_now = reps.pool.pinned + reps.pool.work
+        gq, gkv = gauges_at(reps, now_t)
+        gg = params.load_gauges > 0
+        queue, kv_now = jnp.where(gg, gq, queue), jnp.where(gg, gkv, kv_now)
         scraped = params.load_refresh_ms > 0
         fv = FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
                        tree_size=reps.pool.cached,
-                       kv_used=jnp.where(scraped, c.scrape_kv, reps.pool.pinned + reps.pool.work), match_total=gtot)
+                       kv_used=jnp.where(scraped, c.scrape_kv, kv_now), match_total=gtot)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
             c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,

@@ -69,4 +69,10 @@ REPLICA_KNOBS = register_knobs(
     Knob("load_refresh_ms", 0, 0, 2**30, doc="the load metrics routers read (waiting requests, KV usage) are "
          "scraped every this many ms (at its multiples; GIE's default 50); 0: read live (vllm replica only)",
          unit="ms"),
+    # what the pods export (vLLM V1's SchedulerStats), not a routing rule
+    Knob("load_gauges", 0, 0, 1, doc="the load metrics a router reads: 0 the replica's state at the read (every "
+         "request routed to it counts as waiting at once); 1 vLLM V1's gauges: num_requests_waiting and KV "
+         "blocks in use as of the end of the replica's last completed engine step (make_stats in "
+         "update_from_output; requests that arrive during a step join the waiting queue at the next step, "
+         "so one admitted at that step is never counted; pod-wide, also under local_load; vllm replica only)"),
 )
