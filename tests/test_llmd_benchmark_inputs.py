@@ -298,3 +298,21 @@ def test_fixed_overhead_is_a_pure_addition_to_the_client_ttft(tmp_path):
             np.testing.assert_array_equal(d0[v].values, d1[v].values, err_msg=v)
     np.testing.assert_allclose(dd.ttft_p90_s_all.values, d1.ttft_p90_s_all.values, rtol=0, atol=1e-12)
     assert d1.attrs["overhead_ms"] == 250.0 and "assumption" in d1.attrs["overhead_note"]
+
+
+def test_model_auto_reads_the_files_model(tmp_path):
+    """replica.model=auto takes the preset named by the inference-perf file (server.model_name, else the
+    tokenizer's name); an explicit model wins; an unknown id is a clear error naming the file."""
+    from cacheresearch.studies.llmd_benchmark import LlmdBenchmarkError, _model_of
+
+    series = Path(__file__).resolve().parent / "fixtures" / "llmd_series" / "inference-perf.yaml"
+    assert _model_of("auto", read_inference_perf(IP)) == "qwen3_32b"
+    assert _model_of(None, read_inference_perf(series)) == "llama3_8b"
+    assert _model_of("mistral_7b", read_inference_perf(series)) == "mistral_7b"
+    text = IP.read_text().replace("model_name: Qwen/Qwen3-32B", "model_name: org/unknown")
+    p = tmp_path / "ip.yaml"
+    p.write_text(text)
+    assert _model_of("auto", read_inference_perf(p)) == "qwen3_32b"  # the tokenizer still names it
+    p.write_text(text.replace("pretrained_model_name_or_path: Qwen/Qwen3-32B", "pretrained_model_name_or_path: x/y"))
+    with pytest.raises(LlmdBenchmarkError, match="ip.yaml names the model 'org/unknown'"):
+        _model_of("auto", read_inference_perf(p))

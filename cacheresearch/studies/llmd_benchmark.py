@@ -226,6 +226,22 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stag
     return per, alls, stage_drained(arr, fin, stage), fin, served
 
 
+def _model_of(model, ip) -> str:
+    """``replica.model``: a preset, a ``config.json`` path, or ``auto`` (null): the preset whose Hugging Face id
+    is the inference-perf file's ``server.model_name`` (else its tokenizer's name)."""
+    from cacheresearch.replica.hardware import preset_for_hf_id  # noqa: PLC0415
+
+    if model is not None and str(model) != "auto":
+        return str(model)
+    for name in (ip.model_name, ip.tokenizer_name):
+        if name and preset_for_hf_id(name):
+            return preset_for_hf_id(name)
+    raise LlmdBenchmarkError(
+        f"replica.model=auto: {ip.file} names the model {ip.model_name or ip.tokenizer_name or '(none)'!r}, which is "
+        "no preset's Hugging Face id (replica/hardware.py HF_MODEL_IDS); set replica.model to a preset or to the path "
+        "of the model's config.json")
+
+
 def llmd_benchmark_study(cfg) -> xr.Dataset:
     t0 = time.perf_counter()
     try:
@@ -236,7 +252,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         if not isinstance(epp, dict) or not epp:
             raise LlmdBenchmarkError("llmd.epp must be a mapping {ARM: FILE}")
         R = int(_get(cfg, "fleet.replicas", 8))
-        model = str(_get(cfg, "replica.model", "qwen3_32b"))
+        model = _model_of(_get(cfg, "replica.model", "auto"), ip)
         gpu = str(_get(cfg, "replica.gpu", "h100_80gb"))
         tp = int(_get(cfg, "replica.tp", 2))
         bt = int(_get(cfg, "cache.block_tokens", 64))

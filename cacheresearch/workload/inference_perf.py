@@ -76,6 +76,7 @@ class InferencePerfConfig:
     data: SharedPrefix
     ignore_eos: bool
     model_name: str
+    tokenizer_name: str = ""  # tokenizer.pretrained_model_name_or_path
 
 
 def _err(path, key, msg):
@@ -85,7 +86,7 @@ def _err(path, key, msg):
 def read_inference_perf(path) -> InferencePerfConfig:
     """Parse an inference-perf YAML file (``load``, ``data.type: shared_prefix``; ``api``, ``server``,
     ``tokenizer``, ``report``, ``storage`` are accepted and only ``server.ignore_eos`` /
-    ``server.model_name`` are read)."""
+    ``server.model_name`` / ``tokenizer.pretrained_model_name_or_path`` are read)."""
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -153,8 +154,12 @@ def read_inference_perf(path) -> InferencePerfConfig:
     ignore_eos = server.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _err(path, "server.ignore_eos", f"must be true or false, got {ignore_eos!r}")
+    tok = doc.get("tokenizer") or {}
+    if not isinstance(tok, dict):
+        raise _err(path, "tokenizer", "must be a mapping")
     return InferencePerfConfig(file=str(path), load_type=lt, stages=tuple(stages), data=SharedPrefix(**vals),
-                               ignore_eos=ignore_eos, model_name=str(server.get("model_name", "")))
+                               ignore_eos=ignore_eos, model_name=str(server.get("model_name", "") or ""),
+                               tokenizer_name=str(tok.get("pretrained_model_name_or_path", "") or ""))
 
 
 def prompt_order(n_prompts: int, seed: int) -> np.ndarray:
