@@ -55,7 +55,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from cacheresearch.fit import laws as L
-from cacheresearch.fit.structure import chain_content_hashes, request_structure
+from cacheresearch.fit.structure import chain_content_hashes, request_structure, split_conversations
 from cacheresearch.workload import Workload
 
 __all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "ablation_effect", "MODEL_VERSION",
@@ -335,9 +335,40 @@ def _observed_volume(count_law: dict, gap_law: dict, windows: np.ndarray, rng, r
     return float(np.minimum(k, fits).sum() / reps)
 
 
-def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> dict:
-    return {"family": "empirical_sessions", "gaps": [[round(float(g), 3) for g in gl] for gl in gap_lists],
-            "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
+def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str, heads=None) -> dict:
+    out = {"family": "empirical_sessions", "gaps": [[round(float(g), 3) for g in gl] for gl in gap_lists],
+           "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
+    if heads is not None and any(len(h) for h in heads):
+        out["heads"] = heads
+    return out
+
+
+def _session_heads(w: Workload, st, first_req: np.ndarray) -> list:
+    """Per session (its first request ``first_req``), the leading blocks of its first request that other
+    sessions hold too (a shared system or tool prompt), as ids relabelled ``0..k-1`` over the
+    type: a session drawn whole opens with the same shared head as in the trace (the ids map to
+    fresh ones per sample), so sessions that shared a head in the trace share it in the sample."""
+    nb = w.n_blocks.astype(np.int64)
+    req = np.repeat(np.arange(w.n_requests, dtype=np.int64), nb)
+    sb = st.session[req]
+    o = np.lexsort((sb, w.keys))
+    k, s = w.keys[o], sb[o]
+    new_key = np.concatenate([[True], k[1:] != k[:-1]]) if k.size else np.zeros(0, bool)
+    new_pair = new_key | np.concatenate([[True], s[1:] != s[:-1]]) if k.size else new_key
+    n_sess = np.add.reduceat(new_pair.astype(np.int64), np.nonzero(new_key)[0]) if k.size else np.zeros(0, np.int64)
+    multi = np.zeros(w.total_blocks, bool)
+    multi[o] = np.repeat(n_sess > 1, np.diff(np.append(np.nonzero(new_key)[0], k.size)))
+    heads, flat = [], []
+    for r in first_req.tolist():
+        f = multi[w.offsets[r]: w.offsets[r + 1]]
+        m = int(np.argmin(f)) if not f.all() else f.size
+        heads.append(w.keys[w.offsets[r]: w.offsets[r] + m])
+        flat.append(heads[-1])
+    if not flat or not sum(h.size for h in heads):
+        return [[] for _ in heads]
+    _, inv = np.unique(np.concatenate(flat), return_inverse=True)
+    cuts = np.cumsum([h.size for h in heads])[:-1]
+    return [x.tolist() for x in np.split(inv.reshape(-1).astype(np.int64), cuts)]
 
 
 MIN_REWRITES = 10  # fewer rewrites than this (and not length-triggered): they stay branches
@@ -474,7 +505,9 @@ def _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w):
     ftok_sess = np.zeros(uniq.size, np.int64)
     fr = req_idx[order][np.concatenate([[True], ~same])]
     ftok_sess[np.searchsorted(uniq, st.session[fr])] = w.input_tokens[fr]
-    emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "")
+    fr_sorted = np.empty(uniq.size, np.int64)
+    fr_sorted[np.searchsorted(uniq, st.session[fr])] = fr
+    emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "", _session_heads(w, st, fr_sorted))
     sess, why = None, ""
     if "session" in force:
         why = "replaced by its empirical law (ablation)"
@@ -631,7 +664,7 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
 
 def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_names=None,
                  duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE,
-                 empirical=()) -> dict:
+                 empirical=(), conversations="auto", check: bool = True) -> dict:
     """Fit the model (module docstring) to a trace; ``session`` / ``parent`` / ``types`` come from a
     Bailian trace (:class:`~cacheresearch.workload.trace.BailianTrace`) when it has them.
     ``max_kinds``: most session kinds (length-mixture components); ``gap_families``: the candidate
@@ -644,7 +677,11 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
     ``MEAN_TOL`` off), uses its empirical law, and ``goodness_of_fit`` / ``notes`` say which and why.
     Ids that are per-block content hashes are chained first (:func:`~.structure.chain_content_hashes`).
     The empirical version of every component is stored too (``components[t]["empirical"]``), so
-    :func:`ablate` swaps one in without refitting."""
+    :func:`ablate` swaps one in without refitting. ``conversations`` (traces without session ids):
+    ``auto`` splits root trees whose conversations interleave in time into those conversations
+    (:func:`~.structure.split_conversations`), ``all`` splits every root tree, ``False`` keeps root
+    trees as sessions. ``check``: the predictive check (:func:`_predictive_check`): parametric
+    sessions whose samples miss the trace's volumes or curves fall back to whole trace sessions."""
     force = set(empirical)
     bad = force - set(COMPONENTS)
     if bad:
@@ -658,6 +695,15 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
                      "two or more different blocks): chained into prefix ids before fitting")
     rng = np.random.default_rng(12345)
     st = request_structure(w, session, parent)
+    split = None
+    if session is None and conversations:
+        conv, split = split_conversations(w, st, interleaved_min=None if conversations == "all" else 0.5)
+        split["used"] = split["split_roots"] > 0
+        if split["used"]:
+            st = request_structure(w, conv)
+            notes.append(f"sessions: {split['conversations']:,} sessions from {split['roots']:,} root trees "
+                         f"({split['split_roots']:,} roots split into their conversations, which interleave in time: "
+                         "structure.split_conversations)")
     t = w.arrival_ms / 1000.0
     D = float(duration_s) if duration_s is not None else max(float(t[-1]) + 1e-3, 1e-3)
     bt = int(w.block_tokens)
@@ -670,10 +716,64 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
     for ti, tname in enumerate(names):
         _fit_type(ti, tname, w=w, st=st, t=t, D=D, nb=nb, typ=typ, force=force, rng=rng, notes=notes, comps=comps,
                   gof=gof, gap_families=gap_families, max_kinds=max_kinds, names=names)
-    return {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
-            "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
-                       "key_chaining": chain},
-            "components": comps, "goodness_of_fit": gof, "notes": notes}
+    model = {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
+             "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
+                        "key_chaining": chain, "conversations": split},
+             "components": comps, "goodness_of_fit": gof, "notes": notes}
+    if check:
+        _predictive_check(model, w, typ, names)
+    return model
+
+
+GAP_MAX = 0.03  # the predictive check: a sampled model farther than this from the trace's curves (hit rate)
+CHECK_SEEDS = (0, 1)
+
+
+def _predictive_check(model: dict, w: Workload, typ: np.ndarray, names: list) -> None:
+    """Sample the fitted model (:data:`CHECK_SEEDS`) and compare it with the trace it was fitted to: per
+    type, requests and input tokens (within ``MEAN_TOL``), and the token hit rate on a 6-point LRU
+    capacity grid and TTLs of 60 / 300 / 900 / 3600 s (within ``GAP_MAX``). Where parametric sessions
+    fail it (the laws each passed their own checks, but not jointly: a length law and a trunk law
+    that add up, a step law that drifts along a session), those types' sessions are replaced by
+    whole trace sessions (with their shared heads and their starts, kernel-jittered); the model's
+    ``predictive_check``, ``goodness_of_fit`` and ``notes`` say what was measured and done."""
+    from cacheresearch.fit.validate import capacity_grid, capacity_hit_rates, ttl_hit_rates  # noqa: PLC0415
+
+    param = [t for t, c in model["components"].items() if c["session"].get("family") != "empirical_sessions"]
+    if not param:
+        return
+    xs = [sample_workload(model, s) for s in CHECK_SEEDS]
+    caps = capacity_grid(w, 6)
+    ttls = [60.0, 300.0, 900.0, 3600.0]
+    cap = float(np.max(np.abs(np.mean([capacity_hit_rates(x, caps) for x in xs], 0) - capacity_hit_rates(w, caps))))
+    ttl = float(np.max(np.abs(np.mean([ttl_hit_rates(x, ttls) for x in xs], 0) - ttl_hit_rates(w, ttls))))
+    rec = {"capacity_gap": cap, "ttl_gap": ttl, "types": {}}
+    curve_bad = cap > GAP_MAX or ttl > GAP_MAX
+    for ti, t in enumerate(names):
+        if t not in param:
+            continue
+        sel = typ == ti
+        req = float(np.mean([np.sum(x.tenant == ti) for x in xs])) / max(float(sel.sum()), 1.0)
+        tok = (float(np.mean([x.input_tokens[x.tenant == ti].sum() for x in xs]))
+               / max(float(w.input_tokens[sel].sum()), 1.0))
+        rec["types"][t] = {"requests_ratio": req, "tokens_ratio": tok}
+        why = ""
+        if abs(req - 1) > MEAN_TOL or abs(tok - 1) > MEAN_TOL:
+            why = f"sampled requests x{req:.3f}, input tokens x{tok:.3f} (> {MEAN_TOL:.0%} off)"
+        elif curve_bad:
+            why = (f"sampled model {100 * cap:.2f} / {100 * ttl:.2f} points off the capacity / TTL curve "
+                   f"(> {100 * GAP_MAX:g})")
+        if why:
+            c = model["components"][t]
+            c["session"] = dict(c["empirical"]["session"], why=f"predictive check: {why}")
+            c["session_by_kind"] = [c["session"]]
+            c["arrivals"] = c["empirical"]["arrivals"]
+            model["goodness_of_fit"][t]["session"] = {"used": "empirical", "why": f"predictive check: {why}"}
+            model["goodness_of_fit"][t]["arrivals"] = {"used": "empirical", "why": "sessions are drawn whole: their "
+                                                       "trace starts, kernel-jittered"}
+            model["notes"].append(f"[{t}] session: empirical law (predictive check: {why}): whole trace sessions")
+            rec["types"][t]["fallback"] = why
+    model["predictive_check"] = rec
 
 
 def ablate(model: dict, component: str) -> dict:
@@ -743,8 +843,8 @@ def _stratified(rng, n: int) -> np.ndarray:
     return (rng.permutation(n) + rng.random(n)) / max(n, 1)
 
 
-def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh, kinds, muk, pick, rng, roots, rows,
-                    sess0, sgk, starts, step, ti, trunks, u_all, wk) -> None:
+def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh, heads, kinds, muk, pick, rng, roots,
+                    rows, sess0, sgk, starts, step, ti, trunks, u_all, wk) -> None:
     """One sampled session (its requests appended to ``rows``)."""
     z1 = float(rng.standard_normal())
     if emp_first:
@@ -780,8 +880,9 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
     if step is None:
         times = times[:1]
     if emp_sess and sess0.get("ordered_steps") is not None:
+        head = heads[np.asarray(sess0["heads"][pick[si]], np.int64)] if heads is not None else None
         _replay_session(times, sess0["ordered_steps"][pick[si]], n_first, bt=bt, comp=comp, fresh=fresh, rng=rng,
-                        rows=rows, ti=ti)
+                        rows=rows, ti=ti, head=head)
         return
     hist = []  # (keys, input tokens) of this session's requests
     trig = step.get("compact_trigger") if step else None
@@ -863,12 +964,18 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
         rows.append((float(tj), ti, ks, n_in, out))
 
 
-def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti) -> None:
-    """A session drawn whole from the trace: its first request's length, then each later request's own
-    step in order (its parent ``lag`` requests back, the blocks it drops from and appends to the
-    parent, its input tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
+def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti, head=None) -> None:
+    """A session drawn whole from the trace: its first request's length (opening with its shared
+    ``head``, ids of this sample, when it had one), then each later request's own step in order (its
+    parent ``lag`` requests back, the blocks it drops from and appends to the parent, its input
+    tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
     n_in = max(int(n_first), 1)
-    hist = [(fresh(-(-n_in // bt)), n_in)]
+    nbk = -(-n_in // bt)
+    if head is not None and head.size:
+        head = head[:nbk]
+        hist = [(np.concatenate([head, fresh(nbk - head.size)]), n_in)]
+    else:
+        hist = [(fresh(nbk), n_in)]
     for j in range(1, len(times)):
         lag, d, a, tok = (int(x) for x in ordered[j - 1])
         pk, _ = hist[max(j - max(lag, 1), 0)]
@@ -912,8 +1019,12 @@ def _sample_type(ti: int, tname: str, comp: dict, *, model: dict, D: float, bt: 
         mix = L.Law.from_dict(fl)
         wk, muk, sgk = L.mix_components(mix)
     kinds = comp.get("session_by_kind") or [sess0]
+    heads = None  # the shared heads of sessions drawn whole: one fresh id per trace head id, in this sample
+    if emp_sess and sess0.get("heads"):
+        heads = fresh(1 + max((max(h) for h in sess0["heads"] if h), default=0))
     for si, s0 in enumerate(starts):
         _sample_session(si, s0, D=D, bt=bt, comp=comp, emp_first=emp_first, emp_sess=emp_sess, fl=fl, fresh=fresh,
+                        heads=heads,
                         kinds=kinds, muk=muk, pick=pick, rng=rng, roots=roots, rows=rows, sess0=sess0, sgk=sgk,
                         starts=starts, step=step, ti=ti, trunks=trunks, u_all=u_all, wk=wk)
 
