@@ -367,6 +367,11 @@ def summarize_fit(ds) -> str:
         line += (f"; naive baseline: capacity {100 * a['naive_max_abs_gap_capacity']:.2f}, TTL "
                  f"{100 * a['naive_max_abs_gap_ttl']:.2f}")
     out.append(line)
+    for i, r in enumerate(json.loads(a["fitted_model"]).get("predictive_check") or []):
+        fell = [t for t, v in r["types"].items() if "fallback" in v]
+        out.append(f"predictive check at fit time, round {i + 1} (2 samples, 6 capacities, 4 TTLs): capacity "
+                   f"{100 * r['capacity_gap']:.2f}, TTL {100 * r['ttl_gap']:.2f} points; "
+                   + (f"whole trace sessions for {', '.join(fell)}" if fell else "parametric sessions kept"))
     out += _fit_fidelity_lines(a, has_naive)
     ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
     out.append("radix tree, trace | fitted sample: " + ", ".join(
