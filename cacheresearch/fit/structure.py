@@ -202,7 +202,7 @@ def request_structure(w: Workload, session=None, parent=None, *, method: str = "
 
 
 def split_conversations(w: Workload, st: Structure | None = None, *, partial_blocks: int = 1,
-                        interleaved_min: float | None = 0.5) -> tuple[np.ndarray, dict]:
+                        interleaved_min: float | None = 0.5, min_conversations: int = 10) -> tuple[np.ndarray, dict]:
     """Conversations of a trace without session ids, inside its root trees (``st``: the structure with
     roots as sessions, computed when not given).
 
@@ -214,16 +214,17 @@ def split_conversations(w: Workload, st: Structure | None = None, *, partial_blo
     else (it drops more of the parent: it shares only a head, or rewrites the context) it starts a
     conversation of its own. One forward pass (parents come first).
 
-    A root is split only when its conversations run at the same time (independent users of one
-    prompt): at least ``interleaved_min`` of its continuing requests come after a request of another
-    of its conversations since their own conversation's previous request (or none continues: every
-    conversation is one request). A root whose conversations follow one another (an agent that
-    rewrites its context, a user who edits a message) stays one session. ``interleaved_min=None``
-    splits every root. Returns ``(session per request, numbered by first request; info)``; ``info``:
+    A root is split only when it holds many conversations (at least ``min_conversations``) that run
+    at the same time (independent users of one prompt): at least ``interleaved_min`` of its continuing
+    requests come after a request of another of its conversations since their own conversation's
+    previous request (or none continues: every conversation is one request). A root whose pieces
+    follow one another (an agent that rewrites its context), or that holds a few (one user's
+    branches, edits and retries, which interleave too), stays one session. ``interleaved_min=None``
+    splits every root holding two or more. Returns ``(session per request, numbered by first request; info)``; ``info``:
     ``roots``, ``conversations`` (sessions after the split), ``split_roots``, ``interleaved_share``
-    (over the continuing requests of roots holding several conversations). Assumption (labelled): a
+    (over the continuing requests of roots holding several conversations). Assumptions (labelled): a
     new conversation whose first prompt extends a whole earlier prompt (but its partial last block) is
-    read as that prompt's continuation; the 0.5 threshold is a choice, not a fitted value."""
+    read as that prompt's continuation; the thresholds (0.5, 10) are choices, not fitted values."""
     if st is None:
         st = request_structure(w)
     n = w.n_requests
@@ -258,7 +259,7 @@ def split_conversations(w: Workload, st: Structure | None = None, *, partial_blo
     if interleaved_min is None:
         split = multi
     else:
-        split = multi & ((n_later == 0) | (n_inter >= interleaved_min * np.maximum(n_later, 1)))
+        split = (per_root >= min_conversations) & (n_inter >= interleaved_min * n_later)
     sess = np.where(split[root], conv, -1 - root)  # an unsplit root is one session
     _, first_idx, inv = np.unique(sess, return_index=True, return_inverse=True)
     rank = np.empty(first_idx.size, np.int64)
