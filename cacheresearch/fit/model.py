@@ -537,6 +537,7 @@ def _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w):
                 sess = None
             else:
                 ck.add("session", "parametric", "", **fig)
+                sess["count_cap"] = int(max(4 * cnt.max(), 50))
     if sess is None:
         if "session" not in ck.rows:
             ck.add("session", "empirical", why)
@@ -623,6 +624,8 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
                                                                     ksess["gap"])
                 except ValueError:
                     ksess = None
+            if ksess is not None:
+                ksess["count_cap"] = sess.get("count_cap")
             kinds.append(ksess if ksess is not None else sess)
     comp["session_by_kind"] = kinds
     # ---- roots: sessions per first block among first requests
@@ -874,6 +877,8 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
             u = u_all[si]
         k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
             _draw_count(sess["count"], rng)[0])
+        if sess.get("count_cap"):  # the volume check's cap (4 x the trace's largest session): what it checked
+            k = min(k, int(sess["count_cap"]))
         times = [np.array([s0])]
         left, last = k - 1, s0
         while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
