@@ -128,38 +128,42 @@ def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, win
     return out
 
 
+def _bisect_count(cdf, u: np.ndarray) -> np.ndarray:
+    """The smallest integer ``k >= 1`` with ``cdf(k) >= u``, by doubling then bisection (capped at 2^63)."""
+    lo = np.zeros_like(u)
+    hi = np.ones_like(u)
+    for _ in range(64):  # grow hi until it covers u
+        need = cdf(hi) < u
+        if not need.any():
+            break
+        hi = np.where(need, hi * 2.0, hi)
+    for _ in range(64):
+        mid = np.floor((lo + hi) / 2.0)
+        done = hi - lo <= 1.0
+        if done.all():
+            break
+        up = cdf(mid) >= u
+        hi = np.where(~done & up, mid, hi)
+        lo = np.where(~done & ~up, mid, lo)
+    return hi
+
+
 def count_ppf(law, u) -> np.ndarray:
-    """Quantiles of a count law (integers >= 1) at ``u`` in (0, 1)."""
+    """Quantiles of a count law (integers >= 1) at ``u`` in (0, 1). The shifted negative binomial and
+    the zeta law by bisection on their cdf (the regularized incomplete beta, the Hurwitz zeta tail):
+    scipy's negative binomial ppf can loop for minutes at the small ``n`` some fits find."""
     law = L.Law.from_dict(law) if isinstance(law, dict) else law
     u = np.clip(np.asarray(u, dtype=np.float64), 1e-12, 1.0 - 1e-12)
     p = law.params
     if law.family == "geom":  # closed form
         q = np.ceil(np.log1p(-u) / math.log1p(-min(p["p"], 1.0 - 1e-15)))
-    elif law.family == "nbinom1":
-        q = L._frozen(law).ppf(u) + 1.0
-    elif law.family == "zeta":  # smallest k with P(K <= k) >= u, by bisection on the Hurwitz zeta tail
+    elif law.family == "nbinom1":  # K = 1 + X, P(X <= x) = I_p(n, x + 1)
+        n_, p_ = float(p["n"]), float(p["p"])
+        q = _bisect_count(lambda k: special.betainc(n_, k, p_), u)
+    elif law.family == "zeta":
         a = p["a"]
         z0 = special.zeta(a, 1.0)
-
-        def cdf(k):
-            return 1.0 - special.zeta(a, k + 1.0) / z0
-
-        lo = np.zeros_like(u)
-        hi = np.ones_like(u)
-        for _ in range(64):  # grow hi until it covers u (capped at 2^63)
-            need = cdf(hi) < u
-            if not need.any():
-                break
-            hi = np.where(need, hi * 2.0, hi)
-        for _ in range(64):
-            mid = np.floor((lo + hi) / 2.0)
-            done = hi - lo <= 1.0
-            if done.all():
-                break
-            up = cdf(mid) >= u
-            hi = np.where(~done & up, mid, hi)
-            lo = np.where(~done & ~up, mid, lo)
-        q = hi
+        q = _bisect_count(lambda k: 1.0 - special.zeta(a, k + 1.0) / z0, u)
     else:
         raise ValueError(f"count_ppf: {law.family!r} is not a count law")
     return np.clip(np.nan_to_num(q, nan=1.0, posinf=1e9), 1, 1e9).astype(np.int64)
@@ -871,14 +875,11 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
     else:
         sess = kinds[min(kind, len(kinds) - 1)]
         rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
-        if rho != 0.0:
-            u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
-        else:
-            u = u_all[si]
+        u = (special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal())) if rho != 0.0
+             else u_all[si])
         k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
             _draw_count(sess["count"], rng)[0])
-        if sess.get("count_cap"):  # the volume check's cap (4 x the trace's largest session): what it checked
-            k = min(k, int(sess["count_cap"]))
+        k = min(k, int(sess.get("count_cap") or k))  # the volume check's cap (4 x the trace's largest session)
         times = [np.array([s0])]
         left, last = k - 1, s0
         while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
