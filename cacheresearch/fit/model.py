@@ -958,9 +958,7 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
                 r = int(rng.integers(0, int(bp["n"])))
                 d, a = max(pk.size - int(bp["kept"][r]), 0), max(int(bp["appended"][r]), 1)
             elif c == 2 and step.get("branch_pairs"):
-                bp = step["branch_pairs"]
-                r = int(rng.integers(0, int(bp["n"])))
-                d, a = int(bp["dropped"][r]), int(bp["appended"][r])
+                d, a = _branch_pair(step["branch_pairs"], pk.size, rng)
             elif c == 2:
                 d = max(int(_draw_count(step["branch_dropped"], rng)[0]), 1)
                 a = max(d + _draw_delta(step["branch_length_change"], rng), 1)
@@ -974,6 +972,20 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
         out = max(int(float(L.sample(comp["output_tokens"], rng, 1)[0])), 0)
         hist.append((ks, n_in))
         rows.append((float(tj), ti, ks, n_in, out))
+
+
+def _branch_pair(bp: dict, parent_blocks: int, rng, tries: int = 32) -> tuple:
+    """A branch's (dropped, appended) pair drawn from the trace's pairs, among those that keep a block of
+    this parent (drawn again while the pair drops the whole parent, up to ``tries`` times): a pair drawn
+    for a longer parent would have its dropped count clamped and its appended count not, so sampled
+    contexts would grow faster than the trace's."""
+    n = int(bp["n"])
+    for _ in range(tries):
+        r = int(rng.integers(0, n))
+        d, a = int(bp["dropped"][r]), int(bp["appended"][r])
+        if d < parent_blocks:
+            break
+    return d, a
 
 
 def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti, head=None) -> None:
