@@ -41,7 +41,7 @@ from cacheresearch.replica.vllm import simulate_vllm
 from cacheresearch.workload.synthetic import tenant_workload
 
 ROUTERS = ["random", "least_loaded", "llmd_precise", "round_robin"]
-FIELDS = ("steps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_p90_ms", "preemptions", "hit_tokens_lo",
+FIELDS = ("steps", "events", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_p90_ms", "preemptions", "hit_tokens_lo",
           "dropped", "busy_ms", "tpot_ns_lo")
 
 
@@ -59,7 +59,7 @@ def workload(n: int, requests: int, replicas: int):
 
 def _one(stream, params, key, *, st):
     def fin(stream, params, c, st, active, replicas):
-        return _finish_vllm(stream, params, c, st, active, replicas), c.iters, c.events
+        return _finish_vllm(stream, params, c, st, active, replicas), c.iters
 
     return simulate_vllm(stream, params, key, st, request_bits, fin)
 
@@ -92,14 +92,14 @@ def jax_row(s, ps, keys, opts) -> tuple[dict, np.ndarray]:
     jax.block_until_ready(single(s, ps[0], keys[0]))  # compile
     outs, t_s, c_s = _timed(lambda: [single(s, p, k) for p, k in zip(ps, keys)])
     jax.block_until_ready(batch(s, grid, keys))  # compile
-    (mb, it_b, ev_b), t_b, c_b = _timed(lambda: batch(s, grid, keys))
+    (mb, it_b), t_b, c_b = _timed(lambda: batch(s, grid, keys))
     ms = finalize(jax.tree.map(lambda *a: np.stack([np.asarray(x) for x in a]), *[o[0] for o in outs]), st)
     fb = _fields(finalize(jax.tree.map(np.asarray, mb), st))
     fs = _fields(ms)
     assert np.array_equal(fb, fs), "batch and single calls differ"
     it = np.stack([np.asarray(o[1]) for o in outs])  # [G, N + 1] event iterations before each arrival
     assert np.array_equal(it, np.asarray(it_b))
-    ev = np.asarray([int(o[2]) for o in outs])
+    ev = np.asarray(ms.events)  # Metrics.events: decode stretches and engine steps, summed over replicas
     N = it.shape[1] - 1
     per_cfg = N + it.sum(axis=1)  # a single call's loop iterations
     batch_iters = int(N + it.max(axis=0).sum())

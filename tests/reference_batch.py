@@ -28,6 +28,12 @@ vllm replica"):
 * A request's computed full prompt blocks are cached (visible to lookups and routers) from the step
   that computes them; its other blocks (a partial block, generated tokens) are working blocks that
   vanish when it leaves.
+* Events (what the engines' event loops count, ``Metrics.events``): every step is one event, except
+  that consecutive decode-only steps of one replica within one run-up to an arrival (or the final
+  drain) are one event together. A step is decode-only when, as it begins, the batch is non-empty,
+  nothing in it has finished or is still prefilling, nothing is admissible (the waiting queue is empty
+  or the batch holds ``max_num_seqs`` requests or the whole token budget) and it preempts nothing.
+  Counted here step by step, independently of the engines' closed-form stretches.
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class _Replica:
         self.waiting: deque = deque()  # (i, d, npre)
         self.clock = 0
         self.steps = 0
+        self.events = 0
+        self.in_stretch = False  # the previous step of this run-up was decode-only
         self.busy = 0
         self.preempt = 0
         self.dropped = 0
@@ -150,14 +158,28 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     def new_canonical(rp, q_keys, c_new, P):
         return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
 
+    def decode_only(rp: _Replica):
+        """The step about to begin only decodes (the events rule of the module docstring, less preemption)."""
+        n = len(rp.running)
+        quiet = not rp.waiting or n >= seqs or n >= int(max_num_batched_tokens)
+        return n > 0 and quiet and not any(q.done or q.c < q.pt for q in rp.running)
+
     def step(rp: _Replica):
+        quiet = decode_only(rp)
+        quiet = not engine_step(rp) and quiet
+        if not (quiet and rp.in_stretch):
+            rp.events += 1
+        rp.in_stretch = quiet
+
+    def engine_step(rp: _Replica):
+        """One engine step; returns whether it preempted."""
         # 1. release
         for q in [q for q in rp.running if q.done]:
             release(rp, q)
             rp.work -= work_of(q)
         rp.running = [q for q in rp.running if not q.done]
         if not rp.has_work():
-            return
+            return False
         # 2. running batch
         budget = int(max_num_batched_tokens)
         plan = []
@@ -237,7 +259,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         # 4. the step
         sched = [q for q in rp.running if q.tok > 0]
         if not sched:
-            return
+            return preempted
         ptok = sum(q.tok for q in sched if q.pref)
         dtok = sum(1 for q in sched if not q.pref)
         ctx = sum(P_of[q.i] + q.d for q in sched if not q.pref)  # a decoding request reads its whole KV
@@ -264,8 +286,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         # the pool's books: working blocks are the running requests' own; blocks held fit the pool
         assert rp.work == sum(work_of(q) for q in rp.running), (rp.work, [work_of(q) for q in rp.running])
         assert len(rp.stored) + rp.work <= C
+        return preempted
 
     def advance(now_t):
+        for rp in reps:  # a decode-only stretch ends where the run-up ends
+            rp.in_stretch = False
         progress = True
         while progress:
             progress = False
@@ -366,6 +391,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         preempted=np.asarray(npre_out), replica=np.asarray(rep_of),
         ttft_ps=ttft, fin_ps=fin, tpot_ns=tpot_ns,
         preemptions=sum(rp.preempt for rp in reps), steps=sum(rp.steps for rp in reps),
+        events=sum(rp.events for rp in reps),
         dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ps=[rp.busy for rp in reps],
         kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
     )

@@ -53,6 +53,7 @@ def _check(w, m, ref):
         assert bad.size == 0, (f, bad[:10], a[bad[:10]], b[bad[:10]])
     assert int(m.preemptions) == ref["preemptions"]
     assert int(m.steps) == ref["steps"]
+    assert int(m.events) == ref["events"]
     assert int(m.dropped) == ref["dropped"]
 
 
@@ -177,7 +178,7 @@ def test_sweep_with_vllm_replicas(tmp_path):
             "output.figure=false"]
     ds = run_experiment(over, tmp_path)
     for v in ("tpot_mean_s", "e2e_p90_s", "preemptions", "kv_util_mean", "queue_len_mean", "throughput_tps",
-              "dropped", "engine_steps"):
+              "dropped", "engine_steps", "engine_events"):
         assert v in ds, v
     assert ds.attrs["replica_scheduler"] == "vllm"
     w = tenant_workload(n_tenants=6, prefix_tokens=320, users_per_tenant=5, user_tokens=0, query_tokens=64,

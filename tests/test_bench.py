@@ -345,3 +345,31 @@ def test_mooncake_falls_back_to_fixture(monkeypatch):
     spec = bench.make_workload("mooncake", quick=True, quiet=True)
     assert spec.source.startswith("fixture") and "absent" in spec.note
     assert spec.workload.n_requests == 200 and spec.workload.block_tokens == 512
+
+
+def test_default_path_cases_run_the_sweeps_defaults(cases):
+    """single_engine / sweep8_engine time what a sweep runs by default (backend=auto, its queue slots and
+    per-request outputs); the *_jax cases the JAX engine."""
+    from cacheresearch.bench.auto import SWEEP_QUEUE_SLOTS
+    from cacheresearch.shell.schema import EngineConf
+
+    assert SWEEP_QUEUE_SLOTS == EngineConf().queue_slots and EngineConf().backend == "auto"
+    want = "numba" if jax.default_backend() == "cpu" else "jax"
+    for name in ("single_engine", "sweep8_engine"):
+        assert "backend=auto" in cases[name]["method"] and f"backend chosen: {want}" in cases[name]["method"]
+    for name in ("single_engine_jax", "sweep8_engine_jax"):
+        assert cases[name]["method"].startswith("engine_jax: the JAX engine")
+
+
+def test_sweep_vllm_counts_events():
+    """sweep{n}_vllm's rows: steps and events as the runner's metrics give them; decode stretches merge
+    steps (100 output tokens per request), so events < steps; mean <= max events per configuration."""
+    from cacheresearch.bench.vllm import sweep_vllm
+
+    rep = sweep_vllm(n=2, requests=40, backends=("numba",))
+    (row,) = rep["rows"]
+    assert rep["case"] == "sweep2_vllm" and row["programs"] == ["numba"] and row["configurations"] == 2
+    assert 0 < row["events"] < row["engine_steps"]
+    assert row["events_per_config_mean"] <= row["events_per_config_max"] <= row["events"]
+    assert row["events_per_config_mean"] == pytest.approx(row["events"] / 2, abs=0.05)
+    assert row["events_per_s"] > 0 and row["equal_to_first_backend"] is None

@@ -50,7 +50,7 @@ def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, gie_hashes=None, 
         a, b = np.asarray(getattr(mn, f)), np.asarray(ref[f])
         bad = np.nonzero(a != b)[0]
         assert bad.size == 0, (f, bad[:10], a[bad[:10]], b[bad[:10]])
-    for f in ("preemptions", "steps", "dropped"):
+    for f in ("preemptions", "steps", "events", "dropped"):
         assert int(getattr(mn, f)) == ref[f], f
     if not jax_too:
         return ref

@@ -307,3 +307,42 @@ def test_own_gaps_predict_a_two_speed_root():
     err = root_cost_errors(a, "predicted")["anthropic_5m"]["median"]
     pois = root_cost_errors(a, "predicted_poisson")["anthropic_5m"]["median"]
     assert err <= 0.03 < pois, (err, pois)
+
+
+def test_root_gap_halves_alternate_reusing_requests():
+    """Four requests of one root at 0, 100, 500, 560 s: the reusing requests (2nd, 3rd, 4th) alternate
+    between the halves in arrival order, so half a holds the gaps 100 s and 60 s, half b 400 s."""
+    from cacheresearch.fit.ttl_advice import root_gap_halves
+
+    keys = np.array([11, 12] * 4, dtype=np.uint64)
+    w = Workload(arrival_ms=[0, 100_000, 500_000, 560_000], input_tokens=[1024] * 4, output_tokens=[1] * 4,
+                 tenant=[0] * 4, keys=keys, offsets=[0, 2, 4, 6, 8], block_tokens=512)
+    root, first = root_groups(w)
+    (fa, ka), (fb, kb) = root_gap_halves(w, root, first.size)(300.0)
+    assert ka.tolist() == [2.0] and kb.tolist() == [1.0]
+    assert fa.tolist() == [1.0] and fb.tolist() == [0.0]
+
+
+def _beta_roots(rng, shares, k):
+    """Per root a true share; each half holds ``k`` reusing requests drawn with it (block = request)."""
+    fa = rng.binomial(k, shares) / k
+    fb = rng.binomial(k, shares) / k
+    return (fa, np.full(shares.size, float(k))), (fb, np.full(shares.size, float(k)))
+
+
+def test_prior_weight_follows_how_much_roots_differ_from_the_law():
+    """Roots whose true shares all equal the law's (0.6): their own few reuses are noise, so the
+    cross-validated weight of the law is large (at least 100 reusing requests, or the law alone).
+    Roots whose true shares are 0.1 or 0.9 around a law of 0.5: their own reuses tell, so the weight
+    is small (at most 3). Fewer than two informative roots: the fixed prior."""
+    from cacheresearch.fit.ttl_advice import REUSE_MIN, prior_weight
+
+    rng = np.random.default_rng(3)
+    G = 400
+    same = _beta_roots(rng, np.full(G, 0.6), 5)
+    assert prior_weight(same, np.full(G, 0.6)) >= 100.0
+    split = _beta_roots(rng, np.where(np.arange(G) % 2 == 0, 0.1, 0.9), 5)
+    assert prior_weight(split, np.full(G, 0.5)) <= 3.0
+    use = np.zeros(G, bool)
+    use[0] = True
+    assert prior_weight(split, np.full(G, 0.5), use=use) == float(REUSE_MIN)

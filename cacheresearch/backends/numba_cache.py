@@ -34,7 +34,7 @@ from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream, compile_stream
 from cacheresearch.metrics.core import LIMB, Metrics
 from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
-from cacheresearch.routers.fixed import fixed_routes, prefix_keys
+from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
 from cacheresearch.workload import Workload
 
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES", "coverage", "available", "run_stream"]
@@ -275,7 +275,9 @@ def _limbs(total) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
-    """The fixed replica of every request of every configuration [G, n] (one call per routing group)."""
+    """The fixed replica of every request of every configuration [G, n] (one call per routing group of
+    several replicas: on one replica every rule routes to it; ``random``'s draws for every configuration
+    in one call)."""
     G = P["router"].shape[0]
     rnames = {v: k for k, v in ROUTERS.items()}
     rep = np.zeros((G, n), np.int64)
@@ -285,18 +287,16 @@ def _routes(stream: Stream, P: dict, keys: list, n: int) -> np.ndarray:
                           []).append(g)
     off = np.asarray(stream.offset)[:n]
     nb = np.asarray(stream.n_blocks)[:n]
+    bits = None
     for (router, R, pb), gs in groups.items():
+        if R == 1:  # a rule's replica is in [0, R): 0
+            continue
         hi, lo = prefix_keys(off, nb, np.asarray(stream.key_hi), np.asarray(stream.key_lo), pb)
+        if router == "random" and bits is None:
+            bits = first_bits(keys, n)
         rep[gs] = fixed_routes(router, R, n, prefix_hi=hi, prefix_lo=lo,
-                               keys=_subset(keys, gs) if router == "random" else None)
+                               bits0=bits[np.asarray(gs)] if router == "random" else None)
     return rep
-
-
-def _subset(keys, gs: list):
-    """The PRNG keys of configurations ``gs`` (a batched key array: no gather when ``gs`` is all of them)."""
-    if not hasattr(keys, "shape"):
-        return [keys[g] for g in gs]
-    return keys if gs == list(range(keys.shape[0])) else keys[np.asarray(gs)]
 
 
 def _run_kernel(stream: Stream, P: dict, keys: list, st):
@@ -358,6 +358,8 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     def per_req(a, fill=0):
         if not st.per_request:
             return np.zeros((G, 0) + a.shape[2:], np.int32)
+        if no == n:  # no padding: the kernel's own array (fresh per call), as int32
+            return np.asarray(a).astype(np.int32, copy=False)
         out = np.full((G, no) + a.shape[2:], fill, np.int32)
         out[:, :n] = a
         return out
@@ -377,10 +379,10 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         load_imbalance=nan32, prefix_copies=nan32, overflow_share=nan32,
         queue_overflow=ints[:, 2].astype(np.int32), time_overflow=ints[:, 3].astype(np.bool_),
         hit_blocks=per_req(hb), hit_tokens=per_req(hit_tok), replica=per_req(rep), ttft_ms=per_req(ttft),
-        match=per_req(mreq) if st.match else per_req(np.zeros((G, n, R), np.int32)),
+        match=per_req(mreq) if st.match else np.zeros((G, no if st.per_request else 0, R), np.int32),
         replicas_over_bound=(P["replicas"] > R) | (P["replicas"] < 1),
         tpot_mean_ms=nan32, e2e_p50_ms=z - 1, e2e_p90_ms=z - 1, e2e_p99_ms=z - 1, preemptions=z,
-        kv_util_mean=nan32, kv_util_max=nan32, queue_len_mean=nan32, throughput_tps=nan32, dropped=z, steps=z,
+        kv_util_mean=nan32, kv_util_max=nan32, queue_len_mean=nan32, throughput_tps=nan32, dropped=z, steps=z, events=z,
         e2e_ms=empty, preempted=empty, kv_acc_at=empty.astype(np.float32), q_acc_at=empty.astype(np.float32),
         n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=sh, ttft_sum_lo=sl,
         ttft_n=np.full(G, n, np.int32), busy_time=per_r[:, 4].astype(np.int32), horizon_time=horizon.astype(np.int32),

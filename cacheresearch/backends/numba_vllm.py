@@ -28,7 +28,8 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
 The metrics are the JAX replica's, field by field (:func:`run_stream` builds the same unfinalized
 :class:`~cacheresearch.metrics.core.Metrics`); the float32 KV and queue integrals are accumulated in the
 same order by the same float32 operations. ``tests/test_numba_vllm.py`` checks every request's TTFT,
-end time, hit, preemptions and the step counts against ``tests/reference_batch.py`` and the JAX replica.
+end time, hit, preemptions and the step and event counts against ``tests/reference_batch.py`` and the JAX
+replica.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ POLICIES_COVERED = ("lru", "unbounded")
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT) = range(20)
-NRS = 20
+ STUCK, TOVER, FPTR, FCNT, EVENTS) = range(21)
+NRS = 21
 # running slots, columns of sl [R, S, NSL]
 SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE = range(10)
 NSL = 10
@@ -535,6 +536,7 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
     else one engine step (replicas are independent between arrivals)."""
     for r in range(nrep):
         while (rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0) and rs[r, CLOCK] <= now_t:
+            rs[r, EVENTS] += 1  # one event: a decode-only stretch or one engine step (metrics.core.Metrics)
             if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, fin, hitb, npre):
                 _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
                       hitb, npre)
@@ -1136,6 +1138,7 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
         dropped=wa(rs[:, :, DROPPED] + rs[:, :, REJECTED]).sum(axis=1).astype(np.int32),
         steps=wa(rs[:, :, STEPS]).sum(axis=1).astype(np.int32),
+        events=wa(rs[:, :, EVENTS]).sum(axis=1).astype(np.int32),
         e2e_ms=per_req(e2e_ms, -1), preempted=per_req(npre, 0),
         kv_acc_at=per_req_f(kat[:, :, 0]), q_acc_at=per_req_f(kat[:, :, 1]),
         n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=th, ttft_sum_lo=tl,

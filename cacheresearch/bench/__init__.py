@@ -21,9 +21,13 @@ of the workload when the workload is large.
 
 The cases (per workload; each project path is its own case with its own ratio, none is "the fastest")
 -----------------------------------------------------------------------------------------------------
-``single_engine``    one configuration (the workload's capacity and replicas, random routing):
-                     the engine's public call ``simulate(stream, params, key, per_request=True,
-                     queue=False)`` until its result is ready.
+``single_engine``    one configuration (the workload's capacity and replicas, random routing) on
+                     the path a sweep takes by default (:mod:`cacheresearch.bench.auto`):
+                     ``simulate_cells(..., backend="auto")`` with the sweep's options (queue model
+                     on, per-request outputs, ``engine.queue_slots``' default): the numba backend
+                     on a CPU host, the JAX engine on an accelerator; the JSON's ``method`` names it.
+``single_engine_jax``  the same configuration through the JAX engine's public call
+                     ``simulate(stream, params, key, per_request=True, queue=False)``.
 ``single_curve``     the same configuration from :func:`~cacheresearch.analysis.mrc.hit_curve`
                      (``max_capacity`` = that capacity): routing, the stack-distance pass and the curve.
 ``single_replay``    the same configuration from :func:`~cacheresearch.analysis.mrc.route_requests` +
@@ -31,8 +35,10 @@ The cases (per workload; each project path is its own case with its own ratio, n
                      libCacheSim for the single cases: one LRU cache per replica at that capacity,
                      the replicas one after another on one core.
 ``sweep{N}_engine``  N configurations (N/4 log-spaced capacities x 2 replica counts x 2 seeds, random
-                     routing) in one public call ``simulate_grid(..., per_request=False, queue=False)``
-                     (vmapped; ``queue=False``: hit rates only).
+                     routing) in one ``simulate_cells(..., backend="auto")`` call with the sweep's
+                     options, as ``single_engine``.
+``sweep{N}_engine_jax``  the same N configurations in one JAX call ``simulate_grid(...,
+                     per_request=False, queue=False)`` (vmapped; ``queue=False``: hit rates only).
 ``sweep{N}_curve``   the same N configurations from one :func:`~cacheresearch.analysis.mrc.hit_curve` per
                      (replica count, seed) routing group, every capacity read off.
                      libCacheSim for the sweeps: the N configurations x their replicas' caches.

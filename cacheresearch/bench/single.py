@@ -56,7 +56,7 @@ class SingleCase:
             raise AssertionError(f"{spec.name}: lru_replay at C={C} != engine")
 
         # the default path (engine.backend=auto, bench/auto.py), one configuration
-        nbs = measure(auto_call(stream, [(C, R, 0)], R, per_request=True),
+        nbs = measure(auto_call(stream, [(C, R, 0)], R),
                       repeats=self.repeats, budget_s=self.budget_s, warmup=True)
         if not np.array_equal(nbs.value[1][:w.n_requests], eng_blocks[:w.n_requests]):
             raise AssertionError(f"{spec.name}: the default backend != the JAX engine")

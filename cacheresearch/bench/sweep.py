@@ -76,8 +76,8 @@ class SweepCase:
         # logged at once, so that a time-limited run keeps the engine's figure
         self.log(f"[bench] {spec.name}: engine, {len(cells)} configurations in one call: {eng.best:.4f} s "
                  f"(first call {eng.first:.2f} s)")
-        # (a') the engine's numba backend (core.replay): the same configurations, configurations in threads
-        nba = measure(auto_call(stream, cells, max(reps), per_request=False),
+        # (a') the default path (bench/auto.py: backend=auto with the sweep's options; numba on a CPU host)
+        nba = measure(auto_call(stream, cells, max(reps)),
                       repeats=self.repeats, budget_s=self.budget_s, warmup=True)
         if not np.array_equal(nba.value[0], eng_tokens):
             raise AssertionError(f"{spec.name}: sweep: the default backend != the JAX engine")

@@ -36,11 +36,16 @@ the advisor of :mod:`cacheresearch.analysis.pricing` assumes.
 
 ``fitted`` (the default) replaces the exponential by each root's reuse law, then blends in the
 root's own reuse gaps (:func:`root_gap_cdfs`): the hit probability at ``T`` is the posterior mean
-``(k F_own(T) + k0 F_law) / (k + k0)`` of a Dirichlet-process prior centred on the fitted law with
-``k0 = REUSE_MIN``, ``k`` the root's reusing requests (not blocks: the blocks of one request share one
-predecessor). A busy root is predicted from its own gaps, a root of a few requests from the law.
-Small roots stay noisy: a root's replay is one draw of its few reuses, so even a predictor exact in
-expectation is off by that draw's spread (on the shared Mooncake trace a median 27% at 5 minutes).
+``(k F_own(T) + k0 F_law) / (k + k0)`` of a beta (Dirichlet-process) prior centred on the fitted law,
+``k`` the root's reusing requests (not blocks: the blocks of one request share one predecessor).
+The prior's weight ``k0`` is estimated from the trace per TTL (empirical Bayes,
+:func:`prior_weight`): the method-of-moments estimate of a beta-binomial's concentration, from how
+far the roots' own shares spread around the law beyond their binomial sampling spread. Roots that
+differ from the law more than their few reuses explain get a small ``k0`` (their own gaps count);
+roots the law explains get a large one (the law counts). A busy root is predicted from its own gaps,
+a root of a few requests mostly from the law. Small roots stay noisy: a root's replay is one draw of
+its few reuses, so even a predictor exact in expectation is off by that draw's spread (on the shared
+Mooncake trace a median 27% at 5 minutes).
 
 Daily figures scale the window's cost by ``86400 / D``. Plain NumPy on the host; no I/O.
 """
@@ -55,7 +60,8 @@ from cacheresearch.analysis.pricing import MTOK, Pricing, preset, request_cost_u
 from cacheresearch.workload import Workload
 
 __all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
-           "block_reuse_gaps", "root_reuse_laws", "root_gap_cdfs", "choose_reuse_scale", "root_cost_errors",
+           "block_reuse_gaps", "root_reuse_laws", "root_gap_cdfs", "choose_reuse_scale", "law_root_shares",
+           "root_gap_halves", "prior_weight", "root_cost_errors",
            "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
 
 DAY = 86_400.0
@@ -188,15 +194,16 @@ def request_option_costs(w: Workload, pricing: Pricing | None, read_tokens, base
 
 def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, *, steady: bool = False,
                        base_none: float = 3.0, reuse_laws=None, own_gaps=None,
-                       reuse_scale: str = "rate") -> np.ndarray:
+                       reuse_scale: str = "rate", prior_weights: dict | None = None) -> np.ndarray:
     """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*).
     ``reuse_laws``: per root the CDF of its reuse times in units of each key's mean spacing ``D / n``
     (:func:`root_reuse_laws`); then an occurrence of a key seen ``n`` times hits with
     ``(n - 1) / n * F_root(TTL n / D)`` instead of the Poisson formula (whose ``F`` is exponential).
     ``own_gaps`` (:func:`root_gap_cdfs`): ``T -> (F [G], k [G])``, each root's empirical CDF of its
     reuse gaps in seconds at ``T`` and its number of reusing requests; the hit probability is then the
-    posterior mean ``(k F_own(T) + k0 F_root) / (k + k0)`` with ``k0 = REUSE_MIN`` (a Dirichlet-process
-    prior centred on the fitted law, weighing as much as ``REUSE_MIN`` reusing requests)."""
+    posterior mean ``(k F_own(T) + k0 F_root) / (k + k0)`` of a prior centred on the fitted law that
+    weighs as much as ``k0`` reusing requests: ``prior_weights[T]`` (:func:`prior_weight`), or
+    ``REUSE_MIN`` for a TTL it does not name."""
     D = float(duration_s)
     req, j, tok = _block_tokens(w)
     _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
@@ -217,7 +224,9 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
                                                  else np.full(n.size, T))
                 if own_gaps is not None:  # the root's own reuse gaps, weighted by its reusing requests
                     f_own, k = own_gaps(T)
-                    q_key = ((n - 1.0) / n * (k * f_own)[key_root] + REUSE_MIN * q_key) / (k[key_root] + REUSE_MIN)
+                    k0 = float((prior_weights or {}).get(T, REUSE_MIN))
+                    if np.isfinite(k0):  # else the law alone
+                        q_key = ((n - 1.0) / n * (k * f_own)[key_root] + k0 * q_key) / (k[key_root] + k0)
             else:
                 q_key = (n - 1.0) / n * (1.0 - np.clip(1.0 - T / D, 0.0, 1.0) ** n)
             jm = _min_block(w, p)
@@ -352,26 +361,100 @@ def choose_reuse_scale(w: Workload, root, n_roots: int, duration_s: float, ttls,
     describe the roots' own gaps better: per TTL and root, the law's mean hit probability over the
     root's reused blocks against the root's own share of gaps at most ``T``, weighted by its reusing
     requests (``misfit``: the weighted mean absolute difference per scale). Ties keep ``rate``."""
-    gap, req = block_reuse_gaps(w)
-    ok = np.isfinite(gap)
-    _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
-    n_blk = cnt[pos.reshape(-1)][ok].astype(np.float64)
-    rb = np.asarray(root)[req[ok]]
-    nb = np.maximum(np.bincount(rb, minlength=n_roots), 1)
+    blocks = _reused_blocks(w, root, n_roots)
     best, misfit = None, {}
     for scale in ("rate", "seconds"):
         cdfs, laws = root_reuse_laws(w, root, n_roots, duration_s, scale)
         err = wsum = 0.0
         for T in ttls:
             f_own, k = own_gaps(float(T))
-            x = T * n_blk / float(duration_s) if scale == "rate" else np.full(n_blk.size, float(T))
-            f_law = np.bincount(rb, weights=_law_at(cdfs, rb, x), minlength=n_roots) / nb
+            f_law = law_root_shares(w, root, n_roots, duration_s, float(T), cdfs, scale, blocks=blocks)
             err += float(np.sum(k * np.abs(f_law - f_own)))
             wsum += float(k.sum())
         misfit[scale] = err / wsum if wsum > 0 else 0.0
         if best is None or misfit[scale] < misfit[best[0]] - 1e-12:
             best = (scale, cdfs, laws)
     return best + (misfit,)
+
+
+def _reused_blocks(w: Workload, root, n_roots: int) -> tuple:
+    """``(root [B'], n [B'], per-root count [G])`` of the reused blocks (a finite gap): each one's root
+    and its key's number of requests, and each root's number of reused blocks (at least 1)."""
+    gap, req = block_reuse_gaps(w)
+    ok = np.isfinite(gap)
+    _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
+    rb = np.asarray(root)[req[ok]]
+    return rb, cnt[pos.reshape(-1)][ok].astype(np.float64), np.maximum(np.bincount(rb, minlength=n_roots), 1)
+
+
+def law_root_shares(w: Workload, root, n_roots: int, duration_s: float, T: float, cdfs, scale: str, *,
+                    blocks: tuple | None = None) -> np.ndarray:
+    """``[G]`` per root the law's mean probability that a reused block's gap is at most ``T`` (over the
+    root's reused blocks): what the root's own share ``F_own(T)`` (:func:`root_gap_cdfs`) estimates.
+    ``blocks``: :func:`_reused_blocks` of the same trace, when the caller has it."""
+    rb, n_blk, nb = _reused_blocks(w, root, n_roots) if blocks is None else blocks
+    x = T * n_blk / float(duration_s) if scale == "rate" else np.full(n_blk.size, float(T))
+    return np.bincount(rb, weights=_law_at(cdfs, rb, x), minlength=n_roots) / nb
+
+
+def root_gap_halves(w: Workload, root, n_roots: int):
+    """``T -> ((F_a, k_a), (F_b, k_b))``: :func:`root_gap_cdfs` of two halves of each root's reusing
+    requests (alternate ones, in arrival order), for cross-validation: each half is predicted from the
+    other."""
+    gap, req = block_reuse_gaps(w)
+    ok = np.isfinite(gap)
+    rq, g = req[ok], gap[ok]
+    root = np.asarray(root)
+    ureq = np.unique(rq)
+    rr = root[ureq]
+    o = np.lexsort((ureq, rr))
+    starts = np.searchsorted(rr[o], np.arange(n_roots))
+    rank = np.zeros(w.n_requests, np.int64)
+    rank[ureq[o]] = np.arange(o.size) - starts[rr[o]]
+    half = rank[rq] % 2
+    rb = root[rq]
+
+    def at(T: float):
+        out = []
+        for h in (0, 1):
+            sel = half == h
+            tot = np.bincount(rb[sel], minlength=n_roots).astype(np.float64)
+            f = np.bincount(rb[sel], weights=(g[sel] <= T).astype(np.float64), minlength=n_roots) / np.maximum(tot, 1.0)
+            k = np.bincount(root[np.unique(rq[sel])], minlength=n_roots).astype(np.float64)
+            out.append((f, k))
+        return tuple(out)
+
+    return at
+
+
+PRIOR_GRID = np.concatenate([np.logspace(-2, 4, 25), [np.inf]])  # candidate prior weights (reusing requests)
+
+
+def prior_weight(halves, mu, use=None) -> float:
+    """The prior's weight ``k0`` (in reusing requests), chosen by two-fold cross-validation on the trace:
+    each half of every root's reusing requests (:func:`root_gap_halves`) is predicted by the posterior
+    ``(k_a F_a + k0 mu) / (k_a + k0)`` of the other half, and ``k0`` (from :data:`PRIOR_GRID`, ``inf``:
+    the law alone) minimises the squared error weighted by the held-out half's reusing requests. It
+    asks how much a root's own gaps tell about its next reuses beyond the law: on roots whose few
+    reuses are noise around the law it picks a large weight, on roots that differ from the law a small
+    one. An in-sample check would always prefer ``k0 = 0`` (the root's replay itself). ``mu``: the law's
+    share per root at ``T`` (:func:`law_root_shares`); ``use``: the roots whose law is a prior (bool
+    ``[G]``: those on the law pooled over all roots; a root's own law was fitted to its own gaps). Fewer
+    than two roots with reuse in both halves: ``REUSE_MIN`` (a fixed prior)."""
+    (fa, ka), (fb, kb) = halves
+    mu = np.asarray(mu, dtype=np.float64)
+    m = (ka >= 1) & (kb >= 1) & (True if use is None else np.asarray(use, dtype=bool))
+    if int(m.sum()) < 2:
+        return float(REUSE_MIN)
+    best, loss = float(REUSE_MIN), np.inf
+    for k0 in PRIOR_GRID:
+        err = 0.0
+        for (f1, k1), (f2, k2) in (((fa, ka), (fb, kb)), ((fb, kb), (fa, ka))):
+            pred = mu if np.isinf(k0) else (k1 * f1 + k0 * mu) / (k1 + k0)
+            err += float(np.sum((k2 * (pred - f2) ** 2)[m]))
+        if err < loss - 1e-15:
+            best, loss = float(k0), err
+    return best
 
 
 def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
@@ -437,9 +520,15 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
     if reuse == "fitted":
         own = root_gap_cdfs(w, root, G)
         scale, cdfs, laws, misfit = choose_reuse_scale(w, root, G, D, sorted({p.ttl_s for p in priced}), own)
-        laws = [dict(d, scale=scale, scale_misfit=misfit) for d in laws]
+        k0, blocks, halves = {}, _reused_blocks(w, root, G), root_gap_halves(w, root, G)
+        pooled = np.asarray([bool(d.get("pooled")) for d in laws])
+        for T in sorted({p.ttl_s for p in priced}):
+            mu = law_root_shares(w, root, G, D, float(T), cdfs, scale, blocks=blocks)
+            k0[float(T)] = prior_weight(halves(float(T)), mu, use=pooled)
+        laws = [dict(d, scale=scale, scale_misfit=misfit, prior_weight={f"{t:g}": v for t, v in k0.items()})
+                for d in laws]
         pred = predict_root_costs(w, res, root, G, D, base_none=base_none, reuse_laws=cdfs, own_gaps=own,
-                                  reuse_scale=scale)
+                                  reuse_scale=scale, prior_weights=k0)
     stdy = predict_root_costs(w, res, root, G, D, steady=True, base_none=base_none)
     ttls = sorted({p.ttl_s for p in priced})
     hits = replay_hit_tokens(w, ttls) if ttls else np.zeros((0, w.n_requests), np.int64)

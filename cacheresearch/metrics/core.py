@@ -70,6 +70,12 @@ class Metrics(NamedTuple):
     throughput_tps: jax.Array  # float64 output tokens per second of the run
     dropped: jax.Array  # int32 requests not served: waiting ring full (engine.queue_slots) or larger than the pool
     steps: jax.Array  # int32 engine steps over all replicas
+    # int32 replica events over all replicas: the iterations of each replica's event loop (replica/vllm.py
+    # _advance), each either one decode-only stretch (>= 1 engine steps taken at once, up to the next
+    # arrival, finish or block allocation the pool cannot serve) or one ordinary engine step (admission,
+    # prefill chunk, release of finished requests, preemption; a step that schedules nothing counts too).
+    # A batch of configurations costs about its events, not its steps. 0 with the fcfs replica (not counted).
+    events: jax.Array
     e2e_ms: jax.Array  # int32 [N] per request (empty unless per_request)
     preempted: jax.Array  # int32 [N] per request
     # float32 [N] the vllm replica: kv_acc / q_acc summed over the active replicas when request i arrives

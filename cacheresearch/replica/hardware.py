@@ -23,14 +23,29 @@ This is an upper-bound style estimate: vLLM's profiled activation peak and non-t
 
 Plain Python; no JAX. :func:`kv_blocks` is the API the sweeps (``replica.gpu=... replica.model=...``)
 and the batching replica use.
+
+**Any model by its ``config.json``.** ``replica.model`` is a preset name of :data:`MODELS` or the path of
+a Hugging Face ``config.json`` (:func:`model_from_config`): layers, attention and KV heads, head
+dimension, and the parameter count computed from the shapes (embeddings, attention projections, a
+gated MLP or a mixture of experts: all experts' weights are held, only ``num_experts_per_tok`` of them
+compute per token, so the roofline's FLOPs use the active count, while its weight read per step counts
+every expert: a batch of any size touches most of them, so small batches are charged too much).
+Weights take ``torch_dtype``'s bytes (or 1 per parameter under an ``fp8`` ``quantization_config``).
+Models whose KV is not ``layers x kv_heads x head_dim`` per token are refused with the reason:
+multi-head latent attention (``kv_lora_rank``), sliding-window layers, other quantisation methods.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
+from os import PathLike
+from pathlib import Path
 
 __all__ = ["ModelSpec", "GpuSpec", "MODELS", "GPUS", "KV_DTYPE_BYTES", "kv_bytes_per_token", "block_bytes",
-           "kv_blocks", "kv_tokens", "capacity_table"]
+           "kv_blocks", "kv_tokens", "capacity_table", "model_from_config", "resolve_model", "HF_MODEL_IDS",
+           "preset_for_hf_id"]
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -47,6 +62,8 @@ class ModelSpec:
     params: float  # parameter count
     weight_bytes: int  # bytes of the weights as served (bf16: 2 per parameter)
     source: str
+    q_heads: int = 0  # num_attention_heads (0: the roofline's table of presets)
+    active_params: float = 0.0  # parameters that compute per token (mixtures of experts; 0: all of them)
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,25 @@ MODELS: dict[str, ModelSpec] = {
         "128; 7.25 B parameters (model card), BF16 weights"),
 }
 
+#: Hugging Face model ids (as inference-perf's ``server.model_name`` / ``tokenizer`` name them) of the presets.
+HF_MODEL_IDS: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3_8b", "meta-llama/Llama-3.1-8B": "llama3_8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama3_8b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama3_70b", "meta-llama/Llama-3.3-70B-Instruct": "llama3_70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama3_70b",
+    "Qwen/Qwen2.5-32B-Instruct": "qwen2.5_32b", "Qwen/Qwen2.5-32B": "qwen2.5_32b",
+    "Qwen/Qwen3-8B": "qwen3_8b", "Qwen/Qwen3-32B": "qwen3_32b",
+    "codellama/CodeLlama-34b-Instruct-hf": "codellama_34b",
+    "mistralai/Mistral-7B-Instruct-v0.3": "mistral_7b",
+}
+
+
+def preset_for_hf_id(model_id: str) -> str | None:
+    """The preset of a Hugging Face model id (:data:`HF_MODEL_IDS`, case-insensitive), or ``None``."""
+    low = {k.lower(): v for k, v in HF_MODEL_IDS.items()}
+    return low.get(str(model_id).strip().lower())
+
+
 #: GPU presets: device totals as reported by nvidia-smi (MiB), which is what vLLM's budget multiplies.
 GPUS: dict[str, GpuSpec] = {
     "h100_80gb": GpuSpec("h100_80gb", 81_559 * MIB,
@@ -115,10 +151,116 @@ KV_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "auto": 2, "fp8": 1, "fp
 def lookup(table: dict, name, what: str):
     if isinstance(name, (ModelSpec, GpuSpec)):
         return name
+    if table is MODELS:
+        return resolve_model(name)
     try:
         return table[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown {what} {name!r}; choose one of {sorted(table)}") from None
+
+
+def resolve_model(model) -> ModelSpec:
+    """A :class:`ModelSpec`, a preset name of :data:`MODELS`, or the path of a model's ``config.json``."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str) and model in MODELS:
+        return MODELS[model]
+    if isinstance(model, (str, PathLike)) and (str(model).endswith(".json") or Path(model).is_file()):
+        p = Path(model).expanduser().resolve()
+        if not p.is_file():
+            raise ValueError(f"replica.model: no such config.json: {model}")
+        return _config_spec(str(p), p.stat().st_mtime_ns)
+    raise ValueError(f"unknown model {model!r}; choose one of {sorted(MODELS)} or give the path of its config.json")
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float": 4, "half": 2, "bf16": 2, "fp16": 2}
+
+
+def _cfg_int(c: dict, path: str, *keys, default=None) -> int:
+    for k in keys:
+        v = c.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+                raise ValueError(f"{path}: key {k!r} must be a non-negative integer, got {v!r}")
+            return int(v)
+    if default is not None:
+        return default
+    raise ValueError(f"{path}: missing key {' / '.join(map(repr, keys))}")
+
+
+def model_from_config(path, name: str | None = None) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face ``config.json`` (module docstring). A nested
+    ``text_config`` (multimodal checkpoints) is read as the language model. Raises ``ValueError``
+    naming the file and key for a missing or malformed field and for architectures it does not model."""
+    p = Path(path)
+    try:
+        c = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: cannot read a config.json: {e}") from None
+    if not isinstance(c, dict):
+        raise ValueError(f"{p}: a config.json is a JSON object")
+    if isinstance(c.get("text_config"), dict):  # the language model of a multimodal checkpoint
+        tc = c["text_config"]
+        c = {**tc, "torch_dtype": tc.get("torch_dtype", c.get("torch_dtype")),
+             "quantization_config": tc.get("quantization_config", c.get("quantization_config"))}
+    if c.get("kv_lora_rank"):
+        raise ValueError(f"{p}: multi-head latent attention (kv_lora_rank) caches a latent per token, not "
+                         "kv_heads x head_dim: not modelled")
+    if c.get("use_sliding_window") or "sliding_attention" in (c.get("layer_types") or []):
+        raise ValueError(f"{p}: sliding-window layers hold a window of KV, not the whole context: not modelled")
+    L = _cfg_int(c, str(p), "num_hidden_layers", "n_layer", "num_layers")
+    H = _cfg_int(c, str(p), "hidden_size", "n_embd", "d_model")
+    qh = _cfg_int(c, str(p), "num_attention_heads", "n_head")
+    if qh == 0 or H == 0 or L == 0:
+        raise ValueError(f"{p}: num_hidden_layers, hidden_size and num_attention_heads must be positive")
+    kvh = _cfg_int(c, str(p), "num_key_value_heads", default=qh)
+    hd = _cfg_int(c, str(p), "head_dim", default=H // qh)
+    V = _cfg_int(c, str(p), "vocab_size")
+    ffn = _cfg_int(c, str(p), "intermediate_size", "ffn_dim", "n_inner", default=4 * H)
+    n_exp = _cfg_int(c, str(p), "num_experts", "num_local_experts", "n_routed_experts", default=0)
+    top_k = _cfg_int(c, str(p), "num_experts_per_tok", "num_experts_per_token", "moe_topk", default=0)
+    if n_exp and not top_k:
+        raise ValueError(f"{p}: {n_exp} experts but no num_experts_per_tok")
+    e_ffn = _cfg_int(c, str(p), "moe_intermediate_size", default=ffn)
+    sh_ffn = _cfg_int(c, str(p), "shared_expert_intermediate_size", default=0)
+    sparse = set(c.get("mlp_only_layers") or [])
+    step = _cfg_int(c, str(p), "decoder_sparse_step", default=1) or 1
+    attn = H * qh * hd + 2 * H * kvh * hd + qh * hd * H
+    dense = 3 * H * ffn
+    total = active = 0.0
+    for layer in range(L):
+        moe = n_exp > 0 and layer not in sparse and (layer + 1) % step == 0
+        if moe:
+            shared = 3 * H * sh_ffn + (H if sh_ffn else 0)
+            total += attn + n_exp * 3 * H * e_ffn + H * n_exp + shared
+            active += attn + top_k * 3 * H * e_ffn + H * n_exp + shared
+        else:
+            total += attn + dense
+            active += attn + dense
+    emb = V * H * (1 if c.get("tie_word_embeddings", False) else 2)
+    total, active = total + emb, active + emb
+    q = c.get("quantization_config") or {}
+    if q:
+        method = str(q.get("quant_method", "")).lower()
+        if method != "fp8":
+            raise ValueError(f"{p}: quantization_config.quant_method {method!r}: only fp8 weights are modelled")
+        wb = 1
+    else:
+        dt = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16").replace("torch.", "")
+        if dt not in _DTYPE_BYTES:
+            raise ValueError(f"{p}: key 'torch_dtype': unknown dtype {dt!r}; known: {sorted(_DTYPE_BYTES)}")
+        wb = _DTYPE_BYTES[dt]
+    arch = ",".join(c.get("architectures") or []) or "?"
+    label = name or (p.parent.name if p.stem == "config" and p.parent.name else p.stem)
+    return ModelSpec(label, L, kvh, hd, total, int(round(total * wb)),
+                     f"{p.name} ({arch}): {L} layers, {qh} heads / {kvh} KV heads x {hd}, parameters from the shapes "
+                     f"{total / 1e9:.2f} B" + (f" ({active / 1e9:.2f} B active)" if n_exp else "")
+                     + f", {wb} bytes per weight", q_heads=qh, active_params=active if n_exp else 0.0)
+
+
+@lru_cache(maxsize=64)
+def _config_spec(path: str, mtime_ns: int) -> ModelSpec:
+    return model_from_config(path)
 
 
 def _check_int(name: str, v, lo: int) -> int:

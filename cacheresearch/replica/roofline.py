@@ -75,6 +75,16 @@ BLIS: dict[str, tuple[str, str, int, tuple[float, float, float]]] = {
 }
 
 
+def _q_heads(m) -> int:
+    """Query heads of a model: its own field (a config.json) or the presets' table."""
+    if m.q_heads:
+        return m.q_heads
+    try:
+        return Q_HEADS[m.name]
+    except KeyError:
+        raise ValueError(f"model {m.name!r}: no num_attention_heads (set ModelSpec.q_heads)") from None
+
+
 @dataclass(frozen=True)
 class Roofline:
     model: str
@@ -101,8 +111,8 @@ class Roofline:
     def prefill_token_s(self, ctx_tokens: float = 0.0) -> float:
         """One prefill token at ``ctx_tokens`` of context before it (seconds)."""
         m, g = self._spec()
-        att = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim * float(ctx_tokens)
-        return (2.0 * m.params + att) / self.tp / (g.flops * self.eff_flops)
+        att = 4.0 * m.layers * _q_heads(m) * m.head_dim * float(ctx_tokens)
+        return (2.0 * (m.active_params or m.params) + att) / self.tp / (g.flops * self.eff_flops)
 
     def ctx_token_s(self, kv_dtype: str = "bf16") -> float:
         """KV read per context token of a decoding request, per step (seconds)."""
@@ -149,7 +159,7 @@ def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf1
     ``step_prefill_ctx_fs`` (attention per (prefill token, earlier token) pair)."""
     r = roofline(model, gpu, tp)
     m = lookup(MODELS, model, "model")
-    pair_flops = 4.0 * m.layers * Q_HEADS[m.name] * m.head_dim / r.tp
+    pair_flops = 4.0 * m.layers * _q_heads(m) * m.head_dim / r.tp
     return dict(step_base_ns=int(round(r.base_s() * 1e9)),
                 step_prefill_ns=int(round(r.prefill_token_s(0.0) * 1e9)),
                 step_decode_ns=0,

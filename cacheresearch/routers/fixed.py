@@ -39,22 +39,29 @@ def prefix_keys(offsets: np.ndarray, n_blocks: np.ndarray, key_hi: np.ndarray, k
             np.where(has, np.asarray(key_lo)[pos], 0).astype(np.uint32))
 
 
-def fixed_routes(router: str, replicas: int, n: int, *, prefix_hi=None, prefix_lo=None, keys=None) -> np.ndarray:
+def first_bits(keys, n: int) -> np.ndarray:
+    """Column 0 of the engine's ``request_bits`` for ``n`` requests under each PRNG key: uint32 [len(keys), n]
+    (what ``random`` routing draws; one compiled call for every key)."""
+    kk = jnp.stack(list(keys)) if not hasattr(keys, "shape") else keys
+    return np.asarray(_first_bits(kk, n))
+
+
+def fixed_routes(router: str, replicas: int, n: int, *, prefix_hi=None, prefix_lo=None, keys=None,
+                 bits0=None) -> np.ndarray:
     """The replica of each of ``n`` requests under the load-free rule ``router`` on ``replicas``
     replicas: int32 [len(keys), n] (one row when ``keys`` is None). ``prefix_hi``/``prefix_lo``
     (:func:`prefix_keys`) are needed by the rules that read ``prefix_blocks``; ``keys``: PRNG keys,
-    needed by ``random``. One compiled call for all rows (lengths padded to a power of two, so one
-    compile serves many workloads)."""
+    needed by ``random`` (or ``bits0``, their :func:`first_bits`, drawn once for several calls). One
+    compiled call for all rows (lengths padded to a power of two, so one compile serves many workloads)."""
     if router not in REGISTRY.load_free():
         raise ValueError(f"router {router!r} reads load or cache state (or is unknown); a fixed route needs one of "
                          f"{', '.join(REGISTRY.load_free())}")
-    G = 1 if keys is None else len(keys)
+    G = len(bits0) if bits0 is not None else 1 if keys is None else len(keys)
     b0 = np.zeros((G, n), np.uint32)
     if router == "random":
-        if keys is None:
+        if keys is None and bits0 is None:
             raise ValueError("random routing needs PRNG keys")
-        kk = jnp.stack(list(keys)) if not hasattr(keys, "shape") else keys
-        b0 = np.asarray(_first_bits(kk, n))  # request_bits column 0
+        b0 = np.asarray(bits0, np.uint32) if bits0 is not None else first_bits(keys, n)  # request_bits column 0
     if prefix_hi is None or router not in REGISTRY.knob_readers("prefix_blocks"):
         prefix_hi = prefix_lo = np.zeros(n, np.uint32)
     L = G * n

@@ -681,6 +681,8 @@ GRID_VAR_DOCS = {
     "throughput_tps": ("output tokens per second over the run", "tokens/s"),
     "dropped": ("requests not served: waiting queue full (engine.queue_slots) or larger than the pool", "requests"),
     "engine_steps": ("engine steps of all replicas", "steps"),
+    "engine_events": ("replica events of all replicas: decode-only stretches taken at once and other engine steps",
+                      "events"),
 }
 
 
@@ -739,6 +741,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
             "throughput_tps": grid(metrics.throughput_tps, np.float64),
             "dropped": grid(metrics.dropped, np.int64),
             "engine_steps": grid(metrics.steps, np.int64),
+            "engine_events": grid(metrics.events, np.int64),
         })
     if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
         cells = list(plan.cells())

@@ -878,7 +878,8 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         root_cost_error_poisson=json.dumps(root_cost_errors(a, "predicted_poisson")),
         reuse_laws_used=json.dumps({k: int(sum(1 for d in a.reuse_laws if d.get("used") == k and not d.get("pooled")))
                                     for k in ("parametric", "empirical")}
-                                   | {"pooled": int(sum(1 for d in a.reuse_laws if d.get("pooled")))}))))
+                                   | {"pooled": int(sum(1 for d in a.reuse_laws if d.get("pooled")))}),
+        prior_weight=json.dumps((a.reuse_laws[0].get("prior_weight") or {}) if a.reuse_laws else {}))))
     return ds
 
 
@@ -914,7 +915,9 @@ def summarize_ttl_trace(ds) -> str:
                    "reuse laws vs Poisson keys: " + "; ".join(
                        f"{o} {S.pct(fe[o]['median'])} ({S.pct(fe[o]['p90'])}) vs {S.pct(pe[o]['median'])} "
                        f"({S.pct(pe[o]['p90'])})" for o in fe)
-                   + f"; reuse laws per root: {a.get('reuse_laws_used', '{}')}")
+                   + f"; reuse laws per root: {a.get('reuse_laws_used', '{}')}"
+                   + (f"; prior weight per TTL (reusing requests, cross-validated): {a['prior_weight']}"
+                      if a.get("prior_weight", "{}") != "{}" else ""))
     counts = {k: {o: int(np.sum(ds[k].values[ds.requests.values >= 2] == o)) for o in opts}
               for k in ("advised", "oracle", "advised_steady")}
     out.append("choices on shared roots: " + "; ".join(f"{k} " + ", ".join(f"{o} x{n}" for o, n in v.items())
