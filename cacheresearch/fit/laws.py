@@ -156,11 +156,22 @@ def count_logpmf(law: Law, k) -> np.ndarray:
     return _frozen(law).logpmf(k)
 
 
+def _zeta_logsf(a: float, k: np.ndarray) -> np.ndarray:
+    """``log P(K > k)`` of a zeta law, by the Hurwitz zeta ``zeta(a, k + 1) / zeta(a)`` (scipy's generic
+    survival function sums the pmf term by term: most of the session fit's time on large traces)."""
+    kk = np.floor(np.asarray(k, dtype=np.float64))
+    with np.errstate(divide="ignore"):
+        v = np.log(special.zeta(a, np.maximum(kk, 0.0) + 1.0)) - math.log(special.zeta(a, 1.0))
+    return np.where(kk < 1, 0.0, v)
+
+
 def count_logsf(law: Law, k) -> np.ndarray:
     """``log P(K > k)``."""
     k = np.asarray(k, dtype=np.float64)
     if law.family == "nbinom1":
         return stats.nbinom.logsf(k - 1, law.params["n"], law.params["p"])
+    if law.family == "zeta":
+        return _zeta_logsf(float(law.params["a"]), k)
     return _frozen(law).logsf(k)
 
 
@@ -455,8 +466,11 @@ def sample(law: Law | dict, rng: np.random.Generator, size: int) -> np.ndarray:
     """``size`` draws of a law (continuous families as floats, count families as integers >= 1,
     ``zipf_ranks`` as 0-based ranks, ``empirical`` laws as resampled values)."""
     if isinstance(law, dict) and law.get("family") == "empirical":
-        v = np.asarray(law["values"])
-        return v[rng.integers(0, v.size, size)]
+        vals = law["values"]
+        idx = rng.integers(0, len(vals), size)
+        if size <= 64:  # a few draws: index the list (converting a long list per call dominated sampling)
+            return np.asarray([vals[i] for i in idx.tolist()])
+        return np.asarray(vals)[idx]
     if isinstance(law, dict):
         law = Law.from_dict(law)
     p = law.params
@@ -524,6 +538,8 @@ def _cdf(law: Law, x: np.ndarray) -> np.ndarray:
         return np.sum(w * stats.norm.cdf((lx - mu) / sg), axis=1) / np.sum(w)
     if law.family == "nbinom1":
         return stats.nbinom.cdf(x - 1, law.params["n"], law.params["p"])
+    if law.family == "zeta":
+        return -np.expm1(_zeta_logsf(float(law.params["a"]), x))
     return _frozen(law).cdf(x)
 
 

@@ -55,7 +55,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from cacheresearch.fit import laws as L
-from cacheresearch.fit.structure import chain_content_hashes, request_structure
+from cacheresearch.fit.structure import chain_content_hashes, request_structure, split_conversations
 from cacheresearch.workload import Workload
 
 __all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "ablation_effect", "MODEL_VERSION",
@@ -128,38 +128,42 @@ def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, win
     return out
 
 
+def _bisect_count(cdf, u: np.ndarray) -> np.ndarray:
+    """The smallest integer ``k >= 1`` with ``cdf(k) >= u``, by doubling then bisection (capped at 2^63)."""
+    lo = np.zeros_like(u)
+    hi = np.ones_like(u)
+    for _ in range(64):  # grow hi until it covers u
+        need = cdf(hi) < u
+        if not need.any():
+            break
+        hi = np.where(need, hi * 2.0, hi)
+    for _ in range(64):
+        mid = np.floor((lo + hi) / 2.0)
+        done = hi - lo <= 1.0
+        if done.all():
+            break
+        up = cdf(mid) >= u
+        hi = np.where(~done & up, mid, hi)
+        lo = np.where(~done & ~up, mid, lo)
+    return hi
+
+
 def count_ppf(law, u) -> np.ndarray:
-    """Quantiles of a count law (integers >= 1) at ``u`` in (0, 1)."""
+    """Quantiles of a count law (integers >= 1) at ``u`` in (0, 1). The shifted negative binomial and
+    the zeta law by bisection on their cdf (the regularized incomplete beta, the Hurwitz zeta tail):
+    scipy's negative binomial ppf can loop for minutes at the small ``n`` some fits find."""
     law = L.Law.from_dict(law) if isinstance(law, dict) else law
     u = np.clip(np.asarray(u, dtype=np.float64), 1e-12, 1.0 - 1e-12)
     p = law.params
     if law.family == "geom":  # closed form
         q = np.ceil(np.log1p(-u) / math.log1p(-min(p["p"], 1.0 - 1e-15)))
-    elif law.family == "nbinom1":
-        q = L._frozen(law).ppf(u) + 1.0
-    elif law.family == "zeta":  # smallest k with P(K <= k) >= u, by bisection on the Hurwitz zeta tail
+    elif law.family == "nbinom1":  # K = 1 + X, P(X <= x) = I_p(n, x + 1)
+        n_, p_ = float(p["n"]), float(p["p"])
+        q = _bisect_count(lambda k: special.betainc(n_, k, p_), u)
+    elif law.family == "zeta":
         a = p["a"]
         z0 = special.zeta(a, 1.0)
-
-        def cdf(k):
-            return 1.0 - special.zeta(a, k + 1.0) / z0
-
-        lo = np.zeros_like(u)
-        hi = np.ones_like(u)
-        for _ in range(64):  # grow hi until it covers u (capped at 2^63)
-            need = cdf(hi) < u
-            if not need.any():
-                break
-            hi = np.where(need, hi * 2.0, hi)
-        for _ in range(64):
-            mid = np.floor((lo + hi) / 2.0)
-            done = hi - lo <= 1.0
-            if done.all():
-                break
-            up = cdf(mid) >= u
-            hi = np.where(~done & up, mid, hi)
-            lo = np.where(~done & ~up, mid, lo)
-        q = hi
+        q = _bisect_count(lambda k: 1.0 - special.zeta(a, k + 1.0) / z0, u)
     else:
         raise ValueError(f"count_ppf: {law.family!r} is not a count law")
     return np.clip(np.nan_to_num(q, nan=1.0, posinf=1e9), 1, 1e9).astype(np.int64)
@@ -335,9 +339,40 @@ def _observed_volume(count_law: dict, gap_law: dict, windows: np.ndarray, rng, r
     return float(np.minimum(k, fits).sum() / reps)
 
 
-def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str) -> dict:
-    return {"family": "empirical_sessions", "gaps": [[round(float(g), 3) for g in gl] for gl in gap_lists],
-            "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
+def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str, heads=None) -> dict:
+    out = {"family": "empirical_sessions", "gaps": [[round(float(g), 3) for g in gl] for gl in gap_lists],
+           "first_tokens": [int(x) for x in first_tokens], "n": len(gap_lists), "why": why}
+    if heads is not None and any(len(h) for h in heads):
+        out["heads"] = heads
+    return out
+
+
+def _session_heads(w: Workload, st, first_req: np.ndarray) -> list:
+    """Per session (its first request ``first_req``), the leading blocks of its first request that other
+    sessions hold too (a shared system or tool prompt), as ids relabelled ``0..k-1`` over the
+    type: a session drawn whole opens with the same shared head as in the trace (the ids map to
+    fresh ones per sample), so sessions that shared a head in the trace share it in the sample."""
+    nb = w.n_blocks.astype(np.int64)
+    req = np.repeat(np.arange(w.n_requests, dtype=np.int64), nb)
+    sb = st.session[req]
+    o = np.lexsort((sb, w.keys))
+    k, s = w.keys[o], sb[o]
+    new_key = np.concatenate([[True], k[1:] != k[:-1]]) if k.size else np.zeros(0, bool)
+    new_pair = new_key | np.concatenate([[True], s[1:] != s[:-1]]) if k.size else new_key
+    n_sess = np.add.reduceat(new_pair.astype(np.int64), np.nonzero(new_key)[0]) if k.size else np.zeros(0, np.int64)
+    multi = np.zeros(w.total_blocks, bool)
+    multi[o] = np.repeat(n_sess > 1, np.diff(np.append(np.nonzero(new_key)[0], k.size)))
+    heads, flat = [], []
+    for r in first_req.tolist():
+        f = multi[w.offsets[r]: w.offsets[r + 1]]
+        m = int(np.argmin(f)) if not f.all() else f.size
+        heads.append(w.keys[w.offsets[r]: w.offsets[r] + m])
+        flat.append(heads[-1])
+    if not flat or not sum(h.size for h in heads):
+        return [[] for _ in heads]
+    _, inv = np.unique(np.concatenate(flat), return_inverse=True)
+    cuts = np.cumsum([h.size for h in heads])[:-1]
+    return [x.tolist() for x in np.split(inv.reshape(-1).astype(np.int64), cuts)]
 
 
 MIN_REWRITES = 10  # fewer rewrites than this (and not length-triggered): they stay branches
@@ -474,7 +509,9 @@ def _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w):
     ftok_sess = np.zeros(uniq.size, np.int64)
     fr = req_idx[order][np.concatenate([[True], ~same])]
     ftok_sess[np.searchsorted(uniq, st.session[fr])] = w.input_tokens[fr]
-    emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "")
+    fr_sorted = np.empty(uniq.size, np.int64)
+    fr_sorted[np.searchsorted(uniq, st.session[fr])] = fr
+    emp["session"] = _empirical_sessions(gap_lists, ftok_sess, "", _session_heads(w, st, fr_sorted))
     sess, why = None, ""
     if "session" in force:
         why = "replaced by its empirical law (ablation)"
@@ -504,6 +541,7 @@ def _fit_sessions(D, ck, comp, emp, force, gap_families, rng, sel, st, t, w):
                 sess = None
             else:
                 ck.add("session", "parametric", "", **fig)
+                sess["count_cap"] = int(max(4 * cnt.max(), 50))
     if sess is None:
         if "session" not in ck.rows:
             ck.add("session", "empirical", why)
@@ -590,6 +628,8 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
                                                                     ksess["gap"])
                 except ValueError:
                     ksess = None
+            if ksess is not None:
+                ksess["count_cap"] = sess.get("count_cap")
             kinds.append(ksess if ksess is not None else sess)
     comp["session_by_kind"] = kinds
     # ---- roots: sessions per first block among first requests
@@ -631,7 +671,7 @@ def _fit_type(ti: int, tname: str, *, w, st, t, D, nb, typ, force, rng, notes: l
 
 def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_names=None,
                  duration_s: float | None = None, max_kinds: int = 6, gap_families=L.POSITIVE,
-                 empirical=()) -> dict:
+                 empirical=(), conversations="auto", check: bool = True) -> dict:
     """Fit the model (module docstring) to a trace; ``session`` / ``parent`` / ``types`` come from a
     Bailian trace (:class:`~cacheresearch.workload.trace.BailianTrace`) when it has them.
     ``max_kinds``: most session kinds (length-mixture components); ``gap_families``: the candidate
@@ -644,7 +684,11 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
     ``MEAN_TOL`` off), uses its empirical law, and ``goodness_of_fit`` / ``notes`` say which and why.
     Ids that are per-block content hashes are chained first (:func:`~.structure.chain_content_hashes`).
     The empirical version of every component is stored too (``components[t]["empirical"]``), so
-    :func:`ablate` swaps one in without refitting."""
+    :func:`ablate` swaps one in without refitting. ``conversations`` (traces without session ids):
+    ``auto`` splits root trees whose conversations interleave in time into those conversations
+    (:func:`~.structure.split_conversations`), ``all`` splits every root tree, ``False`` keeps root
+    trees as sessions. ``check``: the predictive check (:func:`_predictive_check`): parametric
+    sessions whose samples miss the trace's volumes or curves fall back to whole trace sessions."""
     force = set(empirical)
     bad = force - set(COMPONENTS)
     if bad:
@@ -658,6 +702,15 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
                      "two or more different blocks): chained into prefix ids before fitting")
     rng = np.random.default_rng(12345)
     st = request_structure(w, session, parent)
+    split = None
+    if session is None and conversations:
+        conv, split = split_conversations(w, st, interleaved_min=None if conversations == "all" else 0.5)
+        split["used"] = split["split_roots"] > 0
+        if split["used"]:
+            st = request_structure(w, conv)
+            notes.append(f"sessions: {split['conversations']:,} sessions from {split['roots']:,} root trees "
+                         f"({split['split_roots']:,} roots split into their conversations, which interleave in time: "
+                         "structure.split_conversations)")
     t = w.arrival_ms / 1000.0
     D = float(duration_s) if duration_s is not None else max(float(t[-1]) + 1e-3, 1e-3)
     bt = int(w.block_tokens)
@@ -670,10 +723,70 @@ def fit_workload(w: Workload, *, session=None, parent=None, types=None, type_nam
     for ti, tname in enumerate(names):
         _fit_type(ti, tname, w=w, st=st, t=t, D=D, nb=nb, typ=typ, force=force, rng=rng, notes=notes, comps=comps,
                   gof=gof, gap_families=gap_families, max_kinds=max_kinds, names=names)
-    return {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
-            "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
-                       "key_chaining": chain},
-            "components": comps, "goodness_of_fit": gof, "notes": notes}
+    model = {"version": MODEL_VERSION, "kind": "session_model", "block_tokens": bt, "duration_s": D,
+             "source": {"name": w.name, "requests": int(w.n_requests), "format": str(w.meta.get("format", "")),
+                        "key_chaining": chain, "conversations": split},
+             "components": comps, "goodness_of_fit": gof, "notes": notes}
+    if check:
+        _predictive_check(model, w, typ, names)
+    return model
+
+
+GAP_MAX = 0.03  # the predictive check: a sampled model farther than this from the trace's curves (hit rate)
+CHECK_SEEDS = (0, 1)
+
+
+def _predictive_check(model: dict, w: Workload, typ: np.ndarray, names: list) -> None:
+    """Sample the fitted model (:data:`CHECK_SEEDS`) and compare it with the trace it was fitted to: per
+    type, requests and input tokens (within ``MEAN_TOL``), and the token hit rate on a 6-point LRU
+    capacity grid and TTLs of 60 / 300 / 900 / 3600 s (within ``GAP_MAX``). Where parametric sessions
+    fail it (the laws each passed their own checks, but not jointly: a length law and a trunk law
+    that add up, a step law that drifts along a session), those types' sessions are replaced by
+    whole trace sessions (with their shared heads and their starts, kernel-jittered), and the check is
+    run again (when only the curves miss, every type still parametric falls back); the model's
+    ``predictive_check``, ``goodness_of_fit`` and ``notes`` say what was measured and done."""
+    from cacheresearch.fit.validate import capacity_grid, capacity_hit_rates, ttl_hit_rates  # noqa: PLC0415
+
+    caps = capacity_grid(w, 6)
+    ttls = [60.0, 300.0, 900.0, 3600.0]
+    tr_cap, tr_ttl = capacity_hit_rates(w, caps), ttl_hit_rates(w, ttls)
+    rounds = []
+    for _ in range(len(names) + 1):
+        param = [t for t, c in model["components"].items() if c["session"].get("family") != "empirical_sessions"]
+        if not param:
+            break
+        xs = [sample_workload(model, s) for s in CHECK_SEEDS]
+        cap = float(np.max(np.abs(np.mean([capacity_hit_rates(x, caps) for x in xs], 0) - tr_cap)))
+        ttl = float(np.max(np.abs(np.mean([ttl_hit_rates(x, ttls) for x in xs], 0) - tr_ttl)))
+        rec = {"capacity_gap": cap, "ttl_gap": ttl, "types": {}}
+        rounds.append(rec)
+        fails = {}
+        for ti, t in enumerate(names):
+            if t not in param:
+                continue
+            sel = typ == ti
+            req = float(np.mean([np.sum(x.tenant == ti) for x in xs])) / max(float(sel.sum()), 1.0)
+            tok = (float(np.mean([x.input_tokens[x.tenant == ti].sum() for x in xs]))
+                   / max(float(w.input_tokens[sel].sum()), 1.0))
+            rec["types"][t] = {"requests_ratio": req, "tokens_ratio": tok}
+            if abs(req - 1) > MEAN_TOL or abs(tok - 1) > MEAN_TOL:
+                fails[t] = f"sampled requests x{req:.3f}, input tokens x{tok:.3f} (> {MEAN_TOL:.0%} off)"
+        if not fails and (cap > GAP_MAX or ttl > GAP_MAX):
+            fails = {t: (f"sampled model {100 * cap:.2f} / {100 * ttl:.2f} points off the capacity / TTL curve "
+                         f"(> {100 * GAP_MAX:g})") for t in param}
+        if not fails:
+            break
+        for t, why in fails.items():
+            c = model["components"][t]
+            c["session"] = dict(c["empirical"]["session"], why=f"predictive check: {why}")
+            c["session_by_kind"] = [c["session"]]
+            c["arrivals"] = c["empirical"]["arrivals"]
+            model["goodness_of_fit"][t]["session"] = {"used": "empirical", "why": f"predictive check: {why}"}
+            model["goodness_of_fit"][t]["arrivals"] = {"used": "empirical", "why": "sessions are drawn whole: their "
+                                                       "trace starts, kernel-jittered"}
+            model["notes"].append(f"[{t}] session: empirical law (predictive check: {why}): whole trace sessions")
+            rec["types"][t]["fallback"] = why
+    model["predictive_check"] = rounds
 
 
 def ablate(model: dict, component: str) -> dict:
@@ -743,8 +856,8 @@ def _stratified(rng, n: int) -> np.ndarray:
     return (rng.permutation(n) + rng.random(n)) / max(n, 1)
 
 
-def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh, kinds, muk, pick, rng, roots, rows,
-                    sess0, sgk, starts, step, ti, trunks, u_all, wk) -> None:
+def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh, heads, kinds, muk, pick, rng, roots,
+                    rows, sess0, sgk, starts, step, ti, trunks, u_all, wk) -> None:
     """One sampled session (its requests appended to ``rows``)."""
     z1 = float(rng.standard_normal())
     if emp_first:
@@ -762,12 +875,11 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
     else:
         sess = kinds[min(kind, len(kinds) - 1)]
         rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
-        if rho != 0.0:
-            u = special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal()))
-        else:
-            u = u_all[si]
+        u = (special.ndtr(rho * z1 + math.sqrt(1.0 - rho * rho) * float(rng.standard_normal())) if rho != 0.0
+             else u_all[si])
         k = int(count_ppf(sess["count"], u)) if not L.is_empirical(sess["count"]) else int(
             _draw_count(sess["count"], rng)[0])
+        k = min(k, int(sess.get("count_cap") or k))  # the volume check's cap (4 x the trace's largest session)
         times = [np.array([s0])]
         left, last = k - 1, s0
         while left > 0 and last < D:  # gaps in chunks: a heavy-tailed count never allocates past the window
@@ -780,8 +892,9 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
     if step is None:
         times = times[:1]
     if emp_sess and sess0.get("ordered_steps") is not None:
+        head = heads[np.asarray(sess0["heads"][pick[si]], np.int64)] if heads is not None else None
         _replay_session(times, sess0["ordered_steps"][pick[si]], n_first, bt=bt, comp=comp, fresh=fresh, rng=rng,
-                        rows=rows, ti=ti)
+                        rows=rows, ti=ti, head=head)
         return
     hist = []  # (keys, input tokens) of this session's requests
     trig = step.get("compact_trigger") if step else None
@@ -845,9 +958,7 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
                 r = int(rng.integers(0, int(bp["n"])))
                 d, a = max(pk.size - int(bp["kept"][r]), 0), max(int(bp["appended"][r]), 1)
             elif c == 2 and step.get("branch_pairs"):
-                bp = step["branch_pairs"]
-                r = int(rng.integers(0, int(bp["n"])))
-                d, a = int(bp["dropped"][r]), int(bp["appended"][r])
+                d, a = _branch_pair(step["branch_pairs"], pk.size, rng)
             elif c == 2:
                 d = max(int(_draw_count(step["branch_dropped"], rng)[0]), 1)
                 a = max(d + _draw_delta(step["branch_length_change"], rng), 1)
@@ -863,12 +974,32 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
         rows.append((float(tj), ti, ks, n_in, out))
 
 
-def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti) -> None:
-    """A session drawn whole from the trace: its first request's length, then each later request's own
-    step in order (its parent ``lag`` requests back, the blocks it drops from and appends to the
-    parent, its input tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
+def _branch_pair(bp: dict, parent_blocks: int, rng, tries: int = 32) -> tuple:
+    """A branch's (dropped, appended) pair drawn from the trace's pairs, among those that keep a block of
+    this parent (drawn again while the pair drops the whole parent, up to ``tries`` times): a pair drawn
+    for a longer parent would have its dropped count clamped and its appended count not, so sampled
+    contexts would grow faster than the trace's."""
+    n = int(bp["n"])
+    for _ in range(tries):
+        r = int(rng.integers(0, n))
+        d, a = int(bp["dropped"][r]), int(bp["appended"][r])
+        if d < parent_blocks:
+            break
+    return d, a
+
+
+def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows, ti, head=None) -> None:
+    """A session drawn whole from the trace: its first request's length (opening with its shared
+    ``head``, ids of this sample, when it had one), then each later request's own step in order (its
+    parent ``lag`` requests back, the blocks it drops from and appends to the parent, its input
+    tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
     n_in = max(int(n_first), 1)
-    hist = [(fresh(-(-n_in // bt)), n_in)]
+    nbk = -(-n_in // bt)
+    if head is not None and head.size:
+        head = head[:nbk]
+        hist = [(np.concatenate([head, fresh(nbk - head.size)]), n_in)]
+    else:
+        hist = [(fresh(nbk), n_in)]
     for j in range(1, len(times)):
         lag, d, a, tok = (int(x) for x in ordered[j - 1])
         pk, _ = hist[max(j - max(lag, 1), 0)]
@@ -912,8 +1043,12 @@ def _sample_type(ti: int, tname: str, comp: dict, *, model: dict, D: float, bt: 
         mix = L.Law.from_dict(fl)
         wk, muk, sgk = L.mix_components(mix)
     kinds = comp.get("session_by_kind") or [sess0]
+    heads = None  # the shared heads of sessions drawn whole: one fresh id per trace head id, in this sample
+    if emp_sess and sess0.get("heads"):
+        heads = fresh(1 + max((max(h) for h in sess0["heads"] if h), default=0))
     for si, s0 in enumerate(starts):
         _sample_session(si, s0, D=D, bt=bt, comp=comp, emp_first=emp_first, emp_sess=emp_sess, fl=fl, fresh=fresh,
+                        heads=heads,
                         kinds=kinds, muk=muk, pick=pick, rng=rng, roots=roots, rows=rows, sess0=sess0, sgk=sgk,
                         starts=starts, step=step, ti=ti, trunks=trunks, u_all=u_all, wk=wk)
 

@@ -29,7 +29,7 @@ import numpy as np
 from cacheresearch.workload import Workload
 
 __all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times", "chain_content_hashes",
-           "session_hit_rates"]
+           "session_hit_rates", "split_conversations"]
 
 
 class Structure(NamedTuple):
@@ -199,6 +199,75 @@ def request_structure(w: Workload, session=None, parent=None, *, method: str = "
     dropped = np.where(has, nb[np.maximum(par, 0)] - shared, 0)
     appended = np.where(has, nb - shared, 0)
     return Structure(sess, position, par, lag, shared, dropped, appended, root_match, root_group)
+
+
+def split_conversations(w: Workload, st: Structure | None = None, *, partial_blocks: int = 1,
+                        interleaved_min: float | None = 0.5, min_conversations: int = 10) -> tuple[np.ndarray, dict]:
+    """Conversations of a trace without session ids, inside its root trees (``st``: the structure with
+    roots as sessions, computed when not given).
+
+    Several conversations of a service can open with one shared head (a system prompt, a tool
+    prompt), so their requests fall in one root tree. A request continues its parent's conversation
+    (its parent: the earlier request of the tree sharing the longest prefix) when it keeps the
+    parent's whole prompt except at most ``partial_blocks`` trailing blocks (a request's last block
+    is partial and is completed, under a new id, by the next turn) and appends to it or repeats it;
+    else (it drops more of the parent: it shares only a head, or rewrites the context) it starts a
+    conversation of its own. One forward pass (parents come first).
+
+    A root is split only when it holds many conversations (at least ``min_conversations``) that run
+    at the same time (independent users of one prompt): at least ``interleaved_min`` of its continuing
+    requests come after a request of another of its conversations since their own conversation's
+    previous request (or none continues: every conversation is one request). A root whose pieces
+    follow one another (an agent that rewrites its context), or that holds a few (one user's
+    branches, edits and retries, which interleave too), stays one session. ``interleaved_min=None``
+    splits every root holding two or more. Returns ``(session per request, numbered by first request; info)``; ``info``:
+    ``roots``, ``conversations`` (sessions after the split), ``split_roots``, ``interleaved_share``
+    (over the continuing requests of roots holding several conversations). Assumptions (labelled): a
+    new conversation whose first prompt extends a whole earlier prompt (but its partial last block) is
+    read as that prompt's continuation; the thresholds (0.5, 10) are choices, not fitted values."""
+    if st is None:
+        st = request_structure(w)
+    n = w.n_requests
+    root = st.session
+    cont = (st.parent >= 0) & (st.dropped <= partial_blocks)
+    conv = np.empty(n, np.int64)
+    par = st.parent.tolist()
+    c = cont.tolist()
+    nxt = 0
+    for i in range(n):
+        if c[i]:
+            conv[i] = conv[par[i]]
+        else:
+            conv[i] = nxt
+            nxt += 1
+    n_roots = int(root.max(initial=-1)) + 1
+
+    def prev_in(group):  # the previous request (index order = time order) of the same group, -1 for none
+        o = np.lexsort((np.arange(n), group))
+        prev = np.full(n, -1, np.int64)
+        if n > 1:
+            prev[o[1:]] = np.where(group[o][1:] == group[o][:-1], o[:-1], -1)
+        return prev
+
+    pc, pr = prev_in(conv), prev_in(root)
+    later = pc >= 0
+    inter = later & (pr != pc)
+    per_root = np.bincount(root[~cont], minlength=n_roots)  # conversations per root
+    n_later = np.bincount(root[later], minlength=n_roots)
+    n_inter = np.bincount(root[inter], minlength=n_roots)
+    multi = per_root > 1
+    if interleaved_min is None:
+        split = multi
+    else:
+        split = (per_root >= min_conversations) & (n_inter >= interleaved_min * n_later)
+    sess = np.where(split[root], conv, -1 - root)  # an unsplit root is one session
+    _, first_idx, inv = np.unique(sess, return_index=True, return_inverse=True)
+    rank = np.empty(first_idx.size, np.int64)
+    rank[np.argsort(first_idx, kind="stable")] = np.arange(first_idx.size)
+    m = multi[root] & later
+    return rank[inv.reshape(-1)], {
+        "roots": n_roots, "conversations": int(first_idx.size), "split_roots": int(split.sum()),
+        "interleaved_share": float(inter[m].mean()) if m.any() else float("nan")}
 
 
 def chain_content_hashes(w: Workload) -> tuple[Workload, dict]:
