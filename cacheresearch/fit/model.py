@@ -299,15 +299,40 @@ def _independence_p(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _empirical_times(starts: np.ndarray, D: float) -> dict:
-    """Session starts resampled: the trace's starts, each moved by a Gaussian kernel (Silverman's
-    robust bandwidth) and reflected into the window; the count is the trace's."""
+    """Session starts resampled: the trace's starts, each moved by a Gaussian kernel and reflected into
+    the window; the count is the trace's. The bandwidth maximises the leave-one-out likelihood of the
+    starts (:func:`_cv_bandwidth`) over a grid below Silverman's robust rule, which is made for one
+    smooth bump and blurs a rate that changes within the window (a day's profile, bursts)."""
     s = np.sort(np.asarray(starts, dtype=np.float64))
     sd = float(s.std()) if s.size > 1 else 0.0
     iqr = float(np.subtract(*np.percentile(s, [75, 25]))) / 1.34 if s.size > 1 else 0.0
     spread = min(sd, iqr) if iqr > 0 else sd
-    h = 0.9 * spread * s.size ** -0.2 if s.size > 1 else 0.0
+    h0 = 0.9 * spread * s.size ** -0.2 if s.size > 1 else 0.0
+    h = _cv_bandwidth(s, h0) if h0 > 0 else 0.0
     return {"family": "empirical_times", "times": [round(float(x), 3) for x in s], "bandwidth_s": float(h),
-            "duration_s": float(D)}
+            "bandwidth_silverman_s": float(h0), "duration_s": float(D)}
+
+
+CV_POINTS = 2000  # starts the bandwidth's cross-validation uses at most (evenly spaced order statistics)
+
+
+def _cv_bandwidth(s: np.ndarray, h0: float) -> float:
+    """The Gaussian kernel's bandwidth from ``h0 / 32`` to ``h0`` (13 steps, geometric) that maximises the
+    leave-one-out log-likelihood of the sorted starts ``s`` (at most :data:`CV_POINTS` of them); tied
+    starts (several sessions in one second) would drive it to zero, so the grid stops at ``h0 / 32``."""
+    x = s[np.round(np.linspace(0, s.size - 1, min(s.size, CV_POINTS))).astype(np.int64)]
+    n = x.size
+    if n < 3:
+        return h0
+    d2 = (x[:, None] - x[None, :]) ** 2
+    best, score = h0, -np.inf
+    for h in h0 * np.geomspace(1.0 / 32.0, 1.0, 13):
+        k = np.exp(-0.5 * d2 / (h * h))
+        np.fill_diagonal(k, 0.0)
+        ll = float(np.sum(np.log(np.maximum(k.sum(axis=1), 1e-300) / ((n - 1) * h))))
+        if ll > score:
+            best, score = float(h), ll
+    return best
 
 
 def _sample_empirical_times(arr: dict, rng, D: float) -> np.ndarray:
