@@ -200,3 +200,24 @@ def test_parametric_sessions_compact_at_the_known_rate():
     assert np.mean([x["growth_blocks_mean"] for x in b]) == pytest.approx(a["growth_blocks_mean"], rel=0.05)
     assert np.mean([x.input_tokens.sum() for x in xs]) == pytest.approx(w.input_tokens.sum(), rel=0.05)
     assert np.mean([x.n_requests for x in xs]) == pytest.approx(w.n_requests, rel=0.05)
+
+
+def test_every_request_at_one_instant():
+    """All timestamps equal (a trace cut from a batch job): zero gaps everywhere. The count law's
+    fit must stay drawable (a negative binomial fitted to it once asked numpy for p ~ 0)."""
+    keys = [np.arange(i * 10, i * 10 + 5, dtype=np.uint64) if i % 3 else np.array([7, 8, 9], dtype=np.uint64)
+            for i in range(60)]
+    w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.zeros(60, dtype=np.int64))
+    m = fit_workload(w)
+    _check(w, m)
+
+
+def test_count_law_parameters_stay_drawable():
+    """Extreme parameters of the shifted negative binomial are clamped so numpy can draw them."""
+    from cacheresearch.fit import laws as L
+
+    for theta in ([800.0, -60.0], [-50.0, 60.0], [30.0, -30.0]):
+        p = L._count_params("nbinom1", theta)
+        law = L.Law("nbinom1", p, 0.0, 0, {})
+        x = L.sample(law, np.random.default_rng(0), 16)
+        assert np.all(x >= 1)

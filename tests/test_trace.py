@@ -318,3 +318,28 @@ def test_oracle_general_libcachesim_lru_shared(tmp_path, capacity):
     write_oracle_general(w.keys, p)
     expect = _python_lru_miss_ratio(w.keys.tolist(), capacity)
     assert _lcs_lru_miss_ratio(p, capacity) == pytest.approx(expect, abs=1e-12)
+
+
+def test_mooncake_epoch_timestamps_rebased_and_span_errors(tmp_path):
+    """A clock that starts beyond the engine's span (epoch milliseconds) is rebased to the first
+    request and the offset kept; a trace longer than the span is refused with the way out named."""
+    import json
+
+    from cacheresearch.workload.table import MAX_ARRIVAL_MS
+    from cacheresearch.workload.trace import TraceError, load_mooncake
+
+    t0 = 1_733_000_000_000
+    p = tmp_path / "epoch.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": t0 + d, "input_length": 20, "output_length": 1,
+                                     "hash_ids": [1, 2]}) + "\n" for d in (0, 5, 5, 900)))
+    w = load_mooncake(p, block_tokens=16)
+    assert w.arrival_ms.tolist() == [0, 5, 5, 900]
+    assert w.meta["timestamp_offset_ms"] == t0
+    p.write_text("".join(json.dumps({"timestamp": t, "input_length": 20, "output_length": 1,
+                                     "hash_ids": [1, 2]}) + "\n" for t in (0, 10, MAX_ARRIVAL_MS + 1)))
+    with pytest.raises(TraceError, match=r":3: field 'timestamp'.*days.*max_requests=2"):
+        load_mooncake(p, block_tokens=16)
+    p.write_text("".join(json.dumps({"timestamp": t, "input_length": 20, "output_length": 1,
+                                     "hash_ids": [1, 2]}) + "\n" for t in (t0, t0 - 1)))
+    with pytest.raises(TraceError, match="non-decreasing"):
+        load_mooncake(p, block_tokens=16)

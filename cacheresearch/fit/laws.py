@@ -180,8 +180,9 @@ def _count_params(family: str, theta):
         return {"p": float(special.expit(theta[0]))}
     if family == "zeta":
         return {"a": float(1.0 + math.exp(theta[0]))}
-    if family == "nbinom1":
-        return {"n": float(math.exp(theta[0])), "p": float(special.expit(theta[1]))}
+    if family == "nbinom1":  # bounded so that numpy can draw it (mean excess n (1 - p) / p <= 1e12)
+        return {"n": float(min(max(math.exp(min(theta[0], 700.0)), 1e-8), 1e6)),
+                "p": float(min(max(special.expit(theta[1]), 1e-6), 1.0 - 1e-12))}
     raise ValueError(family)
 
 

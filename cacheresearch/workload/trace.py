@@ -6,7 +6,9 @@ Mooncake JSONL
         {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
 
     ``timestamp`` is the arrival time in integer milliseconds (kept as given: it must be
-    non-negative and non-decreasing), ``input_length``/``output_length`` are token counts and
+    non-negative and non-decreasing; a clock that starts beyond the engine's span, such as epoch
+    milliseconds, is rebased to the first request and the offset kept in ``meta["timestamp_offset_ms"]``),
+    ``input_length``/``output_length`` are token counts and
     ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
     whole prefix* (chained hashing), so the ids become the workload's block keys unchanged. The
     block size is not in the file; the caller gives it (512 tokens for Mooncake) and
@@ -130,6 +132,13 @@ def _check_hash_ids(ids, path, lineno: int) -> None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _span_message(ts_ms: int, base_ms: int, lineno: int) -> str:
+    rebased = f" after rebasing to the first request ({base_ms} ms)" if base_ms else ""
+    return (f"{ts_ms} ms{rebased} is beyond the engine's int32 millisecond span ({MAX_ARRIVAL_MS} ms, "
+            f"{MAX_ARRIVAL_MS / 86_400_000:.1f} days); take the first part of the trace with "
+            f"max_requests (trace.max_requests={lineno - 1} or fewer) or split it into windows")
+
+
 def load_mooncake(
     path: str | PathLike,
     *,
@@ -156,6 +165,7 @@ def load_mooncake(
     flat: list[int] = []
     prev_ts = -1
     prev_line = 0
+    base = None
     with open(p, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if max_requests is not None and len(ts_l) >= max_requests:
@@ -168,12 +178,17 @@ def load_mooncake(
                 raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
             if type(obj) is not dict:
                 raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
-            ts = _int_field(obj, "timestamp", path, lineno, upper=MAX_ARRIVAL_MS)
-            if ts < prev_ts:
+            ts = _int_field(obj, "timestamp", path, lineno)
+            if base is None:  # epoch-style clocks start far beyond the engine's span: rebase them
+                base = ts if ts > MAX_ARRIVAL_MS else 0
+            if ts < prev_ts + base:
                 raise _fail(
                     path, lineno, "timestamp",
-                    f"timestamps must be non-decreasing: {ts} after {prev_ts} (line {prev_line})",
+                    f"timestamps must be non-decreasing: {ts} after {prev_ts + base} (line {prev_line})",
                 )
+            ts -= base
+            if ts > MAX_ARRIVAL_MS:
+                raise _fail(path, lineno, "timestamp", _span_message(ts, base, lineno))
             n_in = _int_field(obj, "input_length", path, lineno)
             n_out = _int_field(obj, "output_length", path, lineno)
             tenant = _int_field(obj, "tenant", path, lineno, upper=_I32_MAX) if "tenant" in obj else 0
@@ -208,7 +223,7 @@ def load_mooncake(
         offsets=offsets,
         block_tokens=block_tokens,
         name=p.stem if name is None else name,
-        meta={"format": "mooncake", "file": p.name},
+        meta={"format": "mooncake", "file": p.name, **({"timestamp_offset_ms": int(base)} if base else {})},
     )
 
 
