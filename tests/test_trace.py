@@ -144,7 +144,7 @@ BAD_LINES = {
     "bool timestamp": (_with(timestamp=True), "timestamp"),
     "null timestamp": (_with(timestamp=None), "timestamp"),
     "negative timestamp": (_with(timestamp=-1), "timestamp"),
-    "huge timestamp": (_with(timestamp=2**40), "timestamp"),
+    "huge timestamp": (_with(timestamp=2**63), "timestamp"),  # 2**40 is an epoch in ms: rebased, not refused
     "decreasing timestamp": (_with(timestamp=9), "timestamp"),
     "negative input_length": (_with(input_length=-5, hash_ids=[]), "input_length"),
     "float input_length": (_with(input_length=1000.0), "input_length"),
@@ -343,3 +343,11 @@ def test_mooncake_epoch_timestamps_rebased_and_span_errors(tmp_path):
                                      "hash_ids": [1, 2]}) + "\n" for t in (t0, t0 - 1)))
     with pytest.raises(TraceError, match="non-decreasing"):
         load_mooncake(p, block_tokens=16)
+    p.write_text("".join(json.dumps({"timestamp": t, "input_length": 20, "output_length": 1,  # kept as given
+                                     "hash_ids": [1, 2]}) + "\n" for t in (7, 9, MAX_ARRIVAL_MS)))
+    w = load_mooncake(p, block_tokens=16)
+    assert w.arrival_ms.tolist() == [7, 9, MAX_ARRIVAL_MS] and "timestamp_offset_ms" not in w.meta
+    p.write_text("".join(json.dumps({"timestamp": t, "input_length": 20, "output_length": 1,  # a late start
+                                     "hash_ids": [1, 2]}) + "\n" for t in (10 * 86_400_000, MAX_ARRIVAL_MS + 5)))
+    w = load_mooncake(p, block_tokens=16)
+    assert w.arrival_ms.tolist() == [0, MAX_ARRIVAL_MS + 5 - 10 * 86_400_000]

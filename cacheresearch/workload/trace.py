@@ -6,8 +6,8 @@ Mooncake JSONL
         {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
 
     ``timestamp`` is the arrival time in integer milliseconds (kept as given: it must be
-    non-negative and non-decreasing; a clock that starts beyond the engine's span, such as epoch
-    milliseconds, is rebased to the first request and the offset kept in ``meta["timestamp_offset_ms"]``),
+    non-negative and non-decreasing; a trace whose timestamps run past the engine's span, such as
+    epoch milliseconds, is rebased to its first request and the offset kept in ``meta["timestamp_offset_ms"]``),
     ``input_length``/``output_length`` are token counts and
     ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
     whole prefix* (chained hashing), so the ids become the workload's block keys unchanged. The
@@ -132,11 +132,11 @@ def _check_hash_ids(ids, path, lineno: int) -> None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _span_message(ts_ms: int, base_ms: int, lineno: int) -> str:
+def _span_message(ts_ms: int, base_ms: int, n_before: int) -> str:
     rebased = f" after rebasing to the first request ({base_ms} ms)" if base_ms else ""
     return (f"{ts_ms} ms{rebased} is beyond the engine's int32 millisecond span ({MAX_ARRIVAL_MS} ms, "
             f"{MAX_ARRIVAL_MS / 86_400_000:.1f} days); take the first part of the trace with "
-            f"max_requests (trace.max_requests={lineno - 1} or fewer) or split it into windows")
+            f"max_requests (trace.max_requests={n_before} or fewer) or split it into windows")
 
 
 def load_mooncake(
@@ -163,9 +163,9 @@ def load_mooncake(
     ten_l: list[int] = []
     len_l: list[int] = []
     flat: list[int] = []
+    line_l: list[int] = []
     prev_ts = -1
     prev_line = 0
-    base = None
     with open(p, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if max_requests is not None and len(ts_l) >= max_requests:
@@ -178,17 +178,12 @@ def load_mooncake(
                 raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
             if type(obj) is not dict:
                 raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
-            ts = _int_field(obj, "timestamp", path, lineno)
-            if base is None:  # epoch-style clocks start far beyond the engine's span: rebase them
-                base = ts if ts > MAX_ARRIVAL_MS else 0
-            if ts < prev_ts + base:
+            ts = _int_field(obj, "timestamp", path, lineno, upper=2**62)  # int64 headroom; the span is checked below
+            if ts < prev_ts:
                 raise _fail(
                     path, lineno, "timestamp",
-                    f"timestamps must be non-decreasing: {ts} after {prev_ts + base} (line {prev_line})",
+                    f"timestamps must be non-decreasing: {ts} after {prev_ts} (line {prev_line})",
                 )
-            ts -= base
-            if ts > MAX_ARRIVAL_MS:
-                raise _fail(path, lineno, "timestamp", _span_message(ts, base, lineno))
             n_in = _int_field(obj, "input_length", path, lineno)
             n_out = _int_field(obj, "output_length", path, lineno)
             tenant = _int_field(obj, "tenant", path, lineno, upper=_I32_MAX) if "tenant" in obj else 0
@@ -204,6 +199,7 @@ def load_mooncake(
                     f"needs ceil({n_in}/{block_tokens}) = {expect}",
                 )
             prev_ts, prev_line = ts, lineno
+            line_l.append(lineno)
             ts_l.append(ts)
             in_l.append(n_in)
             out_l.append(n_out)
@@ -212,10 +208,16 @@ def load_mooncake(
             flat.extend(ids)
     if not ts_l:
         raise TraceError(f"{path}:1: empty trace: no requests found")
+    arrival = np.asarray(ts_l, dtype=np.int64)
+    base = int(arrival[0]) if arrival[-1] > MAX_ARRIVAL_MS else 0  # e.g. epoch milliseconds: rebase
+    arrival -= base
+    if arrival[-1] > MAX_ARRIVAL_MS:
+        i = int(np.argmax(arrival > MAX_ARRIVAL_MS))
+        raise _fail(path, line_l[i], "timestamp", _span_message(int(arrival[i]), base, i))
     offsets = np.zeros(len(len_l) + 1, dtype=np.int64)
     np.cumsum(np.asarray(len_l, dtype=np.int64), out=offsets[1:])
     return Workload(
-        arrival_ms=np.asarray(ts_l, dtype=np.int64),
+        arrival_ms=arrival,
         input_tokens=np.asarray(in_l, dtype=np.int64),
         output_tokens=np.asarray(out_l, dtype=np.int64),
         tenant=np.asarray(ten_l, dtype=np.int32),
