@@ -208,6 +208,7 @@ def test_study_on_a_small_benchmark_of_the_series(tmp_path):
     # the summary pools the ladder after the warm-up: here the one stage after it
     np.testing.assert_allclose(ds.ttft_mean_s_all.values, ds.ttft_mean_s.sel(stage=1).values)
     np.testing.assert_allclose(ds.ttft_p90_s_all.values, ds.ttft_p90_s.sel(stage=1).values)
+    np.testing.assert_allclose(ds.ttft_p90_s_pooled_all.values, ds.ttft_p90_s.sel(stage=1).values)
     assert np.all(ds.ttft_p90_s.values >= ds.ttft_mean_s.values * 0.5)
     assert "published_ttft_p90_s" not in ds  # its own files: no report beside it
     # KV usage and waiting: time means per stage (from the engine's integrals at the stages' first arrivals)
@@ -316,3 +317,42 @@ def test_model_auto_reads_the_files_model(tmp_path):
     p.write_text(text.replace("pretrained_model_name_or_path: Qwen/Qwen3-32B", "pretrained_model_name_or_path: x/y"))
     with pytest.raises(LlmdBenchmarkError, match="ip.yaml names the model 'org/unknown'"):
         _model_of("auto", read_inference_perf(p))
+
+
+# llm-d-kv-cache-manager benchmarking/load-with-headroom/standard-scale-64p-cache-load/analysis_metrics.csv
+# (commit c9ac9ee), the precise-prefix-cache rows: requested_qps, successes, failures, duration_s (summed send
+# durations), ttft_p90_s, ttft_mean_s, output_toks_per_sec_json; and that report's "Summary across QPS" row:
+# 1393.5 tok/s, 8.017 requests/s, TTFT p90 6.314 s, TTFT mean 2.260 s.
+_PRECISE_64P = [
+    (3, 360, 0, 118.40629061171785, 5.711062978487462, 3.100527604928033, 520.8547684594029),
+    (4, 400, 0, 99.23455262416974, 5.223418842582032, 1.3509035791142379, 660.3905785865172),
+    (5, 450, 0, 89.7404651879333, 3.0783620533533393, 2.069098920766264, 799.4764096635581),
+    (6, 360, 0, 59.73012522608042, 5.4918007288593795, 1.4070743070850666, 900.1326482488086),
+    (8, 472, 8, 60.021882712841034, 13.58478849399835, 4.581923980607209, 993.9497577097691),
+    (10, 500, 0, 50.9300377080217, 9.563477235334004, 3.9093122221790253, 1232.0333937094883),
+    (12, 599, 1, 50.09942111000419, 2.352571247890592, 1.4151043234803466, 1673.2293503595354),
+    (14, 490, 0, 35.11351663200185, 9.659766856627538, 2.5101312429321054, 1811.423158686468),
+    (16, 480, 0, 30.732918120920658, 5.267191958846524, 1.5259339819866, 1932.6519123512803),
+    (18, 540, 0, 30.658077341038734, 9.844008490256966, 2.8028006735275053, 2170.459979139531),
+    (20, 600, 0, 31.418794037308544, 0.7800200080964714, 0.5559482991610033, 2634.2198804674654),
+]
+
+
+def test_report_summary_reproduces_a_published_summary_row():
+    """The summary across QPS as the series' report generator computes it, on a published report's own
+    per-QPS rows: every figure to the report's printed digits (a pooled p90 or a token-weighted throughput
+    would not give them)."""
+    from cacheresearch.studies.llmd_benchmark import report_summary
+
+    r, s, f, d, p90, mean, tok = (np.array(c, dtype=float) for c in zip(*_PRECISE_64P, strict=True))
+    out = report_summary(r, s, s + f, d, p90, mean, tok)
+    assert round(out["output_tokens_per_s_all"], 1) == 1393.5
+    assert round(out["requests_per_s_all"], 3) == 8.017
+    assert round(out["ttft_p90_s_all"], 3) == 6.314
+    assert round(out["ttft_mean_s_all"], 3) == 2.260
+    # stages of one requested rate are merged into one row first (p90 and throughput averaged, counts summed)
+    two = report_summary([3, 3, 5], [10, 30, 20], [10, 30, 20], [5, 15, 4], [1.0, 3.0, 10.0], [0.5, 1.5, 4.0],
+                         [100.0, 300.0, 500.0])
+    assert two["output_tokens_per_s_all"] == pytest.approx((200.0 + 500.0) / 2)
+    assert two["ttft_p90_s_all"] == pytest.approx((2.0 * 40 + 10.0 * 20) / 60)
+    assert two["requests_per_s_all"] == pytest.approx(60 / 24)

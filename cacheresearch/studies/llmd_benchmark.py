@@ -25,8 +25,11 @@ Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_
 over each stage's span (start to last finish), ``stage_drained``, ``n_requests``; per arm the whole run's
 time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps included), ``preemptions``,
 ``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default 1)
-``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all``,
-``kv_usage_mean_all``, ``waiting_mean_all`` (time means over the stages' spans).
+``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all`` as the series'
+report generator computes its "Summary across QPS" (:func:`report_summary`: the p90 is a successes-weighted
+mean of per-stage p90s, the throughput a plain mean of per-stage throughputs), ``ttft_p90_s_pooled_all``
+(the pooled p90 of those stages' requests, for comparison), ``kv_usage_mean_all``, ``waiting_mean_all``
+(time means over the stages' spans). Per-stage figures follow inference-perf's ``summarize_requests``.
 
 The approximate arm runs on GIE's own index (view ``gie_estimate``): the stream carries the prompts'
 byte-block hashes under ``llmd.bytes_per_token`` (an assumption, default 4: GIE's own guess), one stream
@@ -150,13 +153,6 @@ def _get(cfg, dotted, default=None):
     return default if node is None else node
 
 
-def _nearest_rank(v: np.ndarray, pct: int) -> float:
-    if v.size == 0:
-        return float("nan")
-    s = np.sort(v)
-    return float(s[max(-(-pct * s.size // 100) - 1, 0)])
-
-
 def _gauges(m, stage, K: int, warm: int, starts, fin, ok_all, cap: int, R: int):
     """Per-stage time means of KV usage (blocks in use / pool) and waiting requests per pod, over the stage's
     span (its start to its last finish), and the same over the non-warm-up stages. The engine's integrals
@@ -191,9 +187,41 @@ def client_ttft_s(pod_ttft_ms, overhead_ms: float) -> np.ndarray:
     return (np.asarray(pod_ttft_ms).astype(np.float64) + float(overhead_ms)) / 1000.0
 
 
-def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stage):
-    """One arm's per-stage figures (TTFT p90 and mean with the fixed overhead, output tokens/s, requests/s,
-    token hit rate), the summary over the non-warm-up stages, and which stages drained."""
+def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_tok_s) -> dict:
+    """The report's "Summary across QPS" from per-stage figures, as the series' report generator computes it
+    (llm-d-kv-cache-manager's benchmark aggregator, ``aggregate_per_qps`` then ``_build_summary_across_qps``):
+    stages of the same requested rate are first merged into one row (successes, completed requests and send
+    durations summed, TTFT p90 / mean and output tokens/s averaged); then over the rows: output tokens/s is
+    the plain mean of the rows' throughputs, requests/s the completed requests over the summed send durations,
+    TTFT mean and TTFT p90 the successes-weighted means of the rows' values (so the summary "p90" is a
+    weighted mean of per-stage p90s, not a pooled percentile). Checked to the report's digits on the
+    load-with-headroom (64p) benchmark's ``analysis_metrics.csv`` (``tests/test_llmd_benchmark_inputs.py``)."""
+    rate = np.asarray(rate, np.float64)
+    rows = sorted(set(rate.tolist()))
+    agg = {k: [] for k in ("succ", "comp", "dur", "p90", "mean", "tok")}
+    for r in rows:
+        sel = rate == r
+        agg["succ"].append(np.sum(np.asarray(successes, np.float64)[sel]))
+        agg["comp"].append(np.sum(np.asarray(completed, np.float64)[sel]))
+        agg["dur"].append(np.nansum(np.asarray(send_s, np.float64)[sel]))
+        for k, x in (("p90", ttft_p90), ("mean", ttft_mean), ("tok", out_tok_s)):
+            agg[k].append(np.nanmean(np.asarray(x, np.float64)[sel]) if np.isfinite(np.asarray(x)[sel]).any()
+                          else np.nan)
+    a = {k: np.asarray(v) for k, v in agg.items()}
+    ok = a["succ"] > 0
+    w = a["succ"][ok]
+    return dict(ttft_p90_s_all=float(np.sum(a["p90"][ok] * w) / w.sum()) if ok.any() else np.nan,
+                ttft_mean_s_all=float(np.sum(a["mean"][ok] * w) / w.sum()) if ok.any() else np.nan,
+                output_tokens_per_s_all=float(np.nanmean(a["tok"])) if np.isfinite(a["tok"]).any() else np.nan,
+                requests_per_s_all=float(a["comp"].sum() / a["dur"].sum()) if a["dur"].sum() > 0 else np.nan)
+
+
+def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates):
+    """One arm's per-stage figures as inference-perf reports a stage (``summarize_requests``: TTFT p90 by
+    ``np.percentile``, with the fixed overhead; output tokens/s over the stage's first send to its last
+    finish; requests/s over its send duration, first send to last), the token hit rate, the report's summary
+    over the non-warm-up stages (:func:`report_summary`) beside the pooled p90 of those stages' requests,
+    and which stages drained."""
     arr = w.arrival_ms.astype(np.float64)
     ttft = np.asarray(m.ttft_ms).astype(np.float64)
     e2e = np.asarray(m.e2e_ms).astype(np.float64)
@@ -203,26 +231,26 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, starts, durs, n_stag
     tt = client_ttft_s(ttft, ov)
     per = {v: np.full(K, np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s",
                                            "token_hit_rate")}
-    span_all, tok_all, sel_all = 0.0, 0.0, np.zeros(arr.shape[0], bool)
+    succ, comp, send = np.zeros(K), np.zeros(K), np.full(K, np.nan)
     for k in range(K):
         sel = stage == k
         ok = sel & served
-        per["ttft_p90_s"][k] = _nearest_rank(tt[ok], 90)
-        per["ttft_mean_s"][k] = float(tt[ok].mean()) if ok.any() else np.nan
-        span = (fin[ok].max() - starts[k]) / 1000.0 if ok.any() else np.nan
-        tok = float(w.output_tokens[ok].sum())
-        per["output_tokens_per_s"][k] = tok / span if ok.any() else np.nan
-        send = (arr[sel].max() - starts[k]) / 1000.0 if sel.sum() > 1 else np.nan
-        per["requests_per_s"][k] = sel.sum() / send if send and send > 0 else np.nan
-        per["token_hit_rate"][k] = float(hit[ok].sum() / w.input_tokens[ok].sum()) if ok.any() else np.nan
-        if k >= warm:
-            span_all += span if ok.any() else 0.0
-            tok_all += tok
-            sel_all |= ok
-    alls = dict(ttft_p90_s_all=_nearest_rank(tt[sel_all], 90),
-                ttft_mean_s_all=float(tt[sel_all].mean()) if sel_all.any() else np.nan,
-                output_tokens_per_s_all=tok_all / span_all if span_all > 0 else np.nan,
-                requests_per_s_all=float(n_stage[warm:].sum() / durs[warm:].sum()))
+        succ[k], comp[k] = ok.sum(), sel.sum()
+        if sel.sum() > 1:
+            send[k] = (arr[sel].max() - arr[sel].min()) / 1000.0
+            per["requests_per_s"][k] = sel.sum() / send[k] if send[k] > 0 else np.nan
+        if not ok.any():
+            continue
+        per["ttft_p90_s"][k] = float(np.percentile(tt[ok], 90))
+        per["ttft_mean_s"][k] = float(tt[ok].mean())
+        span = (fin[ok].max() - arr[sel].min()) / 1000.0
+        per["output_tokens_per_s"][k] = float(w.output_tokens[ok].sum()) / span if span > 0 else np.nan
+        per["token_hit_rate"][k] = float(hit[ok].sum() / w.input_tokens[ok].sum())
+    lad = slice(warm, K)
+    alls = report_summary(np.asarray(rates)[lad], succ[lad], comp[lad], send[lad], per["ttft_p90_s"][lad],
+                          per["ttft_mean_s"][lad], per["output_tokens_per_s"][lad])
+    pooled = served & (stage >= warm)
+    alls["ttft_p90_s_pooled_all"] = float(np.percentile(tt[pooled], 90)) if pooled.any() else np.nan
     return per, alls, stage_drained(arr, fin, stage), fin, served
 
 
@@ -304,7 +332,8 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean_run", "waiting_mean_run", "preemptions",
                                                          "dropped", "wall_s")}
     alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
-                                                     "requests_per_s_all", "kv_usage_mean_all", "waiting_mean_all")}
+                                                     "requests_per_s_all", "kv_usage_mean_all", "waiting_mean_all",
+                                                     "ttft_p90_s_pooled_all")}
     starts = w.meta["stage_start_ms"].astype(np.float64)
     durs = np.array([s.duration for s in ip.stages])
     ps = []
@@ -321,7 +350,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     run_vars["wall_s"][:] = (time.perf_counter() - t1) / len(ps)
     for i, a in enumerate(names):
         m = jax.tree.map(lambda x, i=i: x[i], mm)
-        st_i, all_i, drained[i], fin_i, ok_i = _arm_metrics(m, w, stage, K, warm, ov, starts, durs, n_stage)
+        st_i, all_i, drained[i], fin_i, ok_i = _arm_metrics(m, w, stage, K, warm, ov, [s.rate for s in ip.stages])
         st_i["kv_usage_mean"], st_i["waiting_mean"], all_i["kv_usage_mean_all"], all_i["waiting_mean_all"] = \
             _gauges(m, stage, K, warm, starts, fin_i, ok_i, cap, R)
         for v, x in st_i.items():
@@ -373,21 +402,24 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}", ""]
     last = int(ds.stage.values[-1])
     rate = f"{float(ds.stage_rate.sel(stage=last)):g}"  # the last stage (60 QPS in the bundled files)
-    hdr = (f"| arm | TTFT p90 all (s) | TTFT mean all (s) | output tok/s all | {rate}-QPS (last) stage p90 (s) "
-           "| KV mean | waiting |")
-    lines += [hdr, "|---|---|---|---|---|---|---|"]
+    hdr = (f"| arm | TTFT p90 all (s) | pooled p90 (s) | TTFT mean all (s) | output tok/s all "
+           f"| {rate}-QPS (last) stage p90 (s) | KV mean | waiting |")
+    lines += [hdr, "|---|---|---|---|---|---|---|---|"]
     for a in ds.arm.values:
         r = ds.sel(arm=a)
 
         def pub(v, rr=r):
             return f" ({float(rr[v]):.3g})" if v in rr and np.isfinite(float(rr[v])) else ""
 
-        lines.append(f"| {a} | {float(r.ttft_p90_s_all):.3g}{pub('published_ttft_p90_s_all')} "
+        pooled = float(r.ttft_p90_s_pooled_all) if "ttft_p90_s_pooled_all" in r else np.nan
+        lines.append(f"| {a} | {float(r.ttft_p90_s_all):.3g}{pub('published_ttft_p90_s_all')} | {pooled:.3g} "
                      f"| {float(r.ttft_mean_s_all):.3g}{pub('published_ttft_mean_s_all')} "
                      f"| {float(r.output_tokens_per_s_all):,.0f}{pub('published_output_tokens_per_s_all')} "
                      f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} | {float(r.kv_usage_mean_all):.2f} "
                      f"| {float(r.waiting_mean_all):.2f} |")
-    lines += ["", "(published in parentheses)", "", "TTFT p90 per stage (s):", ""]
+    lines += ["", "(published in parentheses; \"all\" is the report generator's summary across QPS: p90 and mean "
+              "successes-weighted over the stages, tok/s the plain mean of the stages')", "",
+              "TTFT p90 per stage (s):", ""]
     lines.append("| rate | " + " | ".join(str(a) for a in ds.arm.values) + " |")
     lines.append("|---" * (1 + ds.sizes["arm"]) + "|")
     for k in ds.stage.values:
