@@ -93,6 +93,8 @@ def test_active_request_scorer_parameters_and_broken_variants(tmp_path):
     timed = load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
                          "    requestTimeout: 45s\n", 1)
     assert epp_knobs(read_epp(_write(tmp_path, "t.yaml", timed)), block_tokens=64)["gie_active_timeout_ms"] == 45_000
+    never = timed.replace("45s", "10000h")  # past the engine's 24.8-day span: no expiry within a run
+    assert epp_knobs(read_epp(_write(tmp_path, "n.yaml", never)), block_tokens=64)["gie_active_timeout_ms"] == 0
     cases = {
         "dur.yaml": (load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
                                   "    requestTimeout: 2 minutes\n", 1), r"plugins\[0\]\.parameters\.requestTimeout"),

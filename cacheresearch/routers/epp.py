@@ -255,7 +255,9 @@ def epp_knobs(spec: dict, *, block_tokens: int) -> dict:
         elif t == "active-request-scorer":
             kn["gie_active_w_pct"] = _pct(w)
             to = params.get("requestTimeout")
-            kn["gie_active_timeout_ms"] = DEFAULT_REQUEST_TIMEOUT_MS if to is None else go_duration_ms(to)
+            to_ms = DEFAULT_REQUEST_TIMEOUT_MS if to is None else go_duration_ms(to)
+            # a TTL past the engine's int32-ms span never expires within a run: exactly "no expiry" (0)
+            kn["gie_active_timeout_ms"] = to_ms if to_ms <= 2**31 - 2 else 0
         elif t == "load-aware-scorer":
             kn["gie_load_w_pct"] = _pct(w)
             kn["gie_load_threshold"] = int(params.get("threshold", GIE_DEFAULTS["threshold"]))
