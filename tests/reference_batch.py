@@ -130,7 +130,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
                  load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
                  gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
-                 gie_load_threshold=128, gie_lru_capacity=31_250)
+                 gie_load_threshold=128, gie_lru_capacity=31_250, gie_active_w_pct=0, gie_active_timeout_ms=120_000)
     knobs.update(kn)
     ring = ring_nodes(replicas, int(knobs.get("vnodes", 100))) if router == "chwbl" else None  # chwbl's ring
     ttft = [-1] * N
@@ -381,9 +381,15 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             kv_used = [rp.gauges_at(now_t)[1] for rp in reps]
         if load_refresh_ms > 0:
             queue, kv_used = scrape_q, scrape_kv
+        # llm-d's active-request tracker: +1 when routed, -1 when the last token is sent (a request that finished
+        # at or before now was released), or at the first cleanup tick (every T from 0) after its TTL T ran out
+        T = int(knobs["gie_active_timeout_ms"])
+        tracked = [sum(1 for j in [w[0] for w in rp.waiting] + [q.i for q in rp.running]
+                       if T == 0 or not any(int(workload.arrival_ms[j]) + T < k * T for k in range(1, now // T + 1)))
+                   for rp in reps]
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
                       active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
-                      match_total=len(gie_of[i]) if view == "gie_estimate" else None)
+                      match_total=len(gie_of[i]) if view == "gie_estimate" else None, active_req=tracked)
         rep_of[i] = r
         if view == "gie_estimate":
             gix.add(gie_of[i], r)

@@ -131,8 +131,9 @@ def _ratio16(a: int, b: int) -> int:
     return ((int(a) >> s) * 65536) // max(b >> s, 1)
 
 
-def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None) -> int:
-    """GIE v0.5.1 scorers and max-score picker, in the engine's fixed point (1/65536)."""
+def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=None) -> int:
+    """GIE v0.5.1 scorers, llm-d's load-aware and active-request scorers and the max-score picker, in the
+    engine's fixed point (1/65536). ``active_req``: the EPP's in-flight counts (``queue`` when None)."""
     Sc = 65536
     qmax, qmin = max(q), min(q)
     qs = [((qmax - x) * Sc) // (qmax - qmin) if qmax > qmin else Sc for x in q]
@@ -150,15 +151,18 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None) -> int:
         ps = [0] * R
     T = max(kn["gie_load_threshold"], 1)
     ls = [_ratio16(T - min(x, T), T) // 2 for x in q]
+    c = list(q) if active_req is None else list(active_req)
+    cmax = max(c)
+    acs = [Sc if cmax == 0 else _ratio16(cmax - x, cmax) for x in c]  # active-request: (cmax - c) / cmax
     score = [kn["gie_prefix_w_pct"] * ps[r] + kn["gie_kv_w_pct"] * ks[r] + kn["gie_queue_w_pct"] * qs[r]
-             + kn["gie_load_w_pct"] * ls[r] for r in range(R)]
+             + kn["gie_load_w_pct"] * ls[r] + kn.get("gie_active_w_pct", 0) * acs[r] for r in range(R)]
     best = max(score)
     tied = [r for r in range(R) if score[r] == best]
     return tied[_scale(bits1, len(tied))]
 
 
 def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, match, queue, active_blocks,
-              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None) -> int:
+              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None, active_req=None) -> int:
     """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``.
     ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks."""
     off = _scale(bits[0], R)
@@ -221,7 +225,7 @@ def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, mat
             return _argmin_rot(a, R, off, eligible=[m[r] == mstar for r in range(R)])
         return _argmin_rot([_clamp30(a[r]) + _clamp30(n - m[r]) for r in range(R)], R, off)
     if router == "gie":
-        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn, match_total)
+        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn, match_total, active_req)
     raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
 
 
@@ -250,7 +254,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     prefix_weight_pct=200, load_weight_pct=100, queue_threshold=128, preble_rel_pct=150,
                     preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False,
                     restart_replica=-1, restart_ms=0, gie_prefix_mode=0, gie_prefix_w_pct=100, gie_kv_w_pct=100,
-                    gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0, gie_load_threshold=128) -> dict:
+                    gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0, gie_load_threshold=128,
+                    gie_active_w_pct=0) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -308,6 +313,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         gie_prefix_mode=int(gie_prefix_mode), gie_prefix_w_pct=int(gie_prefix_w_pct), gie_kv_w_pct=int(gie_kv_w_pct),
         gie_queue_w_pct=int(gie_queue_w_pct), gie_window_blocks=int(gie_window_blocks),
         gie_load_w_pct=int(gie_load_w_pct), gie_load_threshold=int(gie_load_threshold),
+        gie_active_w_pct=int(gie_active_w_pct),  # the fcfs engine: its in-flight queue, no expiry
     )
     ring = ring_nodes(R, int(vnodes)) if router == "chwbl" else None
     K = int(prefix_blocks)

@@ -162,3 +162,55 @@ def test_vllm_replica_with_gie_equals_reference(mode, view):
     m, bits = _run(w, R=3, router="gie", **kn)
     ref = _ref(w, R=3, router="gie", bits=bits, S=S_BOUND, Q=64, **kn)
     _check(w, m, ref)
+
+
+def active_float_scores(c):
+    """llm-d's active-request scorer (``pkg/plugins/scorer/active_request.go``) in float64: a pod with no
+    request in flight scores 1, else ``(cmax - c) / cmax``."""
+    cmax = max(c)
+    return [1.0 if x == 0 or cmax == 0 else (cmax - x) / cmax for x in c]
+
+
+def engine_pick_active(c, *, used=None, cap=100, w_active=1.0, w_kv=0.0, bits1=0):
+    R = len(c)
+    used = [0] * R if used is None else used
+    p = make_params("lru", capacity_blocks=cap, replicas=R, router="gie", gie_prefix_w_pct=0, gie_queue_w_pct=0,
+                    gie_kv_w_pct=int(round(100 * w_kv)), gie_active_w_pct=int(round(100 * w_active)))
+    req = rt.RequestView(index=jnp.int32(0), arrival_ms=jnp.int32(0), n_blocks=jnp.int32(4),
+                         prefix_hi=jnp.uint32(0), prefix_lo=jnp.uint32(0),
+                         bits=jnp.array([0, bits1, 0, 0], jnp.uint32), instance=jnp.int32(0))
+    i32 = lambda v: jnp.array(list(v) + [0] * (RMAX - len(v)), jnp.int32)  # noqa: E731
+    # the queue (waiting requests) is set against the counts: the scorer must read active_req, not queue
+    fleet = rt.FleetView(replicas=jnp.int32(R), match=i32([0] * R), queue=i32([max(c) - x for x in c]),
+                         active_blocks=i32([]), tree_size=i32([]), kv_used=i32(used), active_req=i32(c))
+    return int(_route(req, fleet, p))
+
+
+def test_active_request_scorer_formula_on_hand_made_counts():
+    # the fewest in flight wins; equal counts (also all zero: cmax = 0 -> every pod 1) are a uniform tie
+    assert engine_pick_active([3, 1, 2]) == 1
+    assert {engine_pick_active([0, 0, 0], bits1=b) for b in (0, 2**31, 2**32 - 1)} == {0, 1, 2}
+    assert {engine_pick_active([4, 4, 9], bits1=b) for b in (0, 2**32 - 1)} == {0, 1}
+    # the 37-capacity load arm, active 1 + kv-cache 1, against the float formulas on random states
+    rng = np.random.default_rng(5)
+    checked = 0
+    for _ in range(150):
+        R = int(rng.integers(1, 9))
+        c = [int(rng.integers(0, rng.choice([2, 8, 300]))) for _ in range(R)]
+        used = [int(rng.integers(0, 7210)) for _ in range(R)]
+        f = [a + (1 - u / 7209) for a, u in zip(active_float_scores(c), used)]
+        best = max(f)
+        gap = min([best - x for x in f if best - x > 1e-9], default=1.0)
+        if gap < 1e-3:
+            continue
+        got = engine_pick_active(c, used=used, cap=7209, w_kv=1.0, bits1=int(rng.integers(0, 2**32)))
+        assert f[got] >= best - 1e-9, (c, used, f, got)
+        # the plain-Python oracle picks the same pod
+        kn = dict(gie_prefix_mode=0, gie_prefix_w_pct=0, gie_kv_w_pct=100, gie_queue_w_pct=0, gie_window_blocks=0,
+                  gie_load_w_pct=0, gie_load_threshold=128, gie_active_w_pct=100)
+        r = route_one("gie", i=0, n=4, prefix_key=0, bits=[0] * 4, R=R, match=[0] * R, queue=[0] * R,
+                      active_blocks=[0] * R, tree_size=[0] * R, ring=None, kn=kn, kv_used=used, capacity=7209,
+                      active_req=c)
+        assert f[r] >= best - 1e-9
+        checked += 1
+    assert checked > 100

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from cacheresearch.replica.roofline import BLIS, EFF, blis_check, step_coefficients, vllm_scheduler_defaults
-from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, read_epp
-from cacheresearch.studies.llmd_benchmark import BUNDLED
+from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, go_duration_ms, read_epp
+from cacheresearch.studies.llmd_benchmark import BENCHMARKS, BUNDLED, BUNDLED_37, BUNDLED_EPP_37
 from cacheresearch.workload.inference_perf import (
     InferencePerfError,
     read_inference_perf,
@@ -50,6 +50,68 @@ def test_bundled_epp_files():
     assert epp_hash_config(read_epp(BUNDLED / "epp-precise-scheduling.yaml")) is None
     lo = k["load"]
     assert (lo["gie_prefix_w_pct"], lo["gie_kv_w_pct"], lo["gie_queue_w_pct"]) == (0, 100, 100)
+
+
+def test_bundled_37_capacity_files():
+    """The held-out 37-capacity benchmark's files (bundled verbatim, SOURCE.txt): the workload and the four
+    arms' scorers, weights and parameters as the report lists them."""
+    import hashlib
+
+    src = (BUNDLED_37 / "SOURCE.txt").read_text()
+    for f in ["inference-perf.yaml", *BUNDLED_EPP_37.values()]:
+        assert hashlib.sha256((BUNDLED_37 / f).read_bytes()).hexdigest() in src, f  # unchanged since bundled
+    c = read_inference_perf(BUNDLED_37 / "inference-perf.yaml")
+    assert c.load_type == "constant" and c.ignore_eos and c.model_name == "meta-llama/Llama-3.1-70B-Instruct"
+    assert [(s.rate, s.duration) for s in c.stages] == [(10, 25), (3, 210), (4, 180), (5, 120), (6, 120), (8, 90),
+                                                         (10, 70), (12, 60), (15, 50), (20, 50)]
+    assert sum(s.n_requests for s in c.stages) == 6_810
+    d = c.data
+    assert (d.num_groups, d.num_prompts_per_group, d.system_prompt_len, d.question_len, d.output_len) == \
+        (83, 3, 8000, 1000, 1000)
+    k = {a: epp_knobs(read_epp(BUNDLED_37 / f), block_tokens=64) for a, f in BUNDLED_EPP_37.items()}
+    assert k["random"] == {"router": "random"}
+    p, a, lo = k["precise"], k["approximate"], k["load"]
+    # precise: prefix (cache_tracking, 64-token blocks) 2 + kv-cache 1 + active-request 1; no queue scorer
+    assert (p["view"], p["gie_prefix_mode"], p["gie_prefix_w_pct"], p["gie_kv_w_pct"], p["gie_active_w_pct"],
+            p["gie_queue_w_pct"]) == ("precise", 2, 200, 100, 100, 0)
+    # estimate: active 1 + kv 1 + prefix 2 on GIE's index with 256-byte blocks, 256 of them, 2,200 hashes per pod
+    assert (a["view"], a["gie_prefix_mode"], a["gie_prefix_w_pct"], a["gie_kv_w_pct"], a["gie_active_w_pct"]) == \
+        ("gie_estimate", 1, 200, 100, 100)
+    assert a["gie_lru_capacity"] == 2200
+    assert epp_hash_config(read_epp(BUNDLED_37 / BUNDLED_EPP_37["approximate"])) == (256, 256)
+    assert (lo["gie_prefix_w_pct"], lo["gie_kv_w_pct"], lo["gie_active_w_pct"], lo["gie_queue_w_pct"]) == \
+        (0, 100, 100, 0)
+    # no requestTimeout in the files: llm-d's default, 2 minutes
+    assert p["gie_active_timeout_ms"] == a["gie_active_timeout_ms"] == lo["gie_active_timeout_ms"] == 120_000
+    assert BENCHMARKS["37-capacity"]["published_all"]["ttft_p90_s"]["precise"] == 0.409
+
+
+def test_active_request_scorer_parameters_and_broken_variants(tmp_path):
+    assert [go_duration_ms(t) for t in ("30s", "2m", "1h30m", "1.5h", "250ms", ".5s")] == \
+        [30_000, 120_000, 5_400_000, 5_400_000, 250, 500]
+    load = (BUNDLED_37 / "epp-load.yaml").read_text()
+    timed = load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
+                         "    requestTimeout: 45s\n", 1)
+    assert epp_knobs(read_epp(_write(tmp_path, "t.yaml", timed)), block_tokens=64)["gie_active_timeout_ms"] == 45_000
+    never = timed.replace("45s", "10000h")  # past the engine's 24.8-day span: no expiry within a run
+    assert epp_knobs(read_epp(_write(tmp_path, "n.yaml", never)), block_tokens=64)["gie_active_timeout_ms"] == 0
+    cases = {
+        "dur.yaml": (load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
+                                  "    requestTimeout: 2 minutes\n", 1), r"plugins\[0\]\.parameters\.requestTimeout"),
+        "zero.yaml": (load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
+                                   "    requestTimeout: 0s\n", 1), r"requestTimeout: must be at least 1ms"),
+        "key.yaml": (load.replace("- type: active-request-scorer\n", "- type: active-request-scorer\n  parameters:\n"
+                                  "    idleThreshold: 2\n", 1), r"plugins\[0\]\.parameters\.idleThreshold"),
+        "twice.yaml": (load.replace("  - pluginRef: kv-cache-scorer", "  - pluginRef: active-request-scorer", 1),
+                       r"active-request-scorer appears twice"),
+    }
+    for name, (text, key) in cases.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            read_epp(_write(tmp_path, name, text))
+    precise = (BUNDLED_37 / "epp-precise-prefix-cache_load.yaml").read_text()
+    bad = precise.replace("enableMetrics: true", "enableMetricz: true")
+    with pytest.raises(EppConfigError, match=r"kvBlockIndexConfig\.enableMetricz"):
+        read_epp(_write(tmp_path, "m.yaml", bad))
 
 
 def _write(tmp_path, name, text):

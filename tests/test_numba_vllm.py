@@ -129,13 +129,17 @@ _GIE_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 160), budget=
                   view=st.sampled_from(["precise", "approximate", "stale", "gie_estimate"]),
                   weights=st.tuples(*[st.sampled_from([0, 100, 200, 300]) for _ in range(4)]),
                   window=st.sampled_from([0, 3, 12]), refresh=st.sampled_from([0, 7, 50]),
-                  lru=st.sampled_from([12, 20, 31_250]), gauges=st.sampled_from([0, 1]))
+                  lru=st.sampled_from([12, 20, 31_250]), gauges=st.sampled_from([0, 1]),
+                  active=st.sampled_from([0, 100, 300]), timeout=st.sampled_from([0, 40, 150, 120_000]))
 
 
-def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too, gauges=0):
+def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too, gauges=0,
+              active=0, timeout=120_000):
     """The gie router (every scorer and weight, the tie rule) on every view, GIE's own index on view
     gie_estimate (an LRU small enough to forget), the load scrape every ``refresh`` ms, the loads as the
-    replicas' state or as vLLM's gauges (``gauges``: as of the last completed step)."""
+    replicas' state or as vLLM's gauges (``gauges``: as of the last completed step), llm-d's active-request
+    scorer (weight ``active``) with its tracker's expiry every ``timeout`` ms (0: none; the 2-second
+    workloads see 40 and 150 ms entries expire)."""
     w = _workload(seed, out, rate=40)
     g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=11) if view == "gie_estimate" \
         else None
@@ -143,11 +147,11 @@ def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refr
               gie_prefix_w_pct=weights[0], gie_kv_w_pct=weights[1], gie_queue_w_pct=weights[2],
               gie_load_w_pct=weights[3], gie_load_threshold=3, gie_window_blocks=window, view=view,
               load_refresh_ms=refresh, gie_lru_capacity=lru, index_capacity=cap // 2 + 20, stale_lag_ms=150,
-              load_gauges=gauges)
+              load_gauges=gauges, gie_active_w_pct=active, gie_active_timeout_ms=timeout)
     return _compare(w, R=R, router="gie", gie_hashes=g, jax_too=jax_too, **kn)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**_GIE_CASES)
 def test_gie_equals_reference_hypothesis(**case):
     """gie on the numba backend against the plain-Python reference, request by request."""
@@ -169,6 +173,28 @@ def test_gie_estimate_and_scrape_equal_jax_every_field():
         for gauges in (0, 1):
             ref = _gie_case(5, 60, 64, 4, 3, 20, mode, view, wts, 0, refresh, 20, jax_too=True, gauges=gauges)
             assert len(set(ref["replica"].tolist())) == 3
+
+
+@pytest.mark.parametrize("timeout", [0, 60, 120_000])
+def test_active_request_scorer_alone_equals_reference_and_jax(timeout):
+    """The 37-capacity load arm in small (active-request 1 + kv-cache 1) and the active-request scorer alone:
+    numba, the reference and the JAX replica pick the same pod for every request, with the tracker's TTL
+    expiring entries (60 ms) or not (0, 2 min). Alone, the scorer spreads requests over every pod."""
+    for wts in ((0, 100, 0, 0), (0, 0, 0, 0)):
+        ref = _gie_case(13, 80, 64, 4, 3, 25, 0, "precise", wts, 0, 0, 31_250, jax_too=timeout == 60, active=100,
+                        timeout=timeout)
+        assert len(set(ref["replica"].tolist())) == 3
+
+
+def test_active_request_tracker_expiry_changes_the_picks():
+    """With a TTL shorter than the requests' lifetimes, expired entries stop counting and the active-request
+    scorer decides differently than with no expiry (numba and the reference agree on both)."""
+    picks = []
+    for timeout in (0, 30):
+        ref = _gie_case(21, 60, 48, 3, 3, 30, 0, "precise", (0, 0, 0, 0), 0, 0, 31_250, jax_too=False, active=100,
+                        timeout=timeout)
+        picks.append(ref["replica"])
+    assert np.any(picks[0] != picks[1])
 
 
 @pytest.mark.parametrize("refresh", [0, 7, 50])

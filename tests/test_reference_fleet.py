@@ -418,6 +418,7 @@ def test_route_one_matches_routers_route_on_random_fleets():
         gie_window_blocks: jax.Array
         gie_load_w_pct: jax.Array
         gie_load_threshold: jax.Array
+        gie_active_w_pct: jax.Array
         capacity: jax.Array
 
     rng = np.random.default_rng(7)
@@ -439,6 +440,7 @@ def test_route_one_matches_routers_route_on_random_fleets():
             gie_queue_w_pct=int(rng.choice([0, 100, 200])), gie_window_blocks=int(rng.choice([0, 2, 5])),
             gie_load_w_pct=int(rng.choice([0, 100])), gie_load_threshold=int(rng.choice([1, 4, 128])),
             capacity=int(rng.choice([60, 40_000, 2**31 - 1])),
+            gie_active_w_pct=int(rng.choice([0, 100, 300])),  # no active_req in the fleet: the queue is counted
         )
         m = [int(rng.integers(0, n + 1)) for _ in range(R)]
         q = [int(rng.integers(0, qhi)) for _ in range(R)]

@@ -68,15 +68,16 @@ NRQ = 7
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE) = range(39)
-NPI = 39
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL) = range(41)
+NPI = 41
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
               "balance_abs", "balance_rel_pct", "miss_smallest_tree", "overlap_weight_pct", "prefix_weight_pct",
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
-              "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges")
+              "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges", "gie_active_w_pct",
+              "gie_active_timeout_ms")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -640,7 +641,7 @@ def _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv):
 
 
 @njit(cache=True)
-def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv, kvu, total_g):
+def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv, kvu, total_g, ac):
     """The routers of ROUTER_CODES (routers/*.py; tests/reference_fleet.py's route_one)."""
     off = (bits[0] * nrep) >> 32
     if code == 0:
@@ -648,7 +649,7 @@ def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv
     if code == 1:
         return i % nrep
     if code == 10:
-        return _gie_rule(n, nrep, bits[1], q, m, kvu, total_g, pi, tmpv)
+        return _gie_rule(n, nrep, bits[1], q, m, kvu, total_g, pi, tmpv, ac)
     h = _mix32(pkh, pkl)
     if code == 2:
         return h % nrep
@@ -696,12 +697,13 @@ def _ratio16(a, b):
 
 
 @njit(cache=True)
-def _gie_rule(n, nrep, bits1, q, m, kvu, total_g, pi, tmpv):
-    """routers.gie.rule: the weighted queue, kv-cache, prefix and load-aware scores, then the max-score
-    picker (the ``floor(bits[1] k / 2**32)``-th of the ``k`` tied pods in index order)."""
-    qmax, qmin, mmax, mmin = 0, np.int64(BIG), 0, np.int64(BIG)
+def _gie_rule(n, nrep, bits1, q, m, kvu, total_g, pi, tmpv, ac):
+    """routers.gie.rule: the weighted queue, kv-cache, prefix, load-aware and active-request scores, then
+    the max-score picker (the ``floor(bits[1] k / 2**32)``-th of the ``k`` tied pods in index order)."""
+    qmax, qmin, mmax, mmin, cmax = 0, np.int64(BIG), 0, np.int64(BIG), 0
     for r in range(nrep):
         qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+        cmax = max(cmax, ac[r])
         if m[r] > 0:
             mmax, mmin = max(mmax, m[r]), min(mmin, m[r])
     cap = max(pi[CAP], 1)
@@ -721,7 +723,8 @@ def _gie_rule(n, nrep, bits1, q, m, kvu, total_g, pi, tmpv):
         else:
             ps = 0
         ls = _ratio16(T - min(q[r], T), T) // 2
-        tmpv[r] = _i32(pi[G_WP] * ps + pi[G_WK] * ks + pi[G_WQ] * qs + pi[G_WL] * ls)
+        asc = _ratio16(cmax - ac[r], cmax) if cmax > 0 else GIE_S
+        tmpv[r] = _i32(pi[G_WP] * ps + pi[G_WK] * ks + pi[G_WQ] * qs + pi[G_WL] * ls + pi[G_WA] * asc)
         best = max(best, tmpv[r])
     k = 0
     for r in range(nrep):
@@ -879,6 +882,21 @@ def _loads(u, ninst, nrep, local, Q, rq, rs, sl, wq, q, a):
 
 
 @njit(cache=True)
+def _tracked(now, nrep, Q, pi, rq, rs, sl, wq, ac):
+    """replica.vllm.tracked_requests: per replica, the waiting and running requests routed at or after the
+    active-request tracker's expiry cutoff ``(floor(now / T) - 1) T`` (``T = gie_active_timeout_ms``; 0: none)."""
+    T = pi[G_TTL]
+    cut = (now // T - 1) * T if T > 0 else -1
+    for r in range(nrep):
+        k = 0
+        for j in range(rs[r, WCOUNT]):
+            k += 1 if rq[wq[r, (rs[r, WHEAD] + j) % Q, 0], QARR] >= cut else 0
+        for j in range(rs[r, NRUN]):
+            k += 1 if rq[sl[r, j, SREQ], QARR] >= cut else 0
+        ac[r] = k
+
+
+@njit(cache=True)
 def _enqueue(i, r, now_t, Q, rq, rs, wq):
     """Request ``i`` joins replica ``r``'s waiting ring (dropped when full); an idle replica's clock moves
     to the arrival."""
@@ -945,6 +963,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     gpres, gst = np.zeros((R, G1), np.bool_), np.zeros((R, G1), np.int64)
     gs, glog = np.zeros((R, 4), np.int64), np.zeros((R, Lg, 2), np.int64)
     scr, sq, skv, kvu = np.full(1, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
+    ac = np.zeros(R, np.int64)  # the active-request tracker's counts (gie_active_w_pct > 0)
     for i in range(N):
         now_t = rq[i, QARR] * PS_MS
         u = i % ninst
@@ -966,10 +985,12 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             kvu[x] = skv[x] if gauges else rs[x, PINNED] + rs[x, WORK]
             if gauges:  # the scraped (or published) waiting counts (every router's queue)
                 q[x] = sq[x]
+        if code == 10 and pi[G_WA] > 0:
+            _tracked(rq[i, QARR], nrep, Q, pi, rq, rs, sl, wq, ac)
         pb = min(pi[PB], n)
         kpos = rq[i, QOFF] + max(pb - 1, 0)
         r = _route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
-                   q, mv, a, tree, pi, ring, elig, tmpv, kvu, gn[i])
+                   q, mv, a, tree, pi, ring, elig, tmpv, kvu, gn[i], ac)
         if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
             _gie_add(gh[i], gn[i], r, pi[G_LRU], gpres, gst, gs, glog)
         # the routing metrics (replicas holding the routing prefix; sent away from the best)

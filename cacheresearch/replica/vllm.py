@@ -47,7 +47,7 @@ from cacheresearch.replica.pool import PoolState, evict_lru, extend, init_pool, 
 from cacheresearch.routers import VIEWS, FleetView, ring_positions, route
 from cacheresearch.routers.gie_index import gie_add, gie_match, init_gie_index
 
-__all__ = ["Replica", "init_replica", "step_time", "replica_step", "simulate_vllm"]
+__all__ = ["Replica", "init_replica", "step_time", "replica_step", "simulate_vllm", "tracked_requests"]
 
 
 class Slots(NamedTuple):
@@ -611,6 +611,62 @@ def _scrape(c: _Carry, now, real, stream, params, u, instances, W, S, R, at) -> 
                       scrape_t=jnp.where(due, tick, c.scrape_t))
 
 
+def _enqueue(reps: Replica, r, req, now_t: Time, n, real, Q: int) -> Replica:
+    """Request ``req`` (``n`` blocks) joins replica ``r``'s waiting ring, touching only its ring slot and
+    counters (dropped when the ring is full); an idle replica's clock moves to the arrival."""
+    ridx = jnp.arange(reps.nrun.shape[0], dtype=jnp.int32)
+    w = reps.wait
+    idle = (reps.nrun[r] == 0) & (w.count[r] == 0)
+    room = real & (w.count[r] < Q)
+    pos = jnp.where(room, jnp.mod(w.head[r] + w.count[r], Q), Q)
+    one = (ridx == r).astype(jnp.int32)
+    w = w._replace(req=w.req.at[r, pos].set(req, mode="drop"), d=w.d.at[r, pos].set(0, mode="drop"),
+                   npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
+    return reps._replace(
+        wait=w,
+        clock=t_where((ridx == r) & idle & real, t_max(reps.clock, now_t), reps.clock),
+        load_req=reps.load_req + one * room.astype(jnp.int32),
+        load_blk=reps.load_blk + one * jnp.where(room, n, 0),
+        stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
+    )
+
+
+def tracked_requests(reps: Replica, stream, now, timeout_ms):
+    """llm-d's active-request tracker (``active_request.go``) at ``now`` (ms), per replica: the requests
+    routed there whose last token has not been sent (waiting or running; one that finished at ``now`` or
+    before was released by the step that started there), less those whose TTL entry expired. An entry set
+    at ``t`` expires at ``t + T`` (``T = timeout_ms``, the ``requestTimeout``) and is deleted at the next
+    cleanup tick (every ``T`` from time 0, ttlcache's ``DeleteExpired``: ``expiresAt`` strictly before the
+    tick), so at ``now`` a request counts while ``t >= (floor(now / T) - 1) T``. ``T = 0``: no expiry."""
+    Q = reps.wait.req.shape[-1]
+    S = reps.run.req.shape[-1]
+    k = jnp.arange(Q, dtype=jnp.int32)
+    wq = reps.wait.req[jnp.arange(reps.wait.req.shape[0])[:, None], jnp.mod(reps.wait.head[:, None] + k, Q)]
+    wv = k[None, :] < reps.wait.count[:, None]
+    rv = jnp.arange(S, dtype=jnp.int32)[None, :] < reps.nrun[:, None]
+    T = timeout_ms
+    cut = jnp.where(T > 0, (now // jnp.maximum(T, 1) - 1) * T, -1)
+    return (jnp.sum((wv & (stream.arrival_ms[wq] >= cut)).astype(jnp.int32), axis=1)
+            + jnp.sum((rv & (stream.arrival_ms[reps.run.req] >= cut)).astype(jnp.int32), axis=1))
+
+
+def _fleet_view(c: "_Carry", now, now_t: Time, stream, params, u, instances, replicas, mv, gtot) -> FleetView:
+    """What the router reads at an arrival. Load: waiting requests (vLLM's num_requests_waiting, what llm-d's
+    queue scorer reads) and KV blocks in use (gpu_cache_usage_perc), live or as of the last scrape
+    (``load_refresh_ms > 0``; ``load_gauges``: vLLM's gauges as of the last completed step); the EPP's own
+    count of requests in flight (active-request scorer, :func:`tracked_requests`), always live."""
+    reps = c.reps
+    queue, act = _loads(reps, stream, u, instances, params.local_load)
+    kv_now = reps.pool.pinned + reps.pool.work
+    gq, gkv = gauges_at(reps, now_t)
+    gg = params.load_gauges > 0
+    queue, kv_now = jnp.where(gg, gq, queue), jnp.where(gg, gkv, kv_now)
+    scraped = params.load_refresh_ms > 0
+    return FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
+                     tree_size=reps.pool.cached, kv_used=jnp.where(scraped, c.scrape_kv, kv_now), match_total=gtot,
+                     active_req=tracked_requests(reps, stream, now, params.gie_active_timeout_ms))
+
+
 def simulate_vllm(stream, params, key, st, request_bits, finish):
     """The scan over arrivals with vllm replicas; ``finish(stream, params, c, st, ...)`` builds Metrics."""
     R = st.max_replicas
@@ -673,18 +729,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             gcnt, gtot = gie_match(c.gix, gids, gn, active)
             mv = jnp.where(params.view == VIEWS["gie_estimate"], gcnt, mv)
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
-        # load: waiting requests (vLLM's num_requests_waiting, what llm-d's queue scorer reads), and KV blocks
-        # in use (gpu_cache_usage_perc): live, or as of the last scrape (load_refresh_ms > 0)
-        # (load_gauges: vLLM's gauges, as of the last completed step, read at the scrape or live)
-        queue, act = _loads(reps, stream, u, instances, params.local_load)
-        kv_now = reps.pool.pinned + reps.pool.work
-        gq, gkv = gauges_at(reps, now_t)
-        gg = params.load_gauges > 0
-        queue, kv_now = jnp.where(gg, gq, queue), jnp.where(gg, gkv, kv_now)
-        scraped = params.load_refresh_ms > 0
-        fv = FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
-                       tree_size=reps.pool.cached,
-                       kv_used=jnp.where(scraped, c.scrape_kv, kv_now), match_total=gtot)
+        fv = _fleet_view(c, now, now_t, stream, params, u, instances, replicas, mv, gtot)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
         if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
             c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,
@@ -710,23 +755,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             store = store._replace(kv=kv, rq=rq, cnt=store.cnt.at[vrow].add(jnp.where(real, p, 0)),
                                    occ=store.occ.at[vrow].add(jnp.sum(jnp.where(ok, m - sli, 0))))
             store = evict(store, vrow, params.index_capacity, jnp.bool_(True), stream, st.window, real)
-        # enqueue on replica r (touching only its ring slot and counters)
-        Q = st.queue_slots
-        w = reps.wait
-        idle = (reps.nrun[r] == 0) & (w.count[r] == 0)
-        room = real & (w.count[r] < Q)
-        pos = jnp.where(room, jnp.mod(w.head[r] + w.count[r], Q), Q)
-        one = (ridx == r).astype(jnp.int32)
-        w = w._replace(req=w.req.at[r, pos].set(req, mode="drop"), d=w.d.at[r, pos].set(0, mode="drop"),
-                       npre=w.npre.at[r, pos].set(0, mode="drop"), count=w.count + one * room.astype(jnp.int32))
-        reps = reps._replace(
-            wait=w,
-            clock=t_where((ridx == r) & idle & real, t_max(reps.clock, now_t), reps.clock),
-            load_req=reps.load_req + one * room.astype(jnp.int32),
-            load_blk=reps.load_blk + one * jnp.where(room, n, 0),
-            stats=reps.stats._replace(dropped=reps.stats.dropped + one * (real & ~room).astype(jnp.int32)),
-        )
-        return c._replace(reps=reps, store=store), None
+        return c._replace(reps=_enqueue(reps, r, req, now_t, n, real, st.queue_slots), store=store), None
 
     c, _ = jax.lax.scan(step, c0, jnp.arange(N, dtype=jnp.int32))
     c = _advance(c, t_ms(MS_LIM), stream, params, W, S, R, N)

@@ -62,6 +62,8 @@ class FleetView(NamedTuple):
     tree_size: jax.Array  # int32 [R_max]: blocks in the view
     kv_used: jax.Array | None = None  # int32 [R_max]: pool blocks in use (vllm replica); None: active_blocks
     match_total: jax.Array | None = None  # int32: view gie_estimate: the request's GIE hashes (None: other views)
+    active_req: jax.Array | None = None  # int32 [R_max]: requests the router sent there and not finished, as the
+    # llm-d EPP's active-request tracker counts them (vllm replica; None: ``queue``)
 
 
 def prefix_hash_u64(key: int) -> int:
@@ -186,6 +188,12 @@ class Context:
         """Pool blocks in use by running requests (``fleet.kv_used``; ``active_blocks`` when not given)."""
         kv = self.fleet.active_blocks if self.fleet.kv_used is None else self.fleet.kv_used
         return jnp.where(self.active, kv, 0)
+
+    @cached_property
+    def active_req(self):
+        """In-flight requests as the router tracks them (``fleet.active_req``; ``queue`` when not given)."""
+        c = self.fleet.queue if self.fleet.active_req is None else self.fleet.active_req
+        return jnp.where(self.active, c, 0)
 
     @cached_property
     def m(self):

@@ -12,8 +12,17 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
 * ``precise-prefix-cache-scorer`` (the later name of cache_tracking): ``indexerConfig`` as above;
 * ``queue-scorer``, ``kv-cache-scorer`` (also ``kv-cache-utilization-scorer``), ``load-aware-scorer``
   (``threshold``, default 128);
+* ``active-request-scorer`` (llm-d ``pkg/plugins/scorer/active_request.go``, the 37-capacity benchmark's):
+  the EPP's own count of requests in flight per pod, ``(cmax - c) / cmax`` -> ``gie_active_w_pct``;
+  ``requestTimeout`` (a Go duration string, ``"30s"``, ``"2m"``, ``"1h30m"``; default ``2m``) ->
+  ``gie_active_timeout_ms`` (llm-d logs an invalid one and keeps 2 min; here it is an error);
 * ``max-score-picker`` (``maxNumOfEndpoints``), ``random-picker`` (``maxNumOfEndpoints``),
   ``single-profile-handler``;
+* parameters with no effect on a decision, accepted and ignored: ``max-score-picker``'s / ``random-picker``'s
+  ``maxNumOfEndpoints`` (endpoints after the first are fallbacks; the request goes to the first),
+  ``indexerConfig.tokenProcessorConfig.hashSeed`` (the seed of the precise index's block hashes, the same on
+  the pods' side: which blocks match does not depend on it) and ``indexerConfig.kvBlockIndexConfig``'s
+  ``enableMetrics`` / ``metricsLoggingInterval`` (the index's own metrics logging);
 * one ``schedulingProfiles`` entry whose ``plugins`` name the plugins by ``pluginRef`` (a plugin's
   ``name``, or its ``type`` when it has none) with their ``weight`` (default 1).
 
@@ -26,11 +35,13 @@ An unknown key, plugin type or parameter is an :class:`EppConfigError` naming th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
-__all__ = ["EppConfigError", "GIE_DEFAULTS", "read_epp", "epp_knobs", "epp_hash_config"]
+__all__ = ["EppConfigError", "GIE_DEFAULTS", "DEFAULT_REQUEST_TIMEOUT_MS", "go_duration_ms", "read_epp", "epp_knobs",
+           "epp_hash_config"]
 
 #: GIE v0.5.1 ``prefix`` plugin defaults (``DefaultHashBlockSize``, ``DefaultMaxPrefixBlocks``,
 #: ``DefaultLRUCapacityPerServer``) and llm-d's load-aware threshold.
@@ -49,11 +60,17 @@ _PARAMS = {
     "kv-cache-scorer": set(),
     "kv-cache-utilization-scorer": set(),
     "load-aware-scorer": {"threshold"},
+    "active-request-scorer": {"requestTimeout"},
     "max-score-picker": {"maxNumOfEndpoints"},
     "random-picker": {"maxNumOfEndpoints"},
 }
 _SCORERS = {"prefix-cache-scorer", "precise-prefix-cache-scorer", "queue-scorer", "kv-cache-scorer",
-            "kv-cache-utilization-scorer", "load-aware-scorer"}
+            "kv-cache-utilization-scorer", "load-aware-scorer", "active-request-scorer"}
+#: llm-d's active-request scorer: ``defaultRequestTimeout = 2 * time.Minute``
+DEFAULT_REQUEST_TIMEOUT_MS = 120_000
+_GO_UNITS_NS = {"ns": 1, "us": 10**3, "\u00b5s": 10**3, "\u03bcs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,
+                "h": 3600 * 10**9}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 _PICKERS = {"max-score-picker", "random-picker"}
 
 
@@ -69,6 +86,24 @@ def _pos_int(path, key, v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise _err(path, key, f"must be an integer >= 1, got {v!r}")
     return v
+
+
+def go_duration_ms(text) -> int:
+    """A Go ``time.ParseDuration`` string (``"300ms"``, ``"1.5h"``, ``"2h45m"``; no sign) in whole ms
+    (floored); ValueError when it is not one or is below 1 ms."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"not a duration string: {text!r}")
+    pos, ns = 0, 0.0
+    while pos < len(text):
+        mt = _GO_PART.match(text, pos)
+        if mt is None:
+            raise ValueError(f"not a Go duration (e.g. 30s, 2m, 1h30m): {text!r}")
+        ns += float(mt.group(1)) * _GO_UNITS_NS[mt.group(2)]
+        pos = mt.end()
+    ms = int(ns // 10**6)
+    if ms < 1:
+        raise ValueError(f"must be at least 1ms, got {text!r}")
+    return ms
 
 
 def read_epp(path) -> dict:
@@ -159,6 +194,11 @@ def _check_params(path, where, t, params):
     for k in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "threshold", "maxNumOfEndpoints"):
         if k in params:
             _pos_int(path, f"{where}.parameters.{k}", params[k])
+    if "requestTimeout" in params:
+        try:
+            go_duration_ms(params["requestTimeout"])
+        except ValueError as e:
+            raise _err(path, f"{where}.parameters.requestTimeout", str(e)) from None
     if "mode" in params and params["mode"] not in ("estimate", "cache_tracking"):
         raise _err(path, f"{where}.parameters.mode", f"must be estimate or cache_tracking, got {params['mode']!r}")
     ic = params.get("indexerConfig")
@@ -206,12 +246,18 @@ def epp_knobs(spec: dict, *, block_tokens: int) -> dict:
             raise _err(path, "schedulingProfiles[0].plugins", "random-picker ignores scorers; list none")
         return dict(router="random")
     kn = dict(router="gie", gie_prefix_mode=0, gie_prefix_w_pct=0, gie_kv_w_pct=0, gie_queue_w_pct=0,
-              gie_load_w_pct=0, view="precise")
+              gie_load_w_pct=0, gie_active_w_pct=0, view="precise")
     for t, w, params in spec["scorers"]:
         if t == "queue-scorer":
             kn["gie_queue_w_pct"] = _pct(w)
         elif t in ("kv-cache-scorer", "kv-cache-utilization-scorer"):
             kn["gie_kv_w_pct"] = _pct(w)
+        elif t == "active-request-scorer":
+            kn["gie_active_w_pct"] = _pct(w)
+            to = params.get("requestTimeout")
+            to_ms = DEFAULT_REQUEST_TIMEOUT_MS if to is None else go_duration_ms(to)
+            # a TTL past the engine's int32-ms span never expires within a run: exactly "no expiry" (0)
+            kn["gie_active_timeout_ms"] = to_ms if to_ms <= 2**31 - 2 else 0
         elif t == "load-aware-scorer":
             kn["gie_load_w_pct"] = _pct(w)
             kn["gie_load_threshold"] = int(params.get("threshold", GIE_DEFAULTS["threshold"]))

@@ -1,6 +1,6 @@
 """``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
 [``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
-``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``].
+``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``, ``gie_active_w_pct``, ``gie_active_timeout_ms``].
 
 Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
 weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
@@ -14,6 +14,13 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
   fcfs engine ``active_blocks``). Held as ``ratio16(capacity - used, capacity)``.
 * **load-aware-scorer** (llm-d ``load_aware.go``): ``0.5 (T - min(queue, T)) / T`` with
   ``T = gie_load_threshold`` (0.5 at an empty queue, 0 from ``T`` on). Held as ``ratio16(T - min(q, T), T) // 2``.
+* **active-request-scorer** (llm-d inference scheduler ``pkg/plugins/scorer/active_request.go``, v0.2 to
+  v0.6): ``(cmax - c[r]) / cmax`` with ``c`` the requests the EPP sent to pod ``r`` and not yet finished
+  (its own tracker: +1 at ``PreRequest``, -1 at ``ResponseComplete``, never the pods' metrics) and ``cmax``
+  the largest count; every pod scores 1 when ``cmax = 0`` (a pod with ``c = 0`` scores 1 anyway). Held as
+  ``ratio16(cmax - c, cmax)``. ``c`` is ``FleetView.active_req`` (the vllm replica: waiting and running
+  requests whose last token has not been sent, routed at or after the tracker's expiry cutoff,
+  ``gie_active_timeout_ms``; the fcfs engine: its ``queue``, with no expiry).
 * **prefix scorer**, by ``gie_prefix_mode``:
 
   - ``0`` none (score 0);
@@ -30,11 +37,12 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
 ``ratio16(a, b) = floor(a' S / b')`` with ``a' = a >> s``, ``b' = b >> s`` and
 ``s = max(0, bitlen(b) - 15)`` (exact for ``b < 2**15``; integer arithmetic in int32 throughout).
 
-Total ``= gie_prefix_w_pct * prefix + gie_kv_w_pct * kv + gie_queue_w_pct * queue + gie_load_w_pct * load``
-(int32: weights are at most 5,000, four terms below 2**31). **max-score-picker**: the pods of the highest total; one of
-them uniformly at random, ``j = floor(bits[1] * k / 2**32)`` for ``k`` tied pods, the ``j``-th tied pod in
-index order (GIE shuffles the pods, then sorts them stably by score). **random-picker** is the ``random``
-router. Scores are quantised to 1/65536, so two pods GIE would order by less than that tie here.
+Total ``= gie_prefix_w_pct * prefix + gie_kv_w_pct * kv + gie_queue_w_pct * queue + gie_load_w_pct * load +
+gie_active_w_pct * active`` (int32: weights are at most 5,000, five terms below 2**31). **max-score-picker**:
+the pods of the highest total; one of them uniformly at random, ``j = floor(bits[1] * k / 2**32)`` for ``k``
+tied pods, the ``j``-th tied pod in index order (GIE shuffles the pods, then sorts them stably by score).
+**random-picker** is the ``random`` router. Scores are quantised to 1/65536, so two pods GIE would order by
+less than that tie here.
 """
 
 from __future__ import annotations
@@ -82,7 +90,11 @@ def rule(ctx: Context):
     ps = jnp.where(mode == 1, est, jnp.where(mode == 2, pre, 0))
     T = jnp.maximum(p.gie_load_threshold, 1)
     ls = ratio16(T - jnp.minimum(q, T), T) // 2
-    score = p.gie_prefix_w_pct * ps + p.gie_kv_w_pct * ks + p.gie_queue_w_pct * qs + p.gie_load_w_pct * ls
+    ar = ctx.active_req  # active-request-scorer: (cmax - c) / cmax, all 1 when cmax = 0
+    cmax = jnp.max(ar)
+    as_ = jnp.where(cmax > 0, ratio16(cmax - ar, cmax), S)
+    score = (p.gie_prefix_w_pct * ps + p.gie_kv_w_pct * ks + p.gie_queue_w_pct * qs + p.gie_load_w_pct * ls
+             + p.gie_active_w_pct * as_)
     score = jnp.where(act, score, -1)
     tied = act & (score == jnp.max(score))
     k = jnp.sum(tied.astype(jnp.int32))
@@ -105,6 +117,11 @@ KNOBS = (
     Knob("gie_load_w_pct", 0, 0, 5000, doc="weight of llm-d's load-aware scorer", unit="1/100"),
     Knob("gie_load_threshold", 128, 1, 2**20, doc="load-aware scorer: the score falls from 0.5 at an empty "
          "queue to 0 at this many waiting requests", unit="requests"),
+    Knob("gie_active_w_pct", 0, 0, 5000, doc="weight of llm-d's active-request scorer ((cmax - c) / cmax over the "
+         "requests the EPP sent to each pod and not finished)", unit="1/100"),
+    Knob("gie_active_timeout_ms", 120_000, 0, 2**31 - 2, doc="active-request scorer: the tracker's requestTimeout "
+         "(llm-d's default 2 min): a request routed before (floor(now / T) - 1) T is no longer counted (its TTL "
+         "entry expired at a cleanup tick every T); 0: never expires", unit="ms"),
     Knob("gie_lru_capacity", 31_250, 1, 2**31 - 2, doc="view gie_estimate: hashes per pod in GIE's prefix index "
          "LRU (lruCapacityPerServer; GIE v0.5.1's default 31,250)", unit="hashes"),
 )

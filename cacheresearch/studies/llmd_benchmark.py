@@ -1,13 +1,15 @@
 """``experiment=llmd_benchmark``: an llm-d benchmark of the 73-capacity series, run from its own files.
 
-Inputs: one inference-perf file (``llmd.inference_perf``; :mod:`cacheresearch.workload.inference_perf`)
-and one EPP ``EndpointPickerConfig`` per arm (``llmd.epp``: ``{ARM: FILE}``;
-:mod:`cacheresearch.routers.epp`); with neither, the bundled 73-capacity files (``llmd/73-capacity/``,
-``SOURCE.txt``), arms ``precise``, ``approximate``, ``load``, ``random``. The pods: ``fleet.replicas``
-vllm replicas of ``replica.model`` on ``replica.tp`` x ``replica.gpu`` with ``cache.block_tokens``-token
-blocks and ``cache.capacity_blocks`` blocks (from the hardware when null), scheduler limits vLLM's
-defaults for that GPU (:func:`~cacheresearch.replica.roofline.vllm_scheduler_defaults`) unless
-``fleet.knobs`` sets them, step time from the roofline (:mod:`cacheresearch.replica.roofline`).
+Inputs: one inference-perf file (``llmd.inference_perf``; :mod:`cacheresearch.workload.inference_perf`) and
+one EPP ``EndpointPickerConfig`` per arm (``llmd.epp``: ``{ARM: FILE}``; :mod:`cacheresearch.routers.epp`);
+with neither, the bundled 73-capacity files (``llmd/73-capacity/``, ``SOURCE.txt``), arms ``precise``,
+``approximate``, ``load``, ``random``; ``llmd.bundled=37-capacity`` takes the series' 37-capacity files
+instead (``llmd/37-capacity/``: Llama-3.1-70B on 4 pods, held out; ``experiment=llmd_benchmark_37``). The
+pods: ``fleet.replicas`` vllm replicas of ``replica.model`` on ``replica.tp`` x ``replica.gpu`` with
+``cache.block_tokens``-token blocks and ``cache.capacity_blocks`` blocks (from the hardware when null),
+scheduler limits vLLM's defaults for that GPU
+(:func:`~cacheresearch.replica.roofline.vllm_scheduler_defaults`) unless ``fleet.knobs`` sets them, step time
+from the roofline (:mod:`cacheresearch.replica.roofline`).
 
 Each arm is one continuous run over every stage (caches and the approximate index carry over), the
 stages separated by ``llmd.stage_gap_s`` of idle time so that each drains before the next starts
@@ -67,8 +69,8 @@ from cacheresearch.workload.inference_perf import (
     stage_drained,
 )
 
-__all__ = ["BUNDLED", "BUNDLED_EPP", "PUBLISHED", "client_ttft_s", "llmd_benchmark_study", "summarize_llmd_benchmark",
-           "plot_llmd_benchmark", "STUDIES"]
+__all__ = ["BENCHMARKS", "BUNDLED", "BUNDLED_37", "BUNDLED_EPP", "BUNDLED_EPP_37", "PUBLISHED", "PUBLISHED_37",
+           "client_ttft_s", "llmd_benchmark_study", "summarize_llmd_benchmark", "plot_llmd_benchmark", "STUDIES"]
 
 BUNDLED = Path(__file__).resolve().parent / "llmd" / "73-capacity"
 BUNDLED_EPP = {"precise": "epp-precise-scheduling.yaml", "approximate": "epp-estimated-scheduling.yaml",
@@ -119,9 +121,49 @@ PUBLISHED_ALL = {
 }
 PUBLISHED_RATES = _R
 
-DEFAULTS = dict(inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0, overhead_ms=250.0,
-                max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50, load_gauges=1,
-                max_running=256, seed=None)
+BUNDLED_37 = Path(__file__).resolve().parent / "llmd" / "37-capacity"
+BUNDLED_EPP_37 = {"precise": "epp-precise-prefix-cache_load.yaml", "approximate": "epp-estimate-prefix-cache_load.yaml",
+                  "load": "epp-load.yaml", "random": "epp-random.yaml"}
+#: The 37-capacity report's per-stage tables (llm-d-kv-cache-manager benchmarking/37-capacity/README.md at edb766f;
+#: its arms precise-prefix-cache_load, estimate-prefix-cache_load, load, random), the 9 ladder stages
+#: (3, 4, 5, 6, 8, 10, 12, 15, 20 QPS), and its "Summary across QPS" row. Held out: nothing was set from them.
+PUBLISHED_37 = {
+    "ttft_p90_s": {
+        "precise": [0.400, 0.486, 0.400, 0.400, 0.400, 0.400, 0.400, 0.400, 0.400],
+        "approximate": [2.200, 3.402, 4.322, 30.211, 64.280, 66.291, 81.511, 103.779, 165.276],
+        "load": [3.299, 15.818, 31.501, 88.121, 101.514, 129.421, 115.098, 148.000, 208.052],
+        "random": [2.000, 22.814, 30.994, 56.371, 74.757, 88.089, 96.284, 128.434, 197.010],
+    },
+    "ttft_mean_s": {
+        "precise": [0.246, 0.304, 0.270, 0.271, 0.248, 0.242, 0.255, 0.247, 0.250],
+        "approximate": [1.007, 1.497, 1.919, 9.700, 20.389, 26.567, 31.615, 38.253, 71.632],
+        "load": [1.548, 5.021, 11.329, 31.824, 42.683, 47.727, 53.087, 67.339, 86.643],
+        "random": [1.102, 7.257, 11.988, 23.742, 40.124, 46.359, 49.556, 58.760, 93.345],
+    },
+    "output_tokens_per_s": {
+        "precise": [2590.0, 3345.2, 3916.7, 4640.3, 5557.1, 6264.0, 6765.9, 7345.1, 8003.9],
+        "approximate": [2573.6, 3326.3, 3691.2, 3724.3, 3571.6, 3798.6, 3773.5, 3200.9, 3017.1],
+        "load": [2545.4, 2967.6, 2943.6, 2656.5, 2506.3, 2620.3, 2897.6, 2549.1, 2334.5],
+        "random": [2505.7, 2829.5, 2898.2, 2955.9, 3108.8, 3117.3, 3140.8, 3126.2, 3241.0],
+    },
+}
+PUBLISHED_ALL_37 = {
+    "ttft_p90_s": {"precise": 0.409, "approximate": 64.430, "load": 98.318, "random": 84.938},
+    "ttft_mean_s": {"precise": 0.259, "approximate": 25.337, "load": 40.689, "random": 40.915},
+    "output_tokens_per_s": {"precise": 5380.9, "approximate": 3408.6, "load": 2669.0, "random": 2991.5},
+    # the report's EPP summary over its whole run (KV usage mean as a fraction; waiting requests mean)
+    "kv_usage_mean": {"precise": 0.593, "approximate": 0.690, "load": 0.741, "random": 0.750},
+    "waiting_mean": {"precise": 0.5, "approximate": 26.8, "load": 37.6, "random": 36.6},
+}
+#: the bundled benchmarks of the series (``llmd.bundled``): files, arms and the report's figures
+BENCHMARKS = {
+    "73-capacity": dict(dir=BUNDLED, epp=BUNDLED_EPP, published=PUBLISHED, published_all=PUBLISHED_ALL),
+    "37-capacity": dict(dir=BUNDLED_37, epp=BUNDLED_EPP_37, published=PUBLISHED_37, published_all=PUBLISHED_ALL_37),
+}
+
+DEFAULTS = dict(bundled="73-capacity", inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0,
+                overhead_ms=250.0, max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50,
+                load_gauges=1, max_running=256, seed=None)
 
 OVERHEAD_NOTE = ("assumption: fixed gateway / EPP / tokenizer / HTTP time outside the pods, added to every client "
                  "TTFT after the simulation; default 250 ms read off the 73-capacity report's lowest stage (precise "
@@ -270,13 +312,35 @@ def _model_of(model, ip) -> str:
         "of the model's config.json")
 
 
+def _published_vars(bench: dict, names, K: int) -> dict:
+    """The report's per-stage figures (``published_*``, the ladder after the warm-up stage) and summaries
+    (``published_*_all``) of a bundled benchmark, for the arms it names; none when the stages differ."""
+    tabs = bench["published"]
+    if K != len(next(iter(tabs["ttft_p90_s"].values()))) + 1:
+        return {}
+    dv = {}
+    for v, tab in tabs.items():
+        x = np.full((len(names), K), np.nan)
+        for i, a in enumerate(names):
+            if a in tab:
+                x[i, 1:] = tab[a]
+        dv[f"published_{v}"] = (("arm", "stage"), x)
+    for v, tab in bench["published_all"].items():
+        dv[f"published_{v}_all"] = (("arm",), np.array([tab.get(a, np.nan) for a in names]))
+    return dv
+
+
 def llmd_benchmark_study(cfg) -> xr.Dataset:
     t0 = time.perf_counter()
     try:
         lc = _llmd_cfg(cfg)
-        ip_path = Path(lc["inference_perf"]) if lc["inference_perf"] else BUNDLED / "inference-perf.yaml"
+        if lc["bundled"] not in BENCHMARKS:
+            raise LlmdBenchmarkError(f"llmd.bundled: {lc['bundled']!r} is not a bundled benchmark "
+                                     f"({sorted(BENCHMARKS)})")
+        bench = BENCHMARKS[lc["bundled"]]
+        ip_path = Path(lc["inference_perf"]) if lc["inference_perf"] else bench["dir"] / "inference-perf.yaml"
         ip = read_inference_perf(ip_path)
-        epp = lc["epp"] or {a: str(BUNDLED / f) for a, f in BUNDLED_EPP.items()}
+        epp = lc["epp"] or {a: str(bench["dir"] / f) for a, f in bench["epp"].items()}
         if not isinstance(epp, dict) or not epp:
             raise LlmdBenchmarkError("llmd.epp must be a mapping {ARM: FILE}")
         R = int(_get(cfg, "fleet.replicas", 8))
@@ -367,19 +431,12 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     dv["stage_drained"] = (("arm", "stage"), drained)
     dv["n_requests"] = (("stage",), n_stage)
     dv.update({v: (("arm",), x) for v, x in {**run_vars, **alls}.items()})
-    bundled = lc["inference_perf"] is None and lc["epp"] is None
-    if bundled and K == len(_R) + 1:
-        for v, tab in PUBLISHED.items():
-            x = np.full((len(names), K), np.nan)
-            for i, a in enumerate(names):
-                if a in tab:
-                    x[i, 1:] = tab[a]
-            dv[f"published_{v}"] = (("arm", "stage"), x)
-        for v, tab in PUBLISHED_ALL.items():
-            dv[f"published_{v}_all"] = (("arm",), np.array([tab.get(a, np.nan) for a in names]))
+    if lc["inference_perf"] is None and lc["epp"] is None:
+        dv.update(_published_vars(bench, names, K))
     ds = xr.Dataset(dv, coords=coords)
     ds.attrs.update(common_attrs(cfg, "llmd_benchmark", t0, dict(
-        inference_perf=str(ip_path), epp=repr({a: str(f) for a, f in epp.items()}), replicas=R, model=model, gpu=gpu,
+        bundled=lc["bundled"], inference_perf=str(ip_path), epp=repr({a: str(f) for a, f in epp.items()}), replicas=R,
+        model=model, gpu=gpu,
         tp=tp, block_tokens=bt, capacity_blocks=cap, step_source=step["source"], sched_source=sched["source"],
         knobs=repr({a: arms[a] for a in names}), base_knobs=repr(base), overhead_ms=ov,
         overhead_note=OVERHEAD_NOTE,
