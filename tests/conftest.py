@@ -7,9 +7,22 @@ crashed late in the session once it held that many)."""
 from __future__ import annotations
 
 import gc
+import getpass
+import os
+import tempfile
 
 import jax
 import pytest
+
+# JAX's persistent compilation cache, shared by the xdist workers and kept between runs: a module's programs are
+# released when it ends (below), and a later module or the other worker that compiles the same program (same HLO,
+# same flags, same jax version) loads it instead of compiling it again. Tracing still runs, so tests that count
+# traces or programs see what they saw before. CACHERESEARCH_TEST_JAX_CACHE names another folder; "off" disables it.
+_JAX_CACHE = os.environ.get("CACHERESEARCH_TEST_JAX_CACHE") or os.path.join(
+    tempfile.gettempdir(), f"cacheresearch-test-jax-cache-{getpass.getuser()}")
+if _JAX_CACHE != "off":
+    jax.config.update("jax_compilation_cache_dir", _JAX_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 #: parametrized cases that run only under ``-m slow`` (their cheaper siblings stay in the default suite)
 SLOW_CASES = {
@@ -23,6 +36,7 @@ SLOW_CASES = {
     "test_routing_experiments.py::test_latency_grows_with_load_and_copies_follow_the_router[llmd_blog]",
     "test_launchers.py::test_two_part_multirun_equals_single_process[submitit_local]",
     "test_notebooks.py::test_notebook_runs[seed_fleet.py]",
+    "test_chunks.py::test_study_kill_and_resume_is_identical",
 }
 
 
