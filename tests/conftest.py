@@ -9,7 +9,10 @@ from __future__ import annotations
 import gc
 import getpass
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import jax
 import pytest
@@ -20,6 +23,13 @@ import pytest
 # traces or programs see what they saw before. CACHERESEARCH_TEST_JAX_CACHE names another folder; "off" disables it.
 _JAX_CACHE = os.environ.get("CACHERESEARCH_TEST_JAX_CACHE") or os.path.join(
     tempfile.gettempdir(), f"cacheresearch-test-jax-cache-{getpass.getuser()}")
+# XLA's LLVM backend at optimisation level 0 for the tests (set before the backend starts, so the test processes
+# and the sweeps they start inherit it): compiling, not running, is most of a JAX test's time on a fresh checkout
+# (a vllm replica program: 51 -> 39 s for one test, cache off), and the level changes no result (no fast-math:
+# integers and IEEE floats come out the same). CACHERESEARCH_TEST_XLA_OPT=default keeps XLA's own level.
+if os.environ.get("CACHERESEARCH_TEST_XLA_OPT") != "default" and "xla_backend_optimization_level" not in os.environ.get(
+        "XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 if _JAX_CACHE != "off":
     jax.config.update("jax_compilation_cache_dir", _JAX_CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -40,15 +50,39 @@ SLOW_CASES = {
 }
 
 
-#: the longest test files (seconds, a 2-core run of the default suite), sent to the two xdist workers first
+#: the longest test files (seconds of their longest tests, a 2-core run of the default suite from a fresh checkout),
+#: sent to the two xdist workers first
 #: (``--dist loadfile --no-loadscope-reorder``): longest-first keeps one long file from running alone at the end.
 #: A scheduling hint only: a file missing here runs after these, in collection order.
 LONG_FILES = {
-    "test_engine.py": 112, "test_chunks.py": 104, "test_numba_vllm.py": 75, "test_libcachesim_parity.py": 61,
-    "test_bench.py": 58, "test_routing_experiments.py": 55, "test_batch.py": 55, "test_sweep.py": 53,
-    "test_ttl_trace.py": 49, "test_fleet.py": 43, "test_fit.py": 43, "test_replay.py": 36, "test_keys.py": 19,
-    "test_synthetic.py": 21, "test_analytic.py": 18,
+    "test_engine.py": 97, "test_fit_shapes.py": 91, "test_fleet.py": 78, "test_bench.py": 73, "test_ttl_trace.py": 66,
+    "test_batch.py": 63, "test_routing_experiments.py": 57, "test_replay.py": 41, "test_chunks.py": 41,
+    "test_fit_hard.py": 40, "test_fit.py": 34, "test_sweep.py": 27, "test_libcachesim_parity.py": 25,
+    "test_numba_vllm.py": 23, "test_analytic.py": 23, "test_keys.py": 8,
 }
+
+
+def pytest_configure(config):
+    """Before the xdist workers start, compile the numba kernels into numba's on-disk cache, the two parts in
+    two processes at once (about 90 s each on a fresh checkout, a few seconds when the cache is warm). Without it
+    both workers compile the same kernels at once when their first files need them, and the compile (not the
+    tests) is most of a fresh checkout's suite. CACHERESEARCH_TEST_WARM_NUMBA=0 skips it."""
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 2:
+        return
+    if os.environ.get("CACHERESEARCH_TEST_WARM_NUMBA") == "0":
+        return
+    try:
+        import numba  # noqa: F401, PLC0415
+    except ImportError:
+        return
+    script = Path(__file__).with_name("_warm_numba.py")
+    procs = [subprocess.Popen([sys.executable, str(script), part], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for part in ("vllm", "cache")]
+    for part, proc in zip(("vllm", "cache"), procs, strict=True):
+        out, _ = proc.communicate()
+        if proc.returncode:  # the tests that need the kernel then compile it themselves and report any error
+            sys.stderr.write(f"warming numba's {part} kernels failed (rc {proc.returncode}):\n{out[-2000:]}\n")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -106,7 +106,7 @@ def test_split_recovers_known_conversations(seed):
     assert _partition_equal(conv_a, request_structure(a).session)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # a second draw under -m slow
 def test_realistic_shapes_random_draws_hold(seed):
     rng = np.random.default_rng(200 + seed)
     cases = [generate_conversation_service(int(rng.integers(800, 1500)), seed=seed, **_draw_conversation(rng)),

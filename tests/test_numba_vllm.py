@@ -175,13 +175,16 @@ def test_gie_estimate_and_scrape_equal_jax_every_field():
             assert len(set(ref["replica"].tolist())) == 3
 
 
-@pytest.mark.parametrize("timeout", [0, 60, 120_000])
-def test_active_request_scorer_alone_equals_reference_and_jax(timeout):
+@pytest.mark.parametrize("timeout,jax_too", [
+    (0, False), (60, False), (120_000, False),
+    pytest.param(60, True, marks=pytest.mark.slow),  # the JAX replica's compile: about a minute on 2 cores
+])
+def test_active_request_scorer_alone_equals_reference_and_jax(timeout, jax_too):
     """The 37-capacity load arm in small (active-request 1 + kv-cache 1) and the active-request scorer alone:
-    numba, the reference and the JAX replica pick the same pod for every request, with the tracker's TTL
-    expiring entries (60 ms) or not (0, 2 min). Alone, the scorer spreads requests over every pod."""
+    numba, the reference and (``-m slow``) the JAX replica pick the same pod for every request, with the
+    tracker's TTL expiring entries (60 ms) or not (0, 2 min). Alone, the scorer spreads requests over every pod."""
     for wts in ((0, 100, 0, 0), (0, 0, 0, 0)):
-        ref = _gie_case(13, 80, 64, 4, 3, 25, 0, "precise", wts, 0, 0, 31_250, jax_too=timeout == 60, active=100,
+        ref = _gie_case(13, 80, 64, 4, 3, 25, 0, "precise", wts, 0, 0, 31_250, jax_too=jax_too, active=100,
                         timeout=timeout)
         assert len(set(ref["replica"].tolist())) == 3
 
@@ -197,20 +200,24 @@ def test_active_request_tracker_expiry_changes_the_picks():
     assert np.any(picks[0] != picks[1])
 
 
-@pytest.mark.parametrize("refresh", [0, 7, 50])
-def test_vllm_gauges_never_count_a_request_admitted_at_its_next_step(refresh):
+@pytest.mark.parametrize("refresh,jax_too", [
+    (0, False), (7, False), (50, False),
+    pytest.param(7, True, marks=pytest.mark.slow),  # the JAX replica's compile: about a minute on 2 cores
+])
+def test_vllm_gauges_never_count_a_request_admitted_at_its_next_step(refresh, jax_too):
     """load_gauges=1 (vLLM V1's num_requests_waiting as of the end of the last completed step): with a pool and
     a token budget that admit every request at the first step after its arrival, no request is ever counted
     waiting, so the queue scorer alone sees every pod equal and every pick is the tie rule over all pods
     (``floor(bits[1] R / 2**32)``); the replica's own state (load_gauges=0) counts a request from its arrival
-    to its next step, and the picks differ. Numba, the reference and (refresh 7) the JAX replica agree."""
+    to its next step, and the picks differ. Numba, the reference and (refresh 7, ``-m slow``) the JAX replica
+    agree."""
     R = 3
     w = _workload(11, 12, rate=60)
     kn = dict(capacity_blocks=4000, max_num_batched_tokens=100_000, max_num_seqs=64, gie_prefix_mode=0,
               gie_prefix_w_pct=0, gie_kv_w_pct=0, gie_queue_w_pct=100, load_refresh_ms=refresh)
     bits = np.asarray(request_bits(jax.random.key(0), w.n_requests + 1))[: w.n_requests]
     tie = (bits[:, 1].astype(np.uint64) * np.uint64(R)) >> np.uint64(32)
-    ref1 = _compare(w, R=R, router="gie", S=64, Q=64, jax_too=refresh == 7, load_gauges=1, **kn)
+    ref1 = _compare(w, R=R, router="gie", S=64, Q=64, jax_too=jax_too, load_gauges=1, **kn)
     np.testing.assert_array_equal(ref1["replica"], tie.astype(np.int64))
     ref0 = _compare(w, R=R, router="gie", S=64, Q=64, jax_too=False, load_gauges=0, **kn)
     assert np.any(ref0["replica"] != ref1["replica"])

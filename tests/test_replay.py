@@ -128,7 +128,7 @@ def assert_backends_equal(streams, stream_of, P, seeds, **opts):
             np.testing.assert_array_equal(a, b, err_msg=f)
 
 
-@settings(HYP, max_examples=5)
+@settings(HYP, max_examples=3)  # 50 in the -m slow sibling below
 @given(w=st.one_of(tree_workloads(), long_run_workloads()), out=st.lists(st.integers(0, 300), min_size=1, max_size=5),
        configs=FLEET, seed=st.integers(0, 3), match=st.booleans(), queue=st.booleans(), slots=st.sampled_from([1, 3]))
 def test_numba_backend_equals_jax_with_queue(w, out, configs, seed, match, queue, slots):
