@@ -37,9 +37,8 @@ def cache() -> None:
 
     w = _workload()
     p = make_params("lru", capacity_blocks=32, replicas=2, router="random")
-    nc.replay_grid(w, [p], [jax.random.key(0)], max_replicas=2)
     s = compile_stream(w)
-    for queue in (False, True):  # the sweep's path: the queue model on or off
+    for queue in (False, True):  # the queue model off (replay_grid's kernel, the same signature) and on
         st = static_options(p, max_replicas=2, per_request=True, queue=queue)
         nc.run_stream(s, [p], [jax.random.key(0)], st)
     for policy in ("fifo", "sieve", "s3fifo", "lfu", "arc"):
