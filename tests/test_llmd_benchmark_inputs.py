@@ -17,6 +17,7 @@ from cacheresearch.workload.inference_perf import (
     read_inference_perf,
     shared_prefix_workload,
     stage_drained,
+    stage_notes,
 )
 
 IP = BUNDLED / "inference-perf.yaml"
@@ -172,6 +173,48 @@ def test_inference_perf_broken_files(tmp_path):
             read_inference_perf(_write(tmp_path, name, text))
 
 
+WARM_TEXTS = {
+    # the series' three ways of marking a warm-up (73-capacity, 37-capacity, load-with-headroom), then none
+    "above": ("load:\n  type: poisson\n  stages:\n    # Warmup - seat residents\n    - rate: 15\n      duration: 50"
+              "\n\n    # Main ladder\n    - rate: 3\n      duration: 20\n", 1),
+    "inline": ("load:\n  stages:\n    - rate: 10           # warmup phase\n      duration: 25\n    - rate: 3\n"
+               "      duration: 210\n", 1),
+    "on duration, two": ("load:\n  stages:\n    - rate: 10\n      duration: 20 # PREWARM\n    - rate: 12\n"
+                         "      duration: 5 # Warm-up 2\n    - rate: 3\n      duration: 9\n", 2),
+    "none": ("load:\n  type: constant\n  stages:\n  - rate: 2\n    duration: 50\n  - rate: 5\n    duration: 50\n"
+             "api:\n  type: completion  # warm words outside the stages do not count\n", 0),
+    "not leading": ("# warm-up of the header: not a stage\nload:\n  stages:\n    - rate: 2\n      duration: 5\n"
+                    "    - rate: 9 # warm again\n      duration: 5\n", 0),
+}
+
+
+def test_warmup_stages_are_read_from_the_files_comments(tmp_path):
+    """``llmd.warmup_stages=auto``: the leading stages whose YAML comments name a warm-up, as the series marks
+    them; the bundled files' first stages; an integer overrides; a bad value is a clear error."""
+    from cacheresearch.studies.base import StudyError
+    from cacheresearch.studies.llmd_benchmark import _warmup
+
+    for name, (text, n) in WARM_TEXTS.items():
+        doc = __import__("yaml").safe_load(text)
+        k = len(doc["load"]["stages"])
+        notes = stage_notes(text, k)
+        assert len(notes) == k, name
+        body = text + "data:\n  type: shared_prefix\n  shared_prefix: {num_groups: 2, num_prompts_per_group: 1, " \
+            "system_prompt_len: 8, question_len: 4, output_len: 2}\n"
+        c = read_inference_perf(_write(tmp_path, "w.yaml", body))
+        assert c.warmup_stages == n, (name, c.stage_notes)
+        assert _warmup("auto", c, k)[0] == n
+    assert stage_notes("load:\n  stages: [{rate: 1, duration: 2}]\n", 1) == ("",)  # flow style: no notes
+    assert read_inference_perf(IP).warmup_stages == 1
+    assert read_inference_perf(BUNDLED_37 / "inference-perf.yaml").warmup_stages == 1
+    c = read_inference_perf(IP)
+    assert _warmup(3, c, 17) == (3, "llmd.warmup_stages") and _warmup(None, c, 17)[0] == 1
+    with pytest.raises(StudyError, match="auto or an integer"):
+        _warmup("first", c, 17)
+    with pytest.raises(StudyError, match=r"in \[0, 16\]"):
+        _warmup(17, c, 17)
+
+
 def test_prompt_order_and_stages_follow_inference_perf():
     c = read_inference_perf(IP)
     w = shared_prefix_workload(c, block_tokens=64, seed=3, stage_gap_s=100, max_requests_per_stage=900)
@@ -229,7 +272,7 @@ def test_roofline_against_blis():
 SMALL_IP = """load:
   type: poisson
   stages:
-    - rate: 4
+    - rate: 4  # warm-up
       duration: 3
     - rate: 8
       duration: 3

@@ -26,7 +26,8 @@ Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_
 ``kv_usage_mean`` (KV blocks in use / pool) and ``waiting_mean`` (waiting requests per pod), time means
 over each stage's span (start to last finish), ``stage_drained``, ``n_requests``; per arm the whole run's
 time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps included), ``preemptions``,
-``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default 1)
+``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default auto: the
+leading stages the file's comments mark as warm-up)
 ``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all`` as the series'
 report generator computes its "Summary across QPS" (:func:`report_summary`: the p90 is a successes-weighted
 mean of per-stage p90s, the throughput a plain mean of per-stage throughputs), ``ttft_p90_s_pooled_all``
@@ -161,7 +162,7 @@ BENCHMARKS = {
     "37-capacity": dict(dir=BUNDLED_37, epp=BUNDLED_EPP_37, published=PUBLISHED_37, published_all=PUBLISHED_ALL_37),
 }
 
-DEFAULTS = dict(bundled="73-capacity", inference_perf=None, epp=None, warmup_stages=1, stage_gap_s=600.0,
+DEFAULTS = dict(bundled="73-capacity", inference_perf=None, epp=None, warmup_stages="auto", stage_gap_s=600.0,
                 overhead_ms=250.0, max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50,
                 load_gauges=1, max_running=256, seed=None)
 
@@ -385,9 +386,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     seqs_capped = int(base["max_num_seqs"]) > S
     base["max_num_seqs"] = min(int(base["max_num_seqs"]), S)  # the static bound, stated in the attrs
     ov = float(lc["overhead_ms"])
-    warm = int(lc["warmup_stages"])
-    if not 0 <= warm < K:
-        raise StudyError(f"llmd.warmup_stages must be in [0, {K - 1}], got {warm}")
+    warm, warm_src = _warmup(lc["warmup_stages"], ip, K)
     names = list(arms)
     per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
                                                           "requests_per_s", "token_hit_rate", "kv_usage_mean",
@@ -444,10 +443,27 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         bytes_per_token_note="assumption: prompt bytes per token, for GIE's byte-block hashes (GIE's own guess: 4)",
         metrics_refresh_ms=refresh, gie_hash_configs=repr(confs),
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
-        stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, max_running=S, queue_slots=Q,
+        stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, warmup_source=warm_src, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
         all_stages_drained=int(drained.all()))))
     return ds
+
+
+def _warmup(v, ip, K: int) -> tuple[int, str]:
+    """``llmd.warmup_stages``: ``auto`` reads the file's stage comments (:attr:`InferencePerfConfig.warmup_stages`),
+    an integer is taken as given; either must leave at least one stage in the ladder."""
+    if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+        warm = ip.warmup_stages
+        src = (f"auto: stage comment {ip.stage_notes[0]!r}" if warm else "auto: no stage comment names a warm-up")
+    else:
+        try:
+            warm = int(v)
+        except (TypeError, ValueError):
+            raise StudyError(f"llmd.warmup_stages must be auto or an integer, got {v!r}") from None
+        src = "llmd.warmup_stages"
+    if not 0 <= warm < K:
+        raise StudyError(f"llmd.warmup_stages must be in [0, {K - 1}], got {warm} ({src})")
+    return warm, src
 
 
 def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
@@ -456,6 +472,8 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              f"{ds.attrs['capacity_blocks']} blocks of {ds.attrs['block_tokens']}; {ds.attrs['step_source']}",
              f"reduced run: {ds.attrs['max_requests_per_stage']} requests per stage at most" if
              ds.attrs.get("max_requests_per_stage", -1) >= 0 else "full run",
+             f"warm-up stages left out of the summaries: {ds.attrs['warmup_stages']} "
+             f"({ds.attrs.get('warmup_source', 'llmd.warmup_stages')})",
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}", ""]
     last = int(ds.stage.values[-1])
     rate = f"{float(ds.stage_rate.sel(stage=last)):g}"  # the last stage (60 QPS in the bundled files)

@@ -13,6 +13,13 @@ What inference-perf does (``inference_perf/datagen/shared_prefix_datagen.py`` an
   gaps of mean ``1 / rate``) or constant (gaps of exactly ``1 / rate``).
 * inference-perf waits for every request of a stage to finish before it starts the next one.
 
+Warm-up stages are not a field of inference-perf's schema: the series marks them with a YAML comment
+(``# PREWARM``, ``# warmup phase``, ``# Warmup — seat residents``). :func:`stage_notes` keeps the comments
+of each stage item (full-line comments directly above it and comments on its own lines), and
+``InferencePerfConfig.warmup_stages`` counts the leading stages whose notes name a warm-up (``warm``,
+any case); a file without such a comment has none. This reading of comments is a heuristic, stated in
+the study's summary; ``llmd.warmup_stages=N`` overrides it.
+
 The simulator takes arrival times fixed before the run, so the drain is reproduced by starting stage
 ``k + 1`` a gap ``stage_gap_s`` after stage ``k``'s last send: the pools are LRU (order-based, no TTL),
 so an idle gap changes nothing but lets the queues empty. Whether each gap was long enough is checked
@@ -25,6 +32,7 @@ structure (which blocks are shared) is what matters here, not the text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +42,7 @@ import yaml
 from cacheresearch.workload.synthetic import extend_keys, hash_rows, random_tokens
 from cacheresearch.workload.table import Workload
 
-__all__ = ["InferencePerfError", "Stage", "SharedPrefix", "InferencePerfConfig", "read_inference_perf",
+__all__ = ["InferencePerfError", "Stage", "SharedPrefix", "InferencePerfConfig", "read_inference_perf", "stage_notes",
            "prompt_order", "stage_arrivals_ms", "shared_prefix_workload", "stage_drained"]
 
 _TOP = {"load", "api", "server", "tokenizer", "data", "report", "storage", "metrics"}
@@ -77,6 +85,60 @@ class InferencePerfConfig:
     ignore_eos: bool
     model_name: str
     tokenizer_name: str = ""  # tokenizer.pretrained_model_name_or_path
+    stage_notes: tuple[str, ...] = ()  # the YAML comments of each stage item (:func:`stage_notes`)
+
+    @property
+    def warmup_stages(self) -> int:
+        """Leading stages whose comments name a warm-up (``warm`` in any case: PREWARM, warmup, Warm-up)."""
+        n = 0
+        for note in self.stage_notes:
+            if not _WARM.search(note):
+                break
+            n += 1
+        return n
+
+
+_WARM = re.compile(r"warm", re.IGNORECASE)
+
+
+def stage_notes(text: str, n_stages: int) -> tuple[str, ...]:
+    """The comments of each item of ``load.stages`` in a YAML text: full-line comments between the
+    previous item (or ``stages:``) and the item, and comments at the end of the item's own lines.
+    A line-based reading of block-style YAML (what the series' files use); an item it cannot find
+    gets an empty note (flow-style lists, anchors: no comments are read, nothing fails)."""
+    lines = text.splitlines()
+    notes: list[list[str]] = []
+    in_load = in_stages = False
+    load_ind = st_ind = -1
+    pending: list[str] = []
+    for raw in lines:
+        body = raw.split("#", 1)[0] if not raw.lstrip().startswith("#") else ""
+        com = raw.split("#", 1)[1].strip() if "#" in raw else ""
+        ind = len(raw) - len(raw.lstrip())
+        if not raw.strip():
+            continue
+        if not in_load:
+            if body.strip() == "load:" and ind == 0:
+                in_load, load_ind = True, ind
+            continue
+        if body.strip() and ind <= load_ind:
+            break  # the next top-level key
+        if not in_stages:
+            if body.strip() == "stages:":
+                in_stages, st_ind = True, ind
+            continue
+        if not body.strip():  # a full-line comment: it belongs to the next item
+            pending.append(com)
+            continue
+        if ind <= st_ind and not body.lstrip().startswith("-"):
+            break  # a sibling key of stages
+        if body.lstrip().startswith("-"):
+            notes.append(pending + ([com] if com else []))
+            pending = []
+        elif notes and com:
+            notes[-1].append(com)
+    out = [" ".join(n) for n in notes[:n_stages]]
+    return tuple(out + [""] * (n_stages - len(out)))
 
 
 def _err(path, key, msg):
@@ -89,7 +151,8 @@ def read_inference_perf(path) -> InferencePerfConfig:
     ``server.model_name`` / ``tokenizer.pretrained_model_name_or_path`` are read)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
     except OSError as e:
         raise InferencePerfError(f"{path}: cannot read: {e}") from None
     except yaml.YAMLError as e:
@@ -159,7 +222,8 @@ def read_inference_perf(path) -> InferencePerfConfig:
         raise _err(path, "tokenizer", "must be a mapping")
     return InferencePerfConfig(file=str(path), load_type=lt, stages=tuple(stages), data=SharedPrefix(**vals),
                                ignore_eos=ignore_eos, model_name=str(server.get("model_name", "") or ""),
-                               tokenizer_name=str(tok.get("pretrained_model_name_or_path", "") or ""))
+                               tokenizer_name=str(tok.get("pretrained_model_name_or_path", "") or ""),
+                               stage_notes=stage_notes(text, len(stages)))
 
 
 def prompt_order(n_prompts: int, seed: int) -> np.ndarray:
