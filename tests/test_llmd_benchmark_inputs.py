@@ -215,6 +215,53 @@ def test_warmup_stages_are_read_from_the_files_comments(tmp_path):
         _warmup(17, c, 17)
 
 
+NEWER_IP = """load:
+  type: constant
+  request_timeout: 60
+  num_workers: 2
+  worker_max_concurrency: 50
+  worker_max_tcp_connections: 10
+  circuit_breakers: []
+  base_seed: 7
+  stages:
+  - rate: 2
+    duration: 5
+data:
+  type: shared_prefix
+  shared_prefix:
+    num_unique_system_prompts: 3
+    num_users_per_system_prompt: 2
+    system_prompt_len: 40
+    question_distribution: null
+    enable_multi_turn_chat: false
+"""
+
+
+def test_inference_perf_defaults_aliases_and_client_keys(tmp_path):
+    """Files written for newer inference-perf releases: its aliases, its defaults for a parameter left out, its
+    client-side load keys accepted, request_timeout read; what cannot be modelled is a clear error."""
+    c = read_inference_perf(_write(tmp_path, "n.yaml", NEWER_IP))
+    d = c.data
+    assert (d.num_groups, d.num_prompts_per_group, d.system_prompt_len, d.question_len, d.output_len) == \
+        (3, 2, 40, 50, 50)  # question_len and output_len: inference-perf's defaults
+    assert c.request_timeout_s == 60.0 and c.stages[0].n_requests == 10
+    bad = {
+        "m.yaml": (NEWER_IP.replace("enable_multi_turn_chat: false", "enable_multi_turn_chat: true"),
+                   r"enable_multi_turn_chat: not supported"),
+        "l.yaml": (NEWER_IP.replace("system_prompt_len: 40", "system_prompt_len: {min: 1, max: 5}"),
+                   r"system_prompt_len: a length distribution"),
+        "q.yaml": (NEWER_IP.replace("question_distribution: null", "question_distribution: {min: 1}"),
+                   r"question_distribution: not supported"),
+        "a.yaml": (NEWER_IP + "    num_groups: 4\n", r"num_unique_system_prompts: an alias of num_groups"),
+        "t.yaml": (NEWER_IP.replace("request_timeout: 60", "request_timeout: 0"), r"load\.request_timeout"),
+        "r.yaml": (NEWER_IP.replace("base_seed: 7", "trace: {file: x.csv}"), r"load\.trace: not supported"),
+        "k.yaml": (NEWER_IP.replace("base_seed: 7", "bogus_key: 1"), r"load\.bogus_key: unknown key"),
+    }
+    for name, (text, key) in bad.items():
+        with pytest.raises(InferencePerfError, match=rf"{name}: .*{key}"):
+            read_inference_perf(_write(tmp_path, name, text))
+
+
 def test_prompt_order_and_stages_follow_inference_perf():
     c = read_inference_perf(IP)
     w = shared_prefix_workload(c, block_tokens=64, seed=3, stage_gap_s=100, max_requests_per_stage=900)

@@ -47,6 +47,19 @@ __all__ = ["InferencePerfError", "Stage", "SharedPrefix", "InferencePerfConfig",
 
 _TOP = {"load", "api", "server", "tokenizer", "data", "report", "storage", "metrics"}
 _SHARED = ("num_groups", "num_prompts_per_group", "system_prompt_len", "question_len", "output_len")
+#: inference-perf's own defaults of ``SharedPrefix`` (``config.py``): a parameter the file leaves out takes them
+_SHARED_DEFAULTS = dict(num_groups=10, num_prompts_per_group=10, system_prompt_len=100, question_len=50,
+                        output_len=50)
+#: inference-perf's aliases (newer releases: ``AliasChoices``)
+_SHARED_ALIASES = {"num_unique_system_prompts": "num_groups", "num_users_per_system_prompt": "num_prompts_per_group"}
+#: ``shared_prefix`` keys inference-perf knows that only their neutral value can take here
+_SHARED_NEUTRAL = {"enable_multi_turn_chat": (False, None), "question_distribution": (None,),
+                   "output_distribution": (None,)}
+#: ``load`` keys of inference-perf's ``LoadConfig`` that are read or accepted (client-side settings that do not
+#: change the sent workload: worker counts, TCP connections, circuit breakers, the data seed)
+_LOAD_KEYS = ("type", "stages", "interval", "sweep", "num_workers", "worker_max_concurrency",
+              "worker_max_tcp_connections", "circuit_breakers", "request_timeout", "base_seed", "trace",
+              "lora_traffic_split")
 
 
 class InferencePerfError(ValueError):
@@ -85,6 +98,7 @@ class InferencePerfConfig:
     ignore_eos: bool
     model_name: str
     tokenizer_name: str = ""  # tokenizer.pretrained_model_name_or_path
+    request_timeout_s: float | None = None  # load.request_timeout: read, not modelled (no request is cut off)
     stage_notes: tuple[str, ...] = ()  # the YAML comments of each stage item (:func:`stage_notes`)
 
     @property
@@ -148,7 +162,11 @@ def _err(path, key, msg):
 def read_inference_perf(path) -> InferencePerfConfig:
     """Parse an inference-perf YAML file (``load``, ``data.type: shared_prefix``; ``api``, ``server``,
     ``tokenizer``, ``report``, ``storage`` are accepted and only ``server.ignore_eos`` /
-    ``server.model_name`` / ``tokenizer.pretrained_model_name_or_path`` are read)."""
+    ``server.model_name`` / ``tokenizer.pretrained_model_name_or_path`` are read). ``shared_prefix``
+    parameters take inference-perf's defaults where left out and its aliases (``num_unique_system_prompts``,
+    ``num_users_per_system_prompt``); length distributions and multi-turn chat are clear errors. The
+    client-side ``load`` keys (workers, connections, circuit breakers, seed) are accepted and change nothing
+    sent; ``load.request_timeout`` is read (``request_timeout_s``) but not modelled."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -166,8 +184,14 @@ def read_inference_perf(path) -> InferencePerfConfig:
     if not isinstance(load, dict):
         raise _err(path, "load", "missing (a mapping with type and stages)")
     for k in load:
-        if k not in ("type", "stages", "interval", "sweep", "num_workers", "worker_max_concurrency"):
-            raise _err(path, f"load.{k}", "unknown key; expected type, stages")
+        if k not in _LOAD_KEYS:
+            raise _err(path, f"load.{k}", f"unknown key; inference-perf's load keys: {list(_LOAD_KEYS)}")
+    for k in ("trace", "lora_traffic_split"):
+        if load.get(k):
+            raise _err(path, f"load.{k}", "not supported (shared_prefix stages only)")
+    timeout = load.get("request_timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise _err(path, "load.request_timeout", f"must be a number of seconds > 0, got {timeout!r}")
     lt = load.get("type", "constant")
     if lt not in ("constant", "poisson"):
         raise _err(path, "load.type", f"must be constant or poisson, got {lt!r}")
@@ -199,14 +223,23 @@ def read_inference_perf(path) -> InferencePerfConfig:
     sp = data.get("shared_prefix")
     if not isinstance(sp, dict):
         raise _err(path, "data.shared_prefix", "missing (a mapping of its parameters)")
+    sp = dict(sp)
+    for a, k in _SHARED_ALIASES.items():
+        if a in sp:
+            if k in sp:
+                raise _err(path, f"data.shared_prefix.{a}", f"an alias of {k}, which is also given")
+            sp[k] = sp.pop(a)
     for k in sp:
-        if k not in _SHARED:
+        if k in _SHARED_NEUTRAL:
+            if sp[k] not in _SHARED_NEUTRAL[k]:
+                raise _err(path, f"data.shared_prefix.{k}", f"not supported (fixed lengths, one turn), got {sp[k]!r}")
+        elif k not in _SHARED:
             raise _err(path, f"data.shared_prefix.{k}", f"unknown parameter; known: {list(_SHARED)}")
     vals = {}
     for k in _SHARED:
-        if k not in sp:
-            raise _err(path, f"data.shared_prefix.{k}", "missing")
-        v = sp[k]
+        v = sp.get(k, _SHARED_DEFAULTS[k])  # inference-perf's default where the file leaves it out
+        if isinstance(v, dict):
+            raise _err(path, f"data.shared_prefix.{k}", "a length distribution is not supported (fixed lengths)")
         lo = 0 if k == "question_len" else 1
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise _err(path, f"data.shared_prefix.{k}", f"must be an integer >= {lo}, got {v!r}")
@@ -223,7 +256,8 @@ def read_inference_perf(path) -> InferencePerfConfig:
     return InferencePerfConfig(file=str(path), load_type=lt, stages=tuple(stages), data=SharedPrefix(**vals),
                                ignore_eos=ignore_eos, model_name=str(server.get("model_name", "") or ""),
                                tokenizer_name=str(tok.get("pretrained_model_name_or_path", "") or ""),
-                               stage_notes=stage_notes(text, len(stages)))
+                               stage_notes=stage_notes(text, len(stages)),
+                               request_timeout_s=None if timeout is None else float(timeout))
 
 
 def prompt_order(n_prompts: int, seed: int) -> np.ndarray:
