@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from cacheresearch.replica.roofline import BLIS, EFF, blis_check, step_coefficients, vllm_scheduler_defaults
-from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, go_duration_ms, read_epp
+from cacheresearch.routers.epp import (
+    EppConfigError,
+    epp_hash_config,
+    epp_knobs,
+    estimate_params,
+    go_duration_ms,
+    read_epp,
+)
 from cacheresearch.studies.llmd_benchmark import BENCHMARKS, BUNDLED, BUNDLED_37, BUNDLED_EPP_37
 from cacheresearch.workload.inference_perf import (
     InferencePerfError,
@@ -135,6 +142,35 @@ schedulingProfiles:
   - pluginRef: queue-scorer
   - pluginRef: max-score-picker
 """
+
+
+def test_estimate_parameters_of_later_gie_releases(tmp_path):
+    """The estimate-mode prefix scorer's keys as each GIE release reads them: v0.5's hashBlockSize (bytes);
+    blockSize (characters); later releases' blockSizeTokens (4 characters each), maxPrefixTokensToMatch, and
+    autoTune (their default) taking the block size and the LRU capacity from the pods."""
+    def spec(params):
+        text = EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n  parameters:\n" +
+                              "".join(f"    {k}: {v}\n" for k, v in params.items()))
+        return read_epp(_write(tmp_path, "e.yaml", text))
+
+    def both(params, bt=64, cap=625):
+        sp = spec(params)
+        return epp_hash_config(sp, block_tokens=bt, capacity_blocks=cap), \
+            epp_knobs(sp, block_tokens=bt, capacity_blocks=cap)["gie_lru_capacity"]
+
+    assert both({"hashBlockSize": 256, "lruCapacityPerServer": 2200}) == ((256, 256), 2200)  # v0.5: pods unread
+    assert both({"blockSize": 128}) == ((128, 256), 31_250)  # characters, v0.5's other defaults
+    assert both({"blockSizeTokens": 32, "autoTune": "false"}) == ((128, 256), 31_250)
+    assert both({"blockSizeTokens": 32, "autoTune": "false", "maxPrefixTokensToMatch": 1024}) == ((128, 32), 31_250)
+    # autoTune (the later releases' default): vLLM's block size and GPU blocks, whatever the file's block size
+    assert both({"blockSizeTokens": 32}) == ((256, 256), 625)
+    assert both({"autoTune": "true", "lruCapacityPerServer": 99}, bt=16, cap=4802) == ((64, 256), 4802)
+    assert estimate_params({"autoTune": True})["auto_tune"] and not estimate_params({})["auto_tune"]
+    for params, key in (({"hashBlockSize": 64, "blockSizeTokens": 16}, "give one block size"),
+                        ({"autoTune": 3}, "autoTune: must be true or false"),
+                        ({"blockSizeTokens": 0}, r"blockSizeTokens: must be an integer >= 1")):
+        with pytest.raises(EppConfigError, match=key):
+            spec(params)
 
 
 def test_epp_defaults_and_broken_files(tmp_path):

@@ -9,6 +9,8 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
   31,250) -> ``view=approximate``, ``gie_prefix_mode=1``; ``mode: cache_tracking`` (llm-d's precise mode,
   ``indexerConfig.tokenProcessorConfig.blockSize`` tokens, which must equal vLLM's block size) ->
   ``view=precise``, ``gie_prefix_mode=2``;
+* ``prefix-cache-scorer`` of later GIE releases: ``blockSize`` (characters) or ``blockSizeTokens`` with
+  ``autoTune`` and ``maxPrefixTokensToMatch`` (:func:`estimate_params` says how each release reads them);
 * ``precise-prefix-cache-scorer`` (the later name of cache_tracking): ``indexerConfig`` as above;
 * ``queue-scorer``, ``kv-cache-scorer`` (also ``kv-cache-utilization-scorer``), ``load-aware-scorer``
   (``threshold``, default 128);
@@ -40,12 +42,17 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["EppConfigError", "GIE_DEFAULTS", "DEFAULT_REQUEST_TIMEOUT_MS", "go_duration_ms", "read_epp", "epp_knobs",
-           "epp_hash_config"]
+__all__ = ["EppConfigError", "GIE_DEFAULTS", "GIE_LATER", "estimate_params", "DEFAULT_REQUEST_TIMEOUT_MS",
+           "go_duration_ms", "read_epp", "epp_knobs", "epp_hash_config"]
 
 #: GIE v0.5.1 ``prefix`` plugin defaults (``DefaultHashBlockSize``, ``DefaultMaxPrefixBlocks``,
 #: ``DefaultLRUCapacityPerServer``) and llm-d's load-aware threshold.
 GIE_DEFAULTS = dict(hashBlockSize=64, maxPrefixBlocksToMatch=256, lruCapacityPerServer=31_250, threshold=128)
+#: later GIE releases' prefix plugin: blocks in tokens (``blockSizeTokens``, default 16), hashed as
+#: ``averageCharactersPerToken`` (4) characters each; ``autoTune`` (default true) takes the block size and
+#: the LRU capacity from the pods' metrics (vLLM's block size, its number of GPU blocks)
+GIE_LATER = dict(blockSizeTokens=16, averageCharactersPerToken=4, autoTune=True)
+_LATER_KEYS = ("blockSizeTokens", "autoTune", "maxPrefixTokensToMatch")
 
 _TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles"}
 _INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
@@ -54,7 +61,7 @@ _INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
 _PARAMS = {
     "single-profile-handler": set(),
     "prefix-cache-scorer": {"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "mode",
-                            "indexerConfig"},
+                            "indexerConfig", "blockSize", "blockSizeTokens", "autoTune", "maxPrefixTokensToMatch"},
     "precise-prefix-cache-scorer": {"indexerConfig", "kvEventsConfig"},
     "queue-scorer": set(),
     "kv-cache-scorer": set(),
@@ -191,7 +198,13 @@ def read_epp(path) -> dict:
 
 
 def _check_params(path, where, t, params):
-    for k in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "threshold", "maxNumOfEndpoints"):
+    if "autoTune" in params and not isinstance(params["autoTune"], bool):
+        raise _err(path, f"{where}.parameters.autoTune", f"must be true or false, got {params['autoTune']!r}")
+    if "hashBlockSize" in params and any(k in params for k in ("blockSize", "blockSizeTokens")):
+        raise _err(path, f"{where}.parameters.hashBlockSize", "give one block size (hashBlockSize of GIE v0.5, "
+                   "blockSize or blockSizeTokens of later releases), not several")
+    for k in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "threshold", "maxNumOfEndpoints",
+              "blockSize", "blockSizeTokens", "maxPrefixTokensToMatch"):
         if k in params:
             _pos_int(path, f"{where}.parameters.{k}", params[k])
     if "requestTimeout" in params:
@@ -227,17 +240,51 @@ def _estimate(params) -> bool:
     return params.get("mode", "estimate") == "estimate"
 
 
-def epp_hash_config(spec: dict) -> tuple[int, int] | None:
-    """``(hashBlockSize, maxPrefixBlocksToMatch)`` of the profile's estimate-mode prefix scorer (None
-    without one)."""
+def estimate_params(params: dict, *, block_tokens: int | None = None,
+                    capacity_blocks: int | None = None) -> dict:
+    """The estimate-mode prefix scorer's hash block (bytes), blocks matched and LRU hashes per pod, by the
+    GIE release its keys belong to:
+
+    * v0.5 (the series' benchmarks): ``hashBlockSize`` bytes (default 64), ``maxPrefixBlocksToMatch`` (256),
+      ``lruCapacityPerServer`` (31,250);
+    * a release between: ``blockSize`` in characters (bytes), the same other keys;
+    * later releases (any of ``blockSizeTokens``, ``autoTune``, ``maxPrefixTokensToMatch``): blocks of
+      ``blockSizeTokens`` tokens (default 16) hashed as 4 characters per token; ``maxPrefixTokensToMatch``
+      > 0 sets the blocks matched (tokens // block); ``autoTune`` (default true there) takes the block size
+      from the pods' vLLM block size (``block_tokens``) and the LRU capacity from their GPU blocks
+      (``capacity_blocks``), as GIE reads them from the pods' metrics.
+    """
+    later = any(k in params for k in _LATER_KEYS)
+    mb = int(params.get("maxPrefixBlocksToMatch", GIE_DEFAULTS["maxPrefixBlocksToMatch"]))
+    lru = int(params.get("lruCapacityPerServer", GIE_DEFAULTS["lruCapacityPerServer"]))
+    if not later:
+        hb = int(params.get("hashBlockSize", params.get("blockSize", GIE_DEFAULTS["hashBlockSize"])))
+        return dict(hash_block_bytes=hb, max_blocks=mb, lru_capacity=lru, auto_tune=False)
+    auto = bool(params.get("autoTune", GIE_LATER["autoTune"]))
+    bst = int(params.get("blockSizeTokens", GIE_LATER["blockSizeTokens"]))
+    if auto and block_tokens:
+        bst = int(block_tokens)
+    if auto and capacity_blocks:
+        lru = int(capacity_blocks)
+    mt = int(params.get("maxPrefixTokensToMatch", 0) or 0)
+    if mt > 0:
+        mb = max(1, mt // bst)
+    return dict(hash_block_bytes=bst * GIE_LATER["averageCharactersPerToken"], max_blocks=mb, lru_capacity=lru,
+                auto_tune=auto)
+
+
+def epp_hash_config(spec: dict, *, block_tokens: int | None = None,
+                    capacity_blocks: int | None = None) -> tuple[int, int] | None:
+    """``(hash block bytes, blocks matched)`` of the profile's estimate-mode prefix scorer (None without one):
+    :func:`estimate_params`."""
     for t, _, params in spec["scorers"]:
         if t == "prefix-cache-scorer" and _estimate(params):
-            return (int(params.get("hashBlockSize", GIE_DEFAULTS["hashBlockSize"])),
-                    int(params.get("maxPrefixBlocksToMatch", GIE_DEFAULTS["maxPrefixBlocksToMatch"])))
+            e = estimate_params(params, block_tokens=block_tokens, capacity_blocks=capacity_blocks)
+            return (e["hash_block_bytes"], e["max_blocks"])
     return None
 
 
-def epp_knobs(spec: dict, *, block_tokens: int) -> dict:
+def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = None) -> dict:
     """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
     ``block_tokens``-token blocks. The estimate mode's hashes are the stream's (:func:`epp_hash_config`)."""
     path = spec["file"]
@@ -269,6 +316,6 @@ def epp_knobs(spec: dict, *, block_tokens: int) -> dict:
                            "the precise index would never match")
             kn.update(gie_prefix_mode=2, gie_prefix_w_pct=_pct(w), view="precise")
         else:
-            lru = int(params.get("lruCapacityPerServer", GIE_DEFAULTS["lruCapacityPerServer"]))
+            lru = estimate_params(params, block_tokens=block_tokens, capacity_blocks=capacity_blocks)["lru_capacity"]
             kn.update(gie_prefix_mode=1, gie_prefix_w_pct=_pct(w), view="gie_estimate", gie_lru_capacity=lru)
     return kn

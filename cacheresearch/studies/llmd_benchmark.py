@@ -354,8 +354,8 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
             model, gpu, tp=tp, block_tokens=bt, kv_dtype=str(_get(cfg, "replica.kv_dtype", "bf16")),
             gpu_memory_utilization=float(_get(cfg, "replica.gpu_memory_utilization", 0.9)))
         specs = {a: read_epp(f) for a, f in epp.items()}
-        arms = {a: epp_knobs(sp, block_tokens=bt) for a, sp in specs.items()}
-        hcfg = {a: epp_hash_config(sp) for a, sp in specs.items()}
+        arms = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
+        hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
         refresh = int(lc["metrics_refresh_ms"])
         if refresh < 0:
             raise LlmdBenchmarkError(f"llmd.metrics_refresh_ms must be >= 0, got {refresh}")
