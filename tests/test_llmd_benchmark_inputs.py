@@ -166,6 +166,10 @@ def test_estimate_parameters_of_later_gie_releases(tmp_path):
     assert both({"blockSizeTokens": 32}) == ((256, 256), 625)
     assert both({"autoTune": "true", "lruCapacityPerServer": 99}, bt=16, cap=4802) == ((64, 256), 4802)
     assert estimate_params({"autoTune": True})["auto_tune"] and not estimate_params({})["auto_tune"]
+    later = EPP_OK + "featureGates: [prepareDataPlugins]\nsaturationDetector:\n  queueDepthThreshold: 5\ndata: {}\n"
+    assert epp_knobs(read_epp(_write(tmp_path, "g.yaml", later)), block_tokens=16)["gie_queue_w_pct"] == 100
+    with pytest.raises(EppConfigError, match="featureGates: flowControl"):
+        read_epp(_write(tmp_path, "f.yaml", EPP_OK + "featureGates: [flowControl]\n"))
     for params, key in (({"hashBlockSize": 64, "blockSizeTokens": 16}, "give one block size"),
                         ({"autoTune": 3}, "autoTune: must be true or false"),
                         ({"blockSizeTokens": 0}, r"blockSizeTokens: must be an integer >= 1")):

@@ -54,7 +54,10 @@ GIE_DEFAULTS = dict(hashBlockSize=64, maxPrefixBlocksToMatch=256, lruCapacityPer
 GIE_LATER = dict(blockSizeTokens=16, averageCharactersPerToken=4, autoTune=True)
 _LATER_KEYS = ("blockSizeTokens", "autoTune", "maxPrefixTokensToMatch")
 
-_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles"}
+_TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector", "data"}
+#: top-level sections of later GIE releases accepted without effect here: ``saturationDetector`` (its thresholds
+#: only shed sheddable requests, negative priority, which inference-perf never sends) and ``data`` (the data
+#: layer's sources); ``featureGates`` may not enable flow control (requests queued in the EPP: not modelled)
 _INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
             "kvBlockIndexConfig": {"enableMetrics", "metricsLoggingInterval", "inMemoryConfig", "redisConfig"},
             "prefixStoreConfig": None, "tokenizersPoolConfig": None, "kvEventsConfig": None}
@@ -127,6 +130,15 @@ def read_epp(path) -> dict:
     for k in doc:
         if k not in _TOP:
             raise _err(path, k, f"unknown key; expected {sorted(_TOP)}")
+    for k in ("saturationDetector", "data"):
+        if k in doc and not isinstance(doc[k], (dict, type(None))):
+            raise _err(path, k, "must be a mapping")
+    gates = doc.get("featureGates") or []
+    if not isinstance(gates, list) or not all(isinstance(g, str) for g in gates):
+        raise _err(path, "featureGates", f"must be a list of names, got {gates!r}")
+    if any(g.lower() == "flowcontrol" for g in gates):
+        raise _err(path, "featureGates", "flowControl (requests queued in the EPP when the pods saturate) is not "
+                   "modelled")
     if doc.get("kind", "EndpointPickerConfig") != "EndpointPickerConfig":
         raise _err(path, "kind", f"must be EndpointPickerConfig, got {doc.get('kind')!r}")
     plugins = doc.get("plugins")
