@@ -307,6 +307,8 @@ def test_own_gaps_predict_a_two_speed_root():
     err = root_cost_errors(a, "predicted")["anthropic_5m"]["median"]
     pois = root_cost_errors(a, "predicted_poisson")["anthropic_5m"]["median"]
     assert err <= 0.03 < pois, (err, pois)
+    assert a.typical is not None and a.typical.shape == a.predicted.shape
+    assert root_cost_errors(a, "typical")["anthropic_5m"]["median"] <= 0.10
 
 
 def test_root_gap_halves_alternate_reusing_requests():
@@ -346,3 +348,39 @@ def test_prior_weight_follows_how_much_roots_differ_from_the_law():
     use = np.zeros(G, bool)
     use[0] = True
     assert prior_weight(split, np.full(G, 0.5), use=use) == float(REUSE_MIN)
+
+
+def test_typical_root_costs_draw_prefix_reads_and_take_the_median():
+    """The typical cost: a request's read is a prefix drawn comonotonically from its blocks' hit
+    probabilities (block j read iff U < q_j), requests independent, the median over draws per root.
+    Certain blocks (q 0 or 1) give the expected cost exactly; a root whose requests each miss with
+    probability 0.1 (so no extra miss is the likeliest outcome of 3 requests: 0.9^3 = 0.73) costs, typically,
+    what it costs with every reuse a hit, below its expected cost; the draws' mean read is the expected read."""
+    from cacheresearch.analysis.pricing import preset
+    from cacheresearch.fit.ttl_advice import DAY, request_option_costs, typical_root_costs
+
+    p = preset("anthropic_5m")
+    keys = np.array([11, 12, 13] * 4, dtype=np.uint64)
+    w = Workload(arrival_ms=[0, 1000, 2000, 3000], input_tokens=[1536] * 4, output_tokens=[1] * 4,
+                 tenant=[0] * 4, keys=keys, offsets=[0, 3, 6, 9, 12], block_tokens=512)
+    root = np.zeros(4, np.int64)
+    D = 3.0
+    # the blocks' probabilities as the prediction hands them over: first request misses, later ones hit
+    q_sure = np.array([0.0] * 3 + [1.0] * 9)
+    typ = typical_root_costs(w, [p], root, 1, D, {0: q_sure})
+    read = np.array([0.0, 1536, 1536, 1536])
+    want = request_option_costs(w, p, read, 3.0).sum() * DAY / D
+    np.testing.assert_allclose(typ[0, 0], want)
+    q = np.array([0.0] * 3 + [0.9] * 9)
+    typ = typical_root_costs(w, [p], root, 1, D, {0: q}, draws=401)
+    np.testing.assert_allclose(typ[0, 0], want)  # the median outcome: every reuse hits
+    mean = request_option_costs(w, p, np.array([0.0] + [0.9 * 1536] * 3), 3.0).sum() * DAY / D
+    assert typ[0, 0] < mean
+    # with q falling along the request, the draws' mean read is the expected read sum tok_j q_j
+    q2 = np.array([0.0] * 3 + [1.0, 0.6, 0.2] * 3)
+    rng_sum = 0.0
+    for s in range(200):
+        t = typical_root_costs(w, [p], root, 1, D, {0: q2}, draws=1, seed=s)[0, 0]
+        rng_sum += t
+    exp2 = request_option_costs(w, p, np.array([0.0] + [512 * 1.8] * 3), 3.0).sum() * DAY / D
+    assert abs(rng_sum / 200 - exp2) / exp2 < 0.02

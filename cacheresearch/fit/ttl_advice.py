@@ -61,7 +61,7 @@ from cacheresearch.workload import Workload
 
 __all__ = ["TraceAdvice", "resolve_options", "root_groups", "request_option_costs", "predict_root_costs",
            "block_reuse_gaps", "root_reuse_laws", "root_gap_cdfs", "choose_reuse_scale", "law_root_shares",
-           "root_gap_halves", "prior_weight", "root_cost_errors",
+           "root_gap_halves", "prior_weight", "root_cost_errors", "typical_root_costs",
            "replay_hit_tokens", "advise_trace", "cheapest", "DAY"]
 
 DAY = 86_400.0
@@ -87,6 +87,7 @@ class TraceAdvice(NamedTuple):
     predicted_poisson: np.ndarray | None = None  # float64 [G, O]: the Poisson prediction (for comparison)
     reuse_laws: tuple = ()  # per root: the reuse-time law the prediction used ({"used", "family", "why", ...})
     reuse: str = "poisson"  # what ``predicted`` assumes: "fitted" (each root's reuse-time law) or "poisson"
+    typical: np.ndarray | None = None  # float64 [G, O]: typical (median) $/day per root (:func:`typical_root_costs`)
 
     @property
     def shared(self) -> np.ndarray:
@@ -194,7 +195,8 @@ def request_option_costs(w: Workload, pricing: Pricing | None, read_tokens, base
 
 def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, *, steady: bool = False,
                        base_none: float = 3.0, reuse_laws=None, own_gaps=None,
-                       reuse_scale: str = "rate", prior_weights: dict | None = None) -> np.ndarray:
+                       reuse_scale: str = "rate", prior_weights: dict | None = None, block_q: dict | None = None
+                       ) -> np.ndarray:
     """``[G, O]`` predicted dollars per day per root and option (module docstring, *Prediction*).
     ``reuse_laws``: per root the CDF of its reuse times in units of each key's mean spacing ``D / n``
     (:func:`root_reuse_laws`); then an occurrence of a key seen ``n`` times hits with
@@ -203,7 +205,8 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
     reuse gaps in seconds at ``T`` and its number of reusing requests; the hit probability is then the
     posterior mean ``(k F_own(T) + k0 F_root) / (k + k0)`` of a prior centred on the fitted law that
     weighs as much as ``k0`` reusing requests: ``prior_weights[T]`` (:func:`prior_weight`), or
-    ``REUSE_MIN`` for a TTL it does not name."""
+    ``REUSE_MIN`` for a TTL it does not name. ``block_q``: a dict that receives, per priced option index,
+    the hit probability of every block (:func:`typical_root_costs` draws from them)."""
     D = float(duration_s)
     req, j, tok = _block_tokens(w)
     _, pos, cnt = np.unique(w.keys, return_inverse=True, return_counts=True)
@@ -234,10 +237,50 @@ def predict_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: fl
             ok = eff < w.n_blocks[req]
             e_idx = w.offsets[:-1][req] + np.minimum(eff, w.n_blocks[req] - 1)
             q = np.where(ok, q_key[pos[e_idx]], 0.0)
+            if block_q is not None:
+                block_q[o] = q
             read = np.bincount(req, weights=tok * q, minlength=w.n_requests)
             cost = request_option_costs(w, p, read, base_none)
         out[:, o] = np.bincount(root, weights=cost, minlength=n_roots)
     return out * (DAY / D)
+
+
+def typical_root_costs(w: Workload, pricings, root, n_roots: int, duration_s: float, block_q: dict, *,
+                       base_none: float = 3.0, draws: int = 201, seed: int = 0) -> np.ndarray:
+    """``[G, O]`` the typical (median) $/day per root and option under the predicted hit probabilities.
+
+    A request's hits are a prefix: a use of block ``j`` uses every block before it, so an earlier block is
+    always used at least as recently and a TTL that keeps block ``j`` keeps them all. The read length of a
+    request is therefore drawn comonotonically from its blocks' probabilities ``q_j`` (one uniform ``U``
+    per request: block ``j`` is read iff ``U <= q_j``; the mean read is the expected prediction's
+    ``sum tok_j q_j``), independently across requests; a root's cost is the sum over its requests, and
+    its median over ``draws`` draws is the point prediction that minimises the absolute error of a
+    root's cost. The expected cost (:func:`predict_root_costs`) stays the prediction for totals and for
+    the advice (expected dollars); the typical one answers "what will this root cost", whose realised
+    extra misses beyond the first write are a small, right-skewed count."""
+    req, _, tok = _block_tokens(w)
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n_roots, len(pricings)))
+    root = np.asarray(root)
+    for o, p in enumerate(pricings):
+        if p is None:
+            out[:, o] = np.bincount(root, weights=request_option_costs(w, None, None, base_none),
+                                    minlength=n_roots)
+            continue
+        q = block_q[o]
+        sure = np.bincount(req, weights=tok * (q >= 1.0), minlength=w.n_requests)  # read in every draw
+        unc = (q > 0.0) & (q < 1.0)  # only these blocks vary between draws
+        r_u, t_u, q_u = req[unc], tok[unc], q[unc]
+        if r_u.size:  # consecutive blocks of a request with one probability are read or not together
+            start = np.flatnonzero(np.r_[True, (r_u[1:] != r_u[:-1]) | (q_u[1:] != q_u[:-1])])
+            r_u, q_u, t_u = r_u[start], q_u[start], np.add.reduceat(t_u, start)
+        costs = np.empty((draws, n_roots))
+        for s in range(draws):
+            u = rng.random(w.n_requests)
+            read = sure + np.bincount(r_u, weights=t_u * (u[r_u] < q_u), minlength=w.n_requests)
+            costs[s] = np.bincount(root, weights=request_option_costs(w, p, read, base_none), minlength=n_roots)
+        out[:, o] = np.median(costs, axis=0)
+    return out * (DAY / float(duration_s))
 
 
 REUSE_MIN = 30  # a root with fewer reusing requests takes the pooled law of all roots
@@ -517,6 +560,7 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
     pois = predict_root_costs(w, res, root, G, D, base_none=base_none)
     laws = ()
     pred = pois
+    typ = None
     if reuse == "fitted":
         own = root_gap_cdfs(w, root, G)
         scale, cdfs, laws, misfit = choose_reuse_scale(w, root, G, D, sorted({p.ttl_s for p in priced}), own)
@@ -527,8 +571,10 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
             k0[float(T)] = prior_weight(halves(float(T)), mu, use=pooled)
         laws = [dict(d, scale=scale, scale_misfit=misfit, prior_weight={f"{t:g}": v for t, v in k0.items()})
                 for d in laws]
+        bq: dict = {}
         pred = predict_root_costs(w, res, root, G, D, base_none=base_none, reuse_laws=cdfs, own_gaps=own,
-                                  reuse_scale=scale, prior_weights=k0)
+                                  reuse_scale=scale, prior_weights=k0, block_q=bq)
+        typ = typical_root_costs(w, res, root, G, D, bq, base_none=base_none)
     stdy = predict_root_costs(w, res, root, G, D, steady=True, base_none=base_none)
     ttls = sorted({p.ttl_s for p in priced})
     hits = replay_hit_tokens(w, ttls) if ttls else np.zeros((0, w.n_requests), np.int64)
@@ -544,7 +590,7 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
         input_tokens=np.bincount(root, weights=w.input_tokens, minlength=G).astype(np.int64),
         trunk_blocks=_trunks(w, root, first), predicted=pred, steady=stdy, simulated=sim, uncached=unc,
         choice=cheapest(pred, names), choice_steady=cheapest(stdy, names), oracle=cheapest(sim, names),
-        predicted_poisson=pois, reuse_laws=tuple(laws), reuse=reuse)
+        predicted_poisson=pois, reuse_laws=tuple(laws), reuse=reuse, typical=typ)
 
 
 def cheapest(costs, names) -> np.ndarray:
@@ -562,7 +608,7 @@ def cheapest(costs, names) -> np.ndarray:
 
 def root_cost_errors(a: TraceAdvice, which: str = "predicted") -> dict:
     """Per priced option, the median and 90th percentile over shared roots of ``|predicted - replayed| /
-    replayed`` (``which``: ``predicted`` or ``predicted_poisson``)."""
+    replayed`` (``which``: ``predicted``, ``typical`` or ``predicted_poisson``)."""
     c = getattr(a, which)
     out = {}
     for o, p in enumerate(a.pricings):

@@ -762,6 +762,32 @@ TTL_TRACE_DEFAULTS = dict(
 )
 
 
+#: the ttl_trace dataset's variables: (description, unit)
+TTL_TRACE_DOC = {
+    "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (study.reuse: fitted = its own "
+                                   "reuse gaps blended with its fitted law; poisson = Poisson keys)",
+                                   "USD/day"),
+    "cost_predicted_poisson_usd_per_day": ("predicted daily cost with Poisson keys (for comparison)", "USD/day"),
+    "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
+    "cost_steady_usd_per_day": ("predicted long-run daily cost (no compulsory first miss)", "USD/day"),
+    "cost_uncached_usd_per_day": ("daily cost of the root's requests without caching", "USD/day"),
+    "advised": ("cheapest option by the prediction (ties: none)", ""),
+    "oracle": ("cheapest option in the replay (ex post)", ""),
+    "advised_steady": ("cheapest option by the long-run prediction", ""),
+    "saving_predicted_usd_per_day": ("uncached minus advised, predicted", "USD/day"),
+    "saving_simulated_usd_per_day": ("uncached minus advised, replayed", "USD/day"),
+    "requests_per_day": ("requests of the root, scaled to a day", "1/day"),
+    "trunk_blocks": ("blocks every request of the root shares with its first request", "1"),
+    "first_request": ("index of the root's first request in the trace", "1"),
+    "total_predicted_usd_per_day": ("total predicted daily cost of a plan (uniform option, advised, oracle)",
+                                    "USD/day"),
+    "total_simulated_usd_per_day": ("total daily cost of a plan in the replay", "USD/day"),
+    "total_steady_usd_per_day": ("total long-run predicted daily cost of a plan", "USD/day"),
+    "cost_typical_usd_per_day": ("typical (median) daily cost of the root under the predicted hit probabilities "
+                                 "(fit.ttl_advice.typical_root_costs: the point prediction of one root)", "USD/day"),
+}
+
+
 def ttl_trace_study(cfg) -> xr.Dataset:
     """TTL advice per shared root on a trace, predicted and replayed (:mod:`cacheresearch.fit.ttl_advice`)."""
     from cacheresearch.analysis.pricing import Pricing, preset
@@ -809,6 +835,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         {
             "cost_predicted_usd_per_day": (("root", "option"), a.predicted),
             "cost_predicted_poisson_usd_per_day": (("root", "option"), a.predicted_poisson),
+            "cost_typical_usd_per_day": (("root", "option"), a.typical if a.typical is not None else a.predicted),
             "cost_simulated_usd_per_day": (("root", "option"), a.simulated),
             "cost_steady_usd_per_day": (("root", "option"), a.steady),
             "cost_uncached_usd_per_day": (("root",), a.uncached),
@@ -828,27 +855,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         },
         coords={"root": rows, "option": names, "plan": list(plans)},
     )
-    S.doc(ds, {
-        "cost_predicted_usd_per_day": ("predicted daily cost of the root's requests (study.reuse: fitted = its own "
-                                       "reuse gaps blended with its fitted law; poisson = Poisson keys)",
-                                       "USD/day"),
-        "cost_predicted_poisson_usd_per_day": ("predicted daily cost with Poisson keys (for comparison)", "USD/day"),
-        "cost_simulated_usd_per_day": ("daily cost of the root's requests in the replay of the trace", "USD/day"),
-        "cost_steady_usd_per_day": ("predicted long-run daily cost (no compulsory first miss)", "USD/day"),
-        "cost_uncached_usd_per_day": ("daily cost of the root's requests without caching", "USD/day"),
-        "advised": ("cheapest option by the prediction (ties: none)", ""),
-        "oracle": ("cheapest option in the replay (ex post)", ""),
-        "advised_steady": ("cheapest option by the long-run prediction", ""),
-        "saving_predicted_usd_per_day": ("uncached minus advised, predicted", "USD/day"),
-        "saving_simulated_usd_per_day": ("uncached minus advised, replayed", "USD/day"),
-        "requests_per_day": ("requests of the root, scaled to a day", "1/day"),
-        "trunk_blocks": ("blocks every request of the root shares with its first request", "1"),
-        "first_request": ("index of the root's first request in the trace", "1"),
-        "total_predicted_usd_per_day": ("total predicted daily cost of a plan (uniform option, advised, oracle)",
-                                        "USD/day"),
-        "total_simulated_usd_per_day": ("total daily cost of a plan in the replay", "USD/day"),
-        "total_steady_usd_per_day": ("total long-run predicted daily cost of a plan", "USD/day"),
-    })
+    S.doc(ds, TTL_TRACE_DOC)
     sh = a.shared
     uni = {o: (float(tot["predicted"][j]), float(tot["simulated"][j])) for j, o in enumerate(names)}
     bu_p = min(uni, key=lambda o: uni[o][0])
@@ -876,6 +883,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         top_roots=int(c["top_roots"]), reuse=a.reuse,
         root_cost_error=json.dumps(root_cost_errors(a, "predicted")),
         root_cost_error_poisson=json.dumps(root_cost_errors(a, "predicted_poisson")),
+        root_cost_error_typical=json.dumps(root_cost_errors(a, "typical" if a.typical is not None else "predicted")),
         reuse_laws_used=json.dumps({k: int(sum(1 for d in a.reuse_laws if d.get("used") == k and not d.get("pooled")))
                                     for k in ("parametric", "empirical")}
                                    | {"pooled": int(sum(1 for d in a.reuse_laws if d.get("pooled")))}),
@@ -916,6 +924,10 @@ def summarize_ttl_trace(ds) -> str:
                        f"{o} {S.pct(fe[o]['median'])} ({S.pct(fe[o]['p90'])}) vs {S.pct(pe[o]['median'])} "
                        f"({S.pct(pe[o]['p90'])})" for o in fe)
                    + f"; reuse laws per root: {a.get('reuse_laws_used', '{}')}"
+                   + ("" if "root_cost_error_typical" not in a else "; the typical (median) cost per root, the point "
+                      "prediction of one root's cost (totals and advice use the expected): " + "; ".join(
+                          f"{o} {S.pct(v['median'])} ({S.pct(v['p90'])})"
+                          for o, v in json.loads(a["root_cost_error_typical"]).items()))
                    + (f"; prior weight per TTL (reusing requests, cross-validated): {a['prior_weight']}"
                       if a.get("prior_weight", "{}") != "{}" else ""))
     counts = {k: {o: int(np.sum(ds[k].values[ds.requests.values >= 2] == o)) for o in opts}
