@@ -507,7 +507,8 @@ def shards_sample(workload: Workload, rate: float, *, seed: int = 0, unit: str =
             name=f"{workload.name}|shards-block{rate}",
         )
         return sub, rate
-    first = np.where(nb > 0, workload.keys[np.minimum(workload.offsets[:-1], max(workload.total_blocks - 1, 0))], 0)
+    first = (np.where(nb > 0, workload.keys[np.minimum(workload.offsets[:-1], workload.total_blocks - 1)], 0)
+             if workload.total_blocks else np.zeros(workload.n_requests, np.uint64))  # no keys: every input_length 0
     keep = _sample_hash(np.asarray(first, dtype=np.uint64), seed) < rate
     idx = np.nonzero(keep)[0]
     lens = nb[idx]

@@ -28,8 +28,8 @@ import numpy as np
 
 from cacheresearch.workload import Workload
 
-__all__ = ["Structure", "request_structure", "tree_stats", "block_reuse_times", "chain_content_hashes",
-           "session_hit_rates", "split_conversations"]
+__all__ = ["Structure", "first_block_keys", "request_structure", "tree_stats", "block_reuse_times",
+           "chain_content_hashes", "session_hit_rates", "split_conversations"]
 
 
 class Structure(NamedTuple):
@@ -147,10 +147,19 @@ def _structure_vectorized(w: Workload, sess: np.ndarray):
     shared = np.zeros(n, np.int64)
     root_match = np.where(later, 0, m_any)
     at = w.offsets[:-1] + np.maximum(m_sess - 1, 0)
-    par[later] = np.where(m_sess[later] > 0, prev_s[np.minimum(at[later], max(w.total_blocks - 1, 0))],
-                          prev_req[later])
+    held = (prev_s[np.minimum(at[later], w.total_blocks - 1)] if w.total_blocks
+            else np.full(int(later.sum()), -1, np.int64))  # no keys at all: every m_sess is 0
+    par[later] = np.where(m_sess[later] > 0, held, prev_req[later])
     shared[later] = m_sess[later]
     return position, par, shared, root_match
+
+
+def first_block_keys(w: Workload, missing: int = 2**64 - 1) -> np.ndarray:
+    """Each request's first key, ``missing`` for a request without blocks (``input_length`` 0); a trace
+    whose every request has no blocks has no keys at all."""
+    if not w.total_blocks:
+        return np.full(w.n_requests, missing, np.uint64)
+    return np.where(w.n_blocks > 0, w.keys[np.minimum(w.offsets[:-1], w.total_blocks - 1)], np.uint64(missing))
 
 
 def request_structure(w: Workload, session=None, parent=None, *, method: str = "auto") -> Structure:
@@ -160,9 +169,7 @@ def request_structure(w: Workload, session=None, parent=None, *, method: str = "
     (session, key, request) triples where no parent is given and no key repeats inside a request,
     else (and with ``loop``) the request-by-request reference; both give the same arrays."""
     n = w.n_requests
-    off = w.offsets
-    keys = w.keys
-    first = np.where(w.n_blocks > 0, keys[np.minimum(off[:-1], max(w.total_blocks - 1, 0))], np.uint64(2**64 - 1))
+    first = first_block_keys(w)
     _, root_group = np.unique(first, return_inverse=True)
     root_group = root_group.astype(np.int64).reshape(-1)
     if session is None:
@@ -329,8 +336,7 @@ def session_hit_rates(w: Workload, session: np.ndarray | None = None) -> np.ndar
     if w.n_requests == 0:
         return np.zeros(0)
     if session is None:
-        first = w.keys[np.minimum(w.offsets[:-1], max(w.total_blocks - 1, 0))]
-        _, session = np.unique(np.where(w.n_blocks > 0, first, np.uint64(2**64 - 1)), return_inverse=True)
+        _, session = np.unique(first_block_keys(w), return_inverse=True)
     session = np.asarray(session).reshape(-1)
     req = np.repeat(np.arange(w.n_requests), w.n_blocks)
     _, first_at, inv = np.unique(w.keys, return_index=True, return_inverse=True)

@@ -72,8 +72,8 @@ class TraceAdvice(NamedTuple):
     pricings: tuple  # Pricing or None per option
     duration_s: float  # observation window D
     per_day: float  # 86400 / D
-    root: np.ndarray  # int64 [N]: root of each request (roots ordered by requests, then first arrival)
-    first_request: np.ndarray  # int64 [G]: index of the root's first request
+    root: np.ndarray  # int64 [N]: root of each request with blocks (roots ordered by requests, then first arrival)
+    first_request: np.ndarray  # int64 [G]: index of the root's first request (in the trace as given)
     requests: np.ndarray  # int64 [G]
     input_tokens: np.ndarray  # int64 [G]: input tokens of the root's requests in the window
     trunk_blocks: np.ndarray  # int64 [G]: blocks shared by every request of the root
@@ -88,6 +88,7 @@ class TraceAdvice(NamedTuple):
     reuse_laws: tuple = ()  # per root: the reuse-time law the prediction used ({"used", "family", "why", ...})
     reuse: str = "poisson"  # what ``predicted`` assumes: "fitted" (each root's reuse-time law) or "poisson"
     typical: np.ndarray | None = None  # float64 [G, O]: typical (median) $/day per root (:func:`typical_root_costs`)
+    empty_requests: int = 0  # requests without blocks (input_length 0) left out: no tokens, nothing to cache
 
     @property
     def shared(self) -> np.ndarray:
@@ -553,6 +554,8 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
         span = (int(w.arrival_ms[-1]) - int(w.arrival_ms[0])) / 1000.0
         if not np.isfinite(D) or D <= 0 or D < span:
             raise ValueError(f"duration_s={duration_s!r} must be positive and cover the trace's span ({span:g} s)")
+    n_all = w.n_requests
+    w, kept = _without_empty(w)
     root, first = root_groups(w)
     G = first.size
     priced = [p for p in res if p is not None]
@@ -585,12 +588,30 @@ def advise_trace(w: Workload, options=("anthropic_5m", "anthropic_1h", "none"), 
     sim *= DAY / D
     unc = np.bincount(root, weights=request_option_costs(w, None, None, base_none), minlength=G) * (DAY / D)
     return TraceAdvice(
-        options=names, pricings=res, duration_s=D, per_day=DAY / D, root=root, first_request=first,
+        options=names, pricings=res, duration_s=D, per_day=DAY / D, root=root, first_request=kept[first],
         requests=np.bincount(root, minlength=G).astype(np.int64),
         input_tokens=np.bincount(root, weights=w.input_tokens, minlength=G).astype(np.int64),
         trunk_blocks=_trunks(w, root, first), predicted=pred, steady=stdy, simulated=sim, uncached=unc,
         choice=cheapest(pred, names), choice_steady=cheapest(stdy, names), oracle=cheapest(sim, names),
-        predicted_poisson=pois, reuse_laws=tuple(laws), reuse=reuse, typical=typ)
+        predicted_poisson=pois, reuse_laws=tuple(laws), reuse=reuse, typical=typ,
+        empty_requests=int(n_all - kept.size))
+
+
+def _without_empty(w: Workload) -> tuple[Workload, np.ndarray]:
+    """``w`` without its requests that have no blocks (``input_length`` 0: nothing to cache, no tokens to
+    pay for, so every plan's cost is unchanged), and the indices of the requests kept; the window is taken
+    before."""
+    keep = w.n_blocks > 0
+    if keep.all():
+        return w, np.arange(w.n_requests, dtype=np.int64)
+    if not keep.any():
+        raise ValueError(f"none of the {w.n_requests} requests has a block (every input_length is 0): "
+                         "there is nothing to cache")
+    idx = np.nonzero(keep)[0]
+    sub = Workload(arrival_ms=w.arrival_ms[idx], input_tokens=w.input_tokens[idx], output_tokens=w.output_tokens[idx],
+                   tenant=w.tenant[idx], keys=w.keys, offsets=np.append(w.offsets[idx], w.offsets[-1]),
+                   block_tokens=w.block_tokens, name=w.name, meta=dict(w.meta))  # the dropped hold no keys
+    return sub, idx.astype(np.int64)
 
 
 def cheapest(costs, names) -> np.ndarray:

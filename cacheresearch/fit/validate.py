@@ -32,8 +32,9 @@ def working_set(w: Workload) -> int:
 
 
 def capacity_grid(w: Workload, points: int = 16, lo: float = 0.01, hi: float = 1.0) -> np.ndarray:
-    """Capacities (blocks) on a log grid from ``lo`` to ``hi`` of the working set, distinct integers."""
-    ws = working_set(w)
+    """Capacities (blocks) on a log grid from ``lo`` to ``hi`` of the working set, distinct integers
+    (at least one block)."""
+    ws = max(working_set(w), 1)  # a trace without blocks (every input_length 0): the one-block grid
     return np.unique(np.maximum(np.round(np.geomspace(lo * ws, hi * ws, points)).astype(np.int64), 1))
 
 

@@ -108,7 +108,10 @@ def load_fit_trace(tc: dict):
         raise StudyError(f"trace.path: file not found: {tc['path']} (looked at {p})")
     fmt = tc.get("format") or "auto"
     if fmt == "auto":
-        fmt = detect_format(p)
+        try:
+            fmt = detect_format(p)
+        except ValueError as e:  # an empty file, invalid JSON on its first line
+            raise StudyError(f"trace: {e}") from None
     if fmt not in TRACE_FORMATS:
         raise StudyError(f"trace.format: unknown format {fmt!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
     bt = tc.get("block_tokens")
@@ -116,10 +119,13 @@ def load_fit_trace(tc: dict):
         bt = infer_block_tokens(p)
     bt = bt or TRACE_FORMATS[fmt]
     mr = tc.get("max_requests")
-    if fmt == "bailian":
-        tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
-        return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
-    return load_mooncake(p, block_tokens=int(bt), max_requests=mr), {}
+    try:  # a malformed file: its file-line-field message, not a traceback (TraceError is a ValueError)
+        if fmt == "bailian":
+            tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
+            return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
+        return load_mooncake(p, block_tokens=int(bt), max_requests=mr), {}
+    except ValueError as e:
+        raise StudyError(f"trace: {e}") from None
 
 
 def model_from_file(path) -> dict:
@@ -381,7 +387,7 @@ def summarize_fit(ds) -> str:
     out += _fit_fidelity_lines(a, has_naive)
     ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
     out.append("radix tree, trace | fitted sample: " + ", ".join(
-        f"{k} {ts[k]:.3g} | {fs[k]:.3g}" for k in ("requests", "nodes", "roots", "branching_nodes_share",
+        f"{k} {_g_or(ts[k])} | {_g_or(fs[k])}" for k in ("requests", "nodes", "roots", "branching_nodes_share",
                                                    "leaf_depth_mean", "block_reuse_share_top10pct",
                                                    "reuse_time_p50_s")))
     return "\n".join(out)
@@ -465,6 +471,11 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
                    f"growth {ag['growth_blocks_mean']:.1f} blocks per step (median {ag['growth_blocks_p50']:.0f}), "
                    f"context p50 {ag['context_blocks_p50']:.0f} / max {ag['context_blocks_max']} blocks")
     return out
+
+
+def _g_or(x) -> str:
+    """``x`` to 3 significant digits; ``n/a`` where undefined (NaN: the reuse-time median of a trace without reuse)."""
+    return "n/a" if x is None or not np.isfinite(float(x)) else f"{float(x):.3g}"
 
 
 def _pct_or(x) -> str:
@@ -880,7 +891,7 @@ def ttl_trace_study(cfg) -> xr.Dataset:
         choice_agreement_shared=float(np.mean(a.choice[sh] == a.oracle[sh])) if sh.any() else float("nan"),
         choice_agreement_shared_requests=(float(np.sum(wts * (a.choice[sh] == a.oracle[sh])) / wts.sum())
                                           if sh.any() else float("nan")),
-        top_roots=int(c["top_roots"]), reuse=a.reuse,
+        top_roots=int(c["top_roots"]), reuse=a.reuse, empty_requests=int(a.empty_requests),
         root_cost_error=json.dumps(root_cost_errors(a, "predicted")),
         root_cost_error_poisson=json.dumps(root_cost_errors(a, "predicted_poisson")),
         root_cost_error_typical=json.dumps(root_cost_errors(a, "typical" if a.typical is not None else "predicted")),
@@ -899,6 +910,9 @@ def summarize_ttl_trace(ds) -> str:
     out.append(f"trace {a['trace']} ({a['trace_requests']:,} requests over {a['duration_s']:,.0f} s, scaled x"
                f"{a['per_day']:.1f} to a day); {a['roots']:,} roots, {a['shared_roots']:,} shared (2+ requests, "
                f"{a['shared_root_requests']:,} requests); options {', '.join(opts)}")
+    if int(a.get("empty_requests", 0)):
+        out.append(f"{int(a['empty_requests']):,} requests without blocks (input_length 0) left out of the roots: they "
+                   "carry no tokens and hold nothing to cache (the window counts them)")
 
     def usd(x):
         return f"${float(x):,.2f}"
