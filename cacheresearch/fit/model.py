@@ -896,7 +896,8 @@ def _sample_session(si: int, s0, *, D, bt, comp, emp_first, emp_sess, fl, fresh,
         times = np.concatenate([[s0], s0 + np.cumsum(sess0["gaps"][j])])
         # the session's own first length: a session drawn whole keeps its joint law with its
         # first request (a separately fitted length law would lose the length-count dependence)
-        n_first = int(sess0["first_tokens"][j]) or n_first
+        # (a first request without blocks stays one: input_length 0 in the trace)
+        n_first = int(sess0["first_tokens"][j])
     else:
         sess = kinds[min(kind, len(kinds) - 1)]
         rho = float((sess.get("length_count") or {}).get("rho", 0.0)) if not emp_first else 0.0
@@ -1018,7 +1019,7 @@ def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows,
     ``head``, ids of this sample, when it had one), then each later request's own step in order (its
     parent ``lag`` requests back, the blocks it drops from and appends to the parent, its input
     tokens) on fresh ids, at the sampled times (``times``, cut at the window)."""
-    n_in = max(int(n_first), 1)
+    n_in = max(int(n_first), 0)  # 0: a request without blocks, as in the trace
     nbk = -(-n_in // bt)
     if head is not None and head.size:
         head = head[:nbk]
@@ -1030,7 +1031,7 @@ def _replay_session(times, ordered, n_first: int, *, bt, comp, fresh, rng, rows,
         pk, _ = hist[max(j - max(lag, 1), 0)]
         m = max(pk.size - d, 0)
         ks = np.concatenate([pk[:m], fresh(a)]) if a else pk[:m]
-        hist.append((ks, max(tok, 1)))
+        hist.append((ks, tok))  # the trace's tokens; made consistent with the blocks in sample_workload
     outs = np.maximum(np.asarray(L.sample(comp["output_tokens"], rng, len(times)), dtype=np.float64), 0)
     for (ks, n_in), tj, out in zip(hist, times, outs):
         rows.append((float(tj), ti, ks, n_in, int(out)))
@@ -1101,10 +1102,13 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
         raise ValueError("the fitted model produced no requests in the window")
     rows.sort(key=lambda r: r[0])
     lens = np.array([r[2].size for r in rows], dtype=np.int64)
+    # input tokens within the blocks' range (ceil(tokens / bt) = blocks; 0 tokens for no blocks): a step
+    # replayed on a parent of another length keeps its own token count only where that stays consistent
+    inp = np.clip(np.array([r[3] for r in rows], dtype=np.int64), np.where(lens > 0, (lens - 1) * bt + 1, 0), lens * bt)
     ms = np.minimum(np.round(np.array([r[0] for r in rows]) * 1000).astype(np.int64), np.iinfo(np.int32).max // 2)
     return Workload(
         arrival_ms=np.maximum.accumulate(ms),
-        input_tokens=np.array([r[3] for r in rows], dtype=np.int64),
+        input_tokens=inp,
         output_tokens=np.array([r[4] for r in rows], dtype=np.int64),
         tenant=np.array([r[1] for r in rows], dtype=np.int32),
         keys=np.concatenate([r[2] for r in rows]).astype(np.uint64),
