@@ -194,7 +194,34 @@ def _volume_ratios(trace_v: dict, sample_vs: list) -> dict:
 
 
 def _curves(ws, caps, ttls):
-    return (np.stack([capacity_hit_rates(x, caps) for x in ws]), np.stack([ttl_hit_rates(x, ttls) for x in ws]))
+    """Capacity and TTL curves of samples (an iterable: each drawn, replayed and dropped in turn)."""
+    cap, ttl = [], []
+    for x in ws:
+        cap.append(capacity_hit_rates(x, caps))
+        ttl.append(ttl_hit_rates(x, ttls))
+    return np.stack(cap), np.stack(ttl)
+
+
+def _sample_stats(draw, seeds, caps, ttls, vol_args) -> dict:
+    """Every figure the fit study reports of one model's samples, each sample drawn, measured and dropped
+    before the next (memory: one sample at a time, not one per seed); the first sample is kept."""
+    from cacheresearch.fit.structure import session_hit_rates
+
+    out = dict(cap=[], ttl=[], requests=[], volume=[], session_median=[], session_mean=[], first=None)
+    for s in seeds:
+        x = draw(s)
+        out["cap"].append(capacity_hit_rates(x, caps))
+        out["ttl"].append(ttl_hit_rates(x, ttls))
+        out["requests"].append(x.n_requests)
+        out["volume"].append(_volume(x, *vol_args))
+        h = session_hit_rates(x)
+        out["session_median"].append(float(np.median(h)) if h.size else float("nan"))
+        out["session_mean"].append(float(np.mean(h)) if h.size else float("nan"))
+        if out["first"] is None:
+            out["first"] = x
+        del x
+    out["cap"], out["ttl"] = np.stack(out["cap"]), np.stack(out["ttl"])
+    return out
 
 
 def _fitted_laws(model: dict) -> dict:
@@ -251,20 +278,21 @@ def fit_study(cfg) -> xr.Dataset:
     D = float(model["duration_s"])
     n_types = len(model["components"])
     bins = int(c["volume_bins"])
-    samples = {"fitted": [sample_workload(model, s) for s in seeds]}
+    draws = {"fitted": lambda s: sample_workload(model, s)}
     if c["baseline"]:
-        samples["naive"] = [naive_workload(w, s) for s in seeds]
+        draws["naive"] = lambda s: naive_workload(w, s)
     # sessions as the samples define them (root trees: a sample carries no session ids), so trace and samples
     # are compared alike; a trace's own sessions (Bailian) are reported beside them
     sess_tr = session_hit_rates(w)
     sess_given = session_hit_rates(w, extra["session"]) if extra.get("session") is not None else None
     data, attrs = {}, {}
     tr_vol = _volume(w, D, bins, n_types)
-    fitted_curves = None
-    for name, ws in samples.items():
-        cap, ttl = _curves(ws, caps, ttls)
+    fitted_curves, first_fitted = None, None
+    for name, draw in draws.items():
+        st_ = _sample_stats(draw, seeds, caps, ttls, (D, bins, n_types))
+        cap, ttl = st_["cap"], st_["ttl"]
         if name == "fitted":
-            fitted_curves = (cap, ttl)
+            fitted_curves, first_fitted = (cap, ttl), st_["first"]
         for var, arr, dim in ((f"hit_rate_{name}", cap, "capacity_blocks"), (f"hit_rate_{name}_ttl", ttl, "ttl_s")):
             m, lo, hi = _mean_ci(arr)
             data[var] = ((dim,), m)
@@ -274,12 +302,12 @@ def fit_study(cfg) -> xr.Dataset:
         pre = "" if name == "fitted" else f"{name}_"
         attrs[f"{pre}max_abs_gap_capacity"] = float(np.max(np.abs(cap.mean(0) - tr_cap)))
         attrs[f"{pre}max_abs_gap_ttl"] = float(np.max(np.abs(ttl.mean(0) - tr_ttl)))
-        attrs[f"{pre}tree_stats"] = json.dumps(tree_stats(ws[0]))
-        attrs[f"{pre}requests_mean"] = float(np.mean([x.n_requests for x in ws]))
-        attrs[f"{pre}volume"] = json.dumps(_volume_ratios(tr_vol, [_volume(x, D, bins, n_types) for x in ws]))
-        sh = [session_hit_rates(x) for x in ws]
-        attrs[f"{pre}session_hit_rate_median"] = float(np.mean([np.median(h) for h in sh]))
-        attrs[f"{pre}session_hit_rate_mean"] = float(np.mean([np.mean(h) for h in sh]))
+        attrs[f"{pre}tree_stats"] = json.dumps(tree_stats(st_["first"]))
+        attrs[f"{pre}requests_mean"] = float(np.mean(st_["requests"]))
+        attrs[f"{pre}volume"] = json.dumps(_volume_ratios(tr_vol, st_["volume"]))
+        attrs[f"{pre}session_hit_rate_median"] = float(np.mean(st_["session_median"]))
+        attrs[f"{pre}session_hit_rate_mean"] = float(np.mean(st_["session_mean"]))
+        del st_
     # ablation: one component at a time replaced by its empirical law
     abl = {}
     if c["ablation"]:
@@ -293,7 +321,8 @@ def fit_study(cfg) -> xr.Dataset:
             if same:  # already empirical, or not read by the sampler: the same model
                 abl[comp] = dict(abl["fitted"], changed=False, why=same)
                 continue
-            cap, ttl = _curves([sample_workload(ablate(model, comp), s) for s in aseeds], caps, ttls)
+            am = ablate(model, comp)
+            cap, ttl = _curves((sample_workload(am, s) for s in aseeds), caps, ttls)
             abl[comp] = {"capacity": float(np.max(np.abs(cap.mean(0) - tr_cap))),
                          "ttl": float(np.max(np.abs(ttl.mean(0) - tr_ttl))), "changed": True}
     st = request_structure(w, extra.get("session"), extra.get("parent"))
@@ -302,7 +331,7 @@ def fit_study(cfg) -> xr.Dataset:
         agent.pop("subagent_parent", None)
     except ValueError as e:  # pragma: no cover - a trace without steps
         agent = {"error": str(e)}
-    che, ttl_an = analytic_hit_rates(samples["fitted"][0], caps, ttls)
+    che, ttl_an = analytic_hit_rates(first_fitted, caps, ttls)
     data["hit_rate_trace"] = (("capacity_blocks",), tr_cap)
     data["hit_rate_trace_ttl"] = (("ttl_s",), tr_ttl)
     data["hit_rate_analytic"] = (("capacity_blocks",), che)
