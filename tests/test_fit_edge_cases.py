@@ -175,3 +175,27 @@ def test_empty_file_is_a_clear_error(tmp_path):
         p.write_text(text)
         with pytest.raises(StudyError, match="empty trace"):
             load_fit_trace(dict(path=str(p), block_tokens=BT))
+
+
+def test_trace_size_estimate_and_memory_refusal(tmp_path):
+    """A trace study estimates its memory from the file's first lines before reading it, and refuses a
+    run that would not fit with the trace.max_requests that would."""
+    from cacheresearch.studies.traces import check_trace_memory
+    from cacheresearch.workload.trace import estimate_trace_size
+
+    recs = _sessions(300)
+    p = _write(tmp_path / "t.jsonl", recs)
+    n_ids = sum(len(r["hash_ids"]) for r in recs)
+    exact = estimate_trace_size(p)
+    assert exact.exact and (exact.requests, exact.blocks) == (300, n_ids)
+    est = estimate_trace_size(p, sample_lines=50)  # scaled by the byte count: a close estimate, not exact
+    assert not est.exact and abs(est.requests - 300) < 60 and abs(est.blocks - n_ids) < 0.3 * n_ids
+    got = check_trace_memory(p, available=1 << 40)
+    assert got["blocks"] == n_ids and got["need_bytes"] > 0
+    assert check_trace_memory(p, max_requests=30, available=1 << 40)["requests"] == 30
+    with pytest.raises(StudyError, match=r"trace.max_requests=\d+"):
+        check_trace_memory(p, per_block=1e6, fixed=0, available=int(n_ids * 1e6 / 2))
+    with pytest.raises(StudyError, match="larger machine"):
+        check_trace_memory(p, available=1 << 20)
+    w, _ = load_fit_trace(dict(path=str(p), block_tokens=BT))  # the check passes on this machine
+    assert w.n_requests == 300

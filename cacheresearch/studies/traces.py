@@ -50,7 +50,7 @@ from cacheresearch.studies.base import Study
 from cacheresearch.workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
 
 __all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "ttl_trace_study",
-           "load_fit_trace", "model_from_file", "STUDIES"]
+           "load_fit_trace", "check_trace_memory", "model_from_file", "STUDIES"]
 
 FIT_DEFAULTS = dict(
     trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
@@ -96,9 +96,45 @@ def _resolve(p: str) -> Path:
         return Path(p).resolve()
 
 
-def load_fit_trace(tc: dict):
+#: Memory of a trace study (fit, ttl_trace) per block of the trace and fixed (bytes): measured peaks with
+#: ``/usr/bin/time -v`` of ``experiment=fit`` (0.50 GB on 0.12 M blocks, 1.03 GB on 3.9 M, 3.83 GB on
+#: 23.2 M: about 150 bytes a block over 0.45 GB) and ``experiment=ttl_trace`` (1.06 GB on 3.9 M), rounded up.
+TRACE_STUDY_BYTES_PER_BLOCK = 170
+TRACE_STUDY_FIXED_BYTES = 600 << 20
+
+
+def check_trace_memory(path, max_requests=None, *, per_block: float = TRACE_STUDY_BYTES_PER_BLOCK,
+                       fixed: float = TRACE_STUDY_FIXED_BYTES, available: int | None = None) -> dict:
+    """Estimate a trace study's peak memory before the trace is read (its size from the first lines,
+    :func:`cacheresearch.workload.trace.estimate_trace_size`) and refuse a run that would not fit the
+    memory available now, with the ``trace.max_requests`` that would. Returns the estimate."""
+    from cacheresearch.core.run import available_memory_bytes
+    from cacheresearch.studies.base import StudyError
+    from cacheresearch.workload.trace import estimate_trace_size
+
+    est = estimate_trace_size(path)
+    req, blocks = est.requests, est.blocks
+    if max_requests is not None and req > int(max_requests):
+        blocks, req = int(blocks * int(max_requests) / max(req, 1)), int(max_requests)
+    need = fixed + per_block * blocks
+    avail = available_memory_bytes() if available is None else int(available)
+    out = dict(requests=req, blocks=blocks, exact=est.exact, need_bytes=int(need), available_bytes=int(avail))
+    if need > 0.9 * avail:
+        fit = max(0, int(req * (0.8 * avail - fixed) / max(need - fixed, 1)))
+        how = (f"set trace.max_requests={fit} (about the first requests that fit)" if fit >= 1
+               else "free memory or use a larger machine")
+        raise StudyError(
+            f"trace {Path(path).name}: about {req:,} requests and {blocks:,} blocks "
+            f"({'counted' if est.exact else 'estimated from its first lines and its size'}); this study needs "
+            f"about {need / 2**30:.1f} GB ({per_block:g} bytes a block + {fixed / 2**30:.1f} GB, measured), "
+            f"{avail / 2**30:.1f} GB are available: {how}")
+    return out
+
+
+def load_fit_trace(tc: dict, *, check_memory: bool = True):
     """``(workload, fit keyword arguments)`` of a trace setting ``{path, format, block_tokens,
-    max_requests}``: Bailian traces bring their sessions, parents and types."""
+    max_requests}``: Bailian traces bring their sessions, parents and types. ``check_memory``: refuse a
+    trace whose study would not fit the memory available (:func:`check_trace_memory`) before reading it."""
     from cacheresearch.studies.base import StudyError
 
     if not tc.get("path"):
@@ -119,6 +155,8 @@ def load_fit_trace(tc: dict):
         bt = infer_block_tokens(p)
     bt = bt or TRACE_FORMATS[fmt]
     mr = tc.get("max_requests")
+    if check_memory:
+        check_trace_memory(p, mr)
     try:  # a malformed file: its file-line-field message, not a traceback (TraceError is a ValueError)
         if fmt == "bailian":
             tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)

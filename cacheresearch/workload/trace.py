@@ -61,6 +61,8 @@ __all__ = [
     "TRACE_FORMATS",
     "BailianTrace",
     "detect_format",
+    "estimate_trace_size",
+    "TraceSize",
     "load_trace",
     "load_mooncake",
     "read_bailian",
@@ -479,6 +481,61 @@ def save_bailian(trace: BailianTrace, path: str | PathLike) -> Path:
     p = Path(path)
     p.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
     return p
+
+
+class TraceSize(NamedTuple):
+    """An estimate of a JSONL trace's size from its first lines and its byte count."""
+
+    requests: int  # lines with a request (estimated)
+    blocks: int  # hash ids over all requests (estimated)
+    exact: bool  # True when the whole file was read
+    bytes_per_request: float
+
+
+def estimate_trace_size(path: str | PathLike, *, sample_lines: int = 1000, windows: int = 20) -> TraceSize:
+    """Requests and blocks of a Mooncake or Bailian JSONL file without reading it all: about
+    ``sample_lines`` lines read in ``windows`` stretches spread evenly over the file (contexts grow
+    over a trace, so its first lines alone undercount), scaled by the file's byte count; exact when
+    the file is read whole. What a study reads to estimate its memory before it loads the trace. Lines
+    that are not JSON objects with a ``hash_ids`` list count as requests without blocks."""
+    size = Path(path).stat().st_size
+    n = nb = used = 0
+    per = max(1, sample_lines // max(1, windows))
+
+    def take(raw: bytes) -> None:
+        nonlocal n, nb, used
+        used += len(raw)
+        if not raw.strip():
+            return
+        n += 1
+        try:
+            ids = json.loads(raw).get("hash_ids")
+            nb += len(ids) if isinstance(ids, list) else 0
+        except (ValueError, AttributeError):
+            pass
+
+    with open(path, "rb") as f:
+        whole = True
+        for raw in f:  # the whole file when it is small, else the first window
+            take(raw)
+            if n >= sample_lines:
+                whole = f.read(1) == b""
+                break
+        if not whole:
+            n = nb = used = 0
+            for k in range(windows):
+                f.seek(int(k * size / windows))
+                if k:
+                    f.readline()  # the rest of a line cut by the seek
+                for _ in range(per):
+                    raw = f.readline()
+                    if not raw:
+                        break
+                    take(raw)
+    if n == 0:
+        return TraceSize(0, 0, True, 0.0)
+    scale = 1.0 if whole else size / max(used, 1)
+    return TraceSize(int(round(n * scale)), int(round(nb * scale)), whole, used / n)
 
 
 def detect_format(path: str | PathLike) -> str:
