@@ -221,3 +221,28 @@ def test_count_law_parameters_stay_drawable():
         law = L.Law("nbinom1", p, 0.0, 0, {})
         x = L.sample(law, np.random.default_rng(0), 16)
         assert np.all(x >= 1)
+
+
+def test_subagent_parents_equal_the_plain_python_rule():
+    """The vectorised nesting rule (time linear in candidate (gap, context) pairs) picks the same parent
+    as the O(contexts^2) statement of the rule, ties of coarse timestamps included."""
+    from cacheresearch.fit.agent import _subagent_parents, _subagent_parents_reference
+
+    rng = np.random.default_rng(7)
+    found = 0
+    for trial in range(300):
+        ctx = np.unique(rng.integers(0, int(rng.integers(1, 40)), int(rng.integers(1, 200))), return_inverse=True)[1]
+        res = (1000.0, 1.0, 0.5)[trial % 3]  # ms, whole-second and half-second clocks (ties)
+        t = np.round(rng.uniform(0, 100, ctx.size) * res) / res
+        slack = float(rng.choice([0.0, 0.5, 2.0, 5.0, 20.0]))
+        ref = _subagent_parents_reference(t, ctx, slack)
+        got = _subagent_parents(t, ctx, slack, chunk_pairs=int(rng.choice([1, 7, 1000])))
+        assert np.array_equal(got, ref), trial
+        found += int((ref >= 0).sum())
+    assert found > 500  # the cases exercise the rule, not only "no parent"
+    w = generate_agent_sessions(30, seed=3, subagent_share=0.4, parallel=2)
+    from cacheresearch.fit.structure import request_structure
+
+    st = request_structure(w)
+    t = w.arrival_ms / 1000.0
+    assert np.array_equal(_subagent_parents(t, st.session, 2.0), _subagent_parents_reference(t, st.session, 2.0))

@@ -42,8 +42,82 @@ __all__ = ["agent_structure", "generate_agent_sessions", "COMPACTION_KEEP"]
 COMPACTION_KEEP = 0.5  # a step that keeps at most this share of its parent's blocks is a compaction
 
 
-def _subagent_parents(t: np.ndarray, ctx: np.ndarray, slack_s: float) -> np.ndarray:
-    """Parent context of each context (-1: none) by the nesting rule (module docstring).
+def _context_times(t: np.ndarray, ctx: np.ndarray):
+    """Per context its sorted request times, as one array sorted by (context, time) and its offsets."""
+    n_ctx = int(ctx.max()) + 1 if ctx.size else 0
+    o = np.lexsort((t, ctx))
+    ts = t[o].astype(np.float64)
+    start = np.searchsorted(ctx[o], np.arange(n_ctx + 1))
+    return ts, start, n_ctx
+
+
+def _subagent_parents(t: np.ndarray, ctx: np.ndarray, slack_s: float, *, chunk_pairs: int = 4_000_000,
+                      max_pairs: int = 200_000_000) -> np.ndarray:
+    """Parent context of each context (-1: none) by the nesting rule (module docstring); the same
+    decisions as :func:`_subagent_parents_reference`, in time linear in the (gap, context) candidate
+    pairs (each gap of a context is an interval between two of its requests; a context is a candidate
+    child of the gaps that start at most ``slack_s`` before its first request and end after its last).
+
+    A context ``B`` is a candidate child of an earlier context ``A`` at ``A``'s request ``j`` when it
+    starts at most ``slack_s`` after that request and ends before ``A``'s next one (it lives inside
+    one gap of ``A``). The children of one gap may run in parallel (an agent that starts several
+    subagents at once waits for all of them): the gap's wait is checked on the group, so the last of
+    its candidate children must end at most ``slack_s`` before ``A``'s next request. Of several
+    parents the one with the latest request before ``B``'s first wins (ties: the parent whose gap was
+    first a candidate of a lower-numbered context, then the lower-numbered parent)."""
+    ts, start, n_ctx = _context_times(t, ctx)
+    par = np.full(n_ctx, -1, np.int64)
+    if n_ctx < 2:
+        return par
+    first, last = ts[start[:-1]], ts[start[1:] - 1]
+    cnt = np.diff(start)
+    owner = np.repeat(np.arange(n_ctx), cnt)
+    g = np.nonzero(np.r_[owner[1:] == owner[:-1], False])[0]  # gap g: from request g to g + 1
+    gs, ge, ga = ts[g], ts[g + 1], owner[g]
+    o = np.argsort(gs, kind="stable")
+    gs, ge, ga, gid = gs[o], ge[o], ga[o], np.arange(g.size)[o]
+    lo = np.searchsorted(gs, first - slack_s, side="left")
+    hi = np.searchsorted(gs, first, side="right")
+    k_all = hi - lo
+    if int(k_all.sum()) > max_pairs:
+        raise ValueError(f"subagent search: {int(k_all.sum()):,} candidate (gap, context) pairs (contexts overlap "
+                         f"too densely for the nesting rule; more than {max_pairs:,})")
+    if int(k_all.sum()) == 0:
+        return par
+    step = max(1, int(chunk_pairs))
+    cuts = np.searchsorted(np.cumsum(k_all), np.arange(step, int(k_all.sum()) + step, step))
+    pa, pb = [], []
+    for b0, b1 in zip(np.r_[0, cuts[:-1] + 1], np.minimum(cuts + 1, n_ctx)):  # chunks of about chunk_pairs pairs
+        b = np.arange(b0, b1)
+        k = k_all[b]
+        bb = np.repeat(b, k)
+        gg = np.repeat(lo[b], k) + (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
+        ok = (first[ga[gg]] < first[bb]) & (last[bb] < ge[gg])
+        pa.append(gg[ok])
+        pb.append(bb[ok])
+    pg, pb = np.concatenate(pa), np.concatenate(pb)
+    if pg.size == 0:
+        return par
+    # a gap's group waits: its last candidate child ends at most slack_s before the gap's end
+    kid_last = np.full(gs.size, -np.inf)
+    np.maximum.at(kid_last, pg, last[pb])
+    keep = ge[pg] - kid_last[pg] <= slack_s
+    pg, pb = pg[keep], pb[keep]
+    if pg.size == 0:
+        return par
+    first_b = np.full(gs.size, n_ctx)
+    np.minimum.at(first_b, pg, pb)  # the reference's insertion order of a gap: its lowest candidate child
+    # per child: the latest gap start wins; ties: lowest (first child, parent, gap index)
+    sel = np.lexsort((-gid[pg], -ga[pg], -first_b[pg], gs[pg], pb))
+    pb_s = pb[sel]
+    lastof = np.r_[pb_s[1:] != pb_s[:-1], True]
+    par[pb_s[lastof]] = ga[pg[sel][lastof]]
+    return par
+
+
+def _subagent_parents_reference(t: np.ndarray, ctx: np.ndarray, slack_s: float) -> np.ndarray:
+    """The plain-Python statement of :func:`_subagent_parents` (O(contexts^2)): the oracle its test
+    compares with. Parent context of each context (-1: none) by the nesting rule (module docstring).
 
     A context ``B`` is a candidate child of an earlier context ``A`` at ``A``'s request ``j`` when it
     starts at most ``slack_s`` after that request and ends before ``A``'s next one (it lives inside
@@ -74,6 +148,17 @@ def _subagent_parents(t: np.ndarray, ctx: np.ndarray, slack_s: float) -> np.ndar
     return par
 
 
+def _session_durations(t: np.ndarray, sess: np.ndarray) -> list:
+    """10th / 50th / 90th percentiles of the sessions' spans (first to last request), in seconds."""
+    _, s = np.unique(sess, return_inverse=True)
+    s = s.reshape(-1)
+    hi = np.full(int(s.max()) + 1, -np.inf)
+    lo = np.full(hi.size, np.inf)
+    np.maximum.at(hi, s, t)
+    np.minimum.at(lo, s, t)
+    return [float(x) for x in np.quantile(hi - lo, [0.1, 0.5, 0.9])]
+
+
 def agent_structure(w: Workload, st: Structure | None = None) -> dict:
     """The agent structure of a trace (module docstring) as a plain dict of figures and laws."""
     st = request_structure(w) if st is None else st
@@ -86,9 +171,12 @@ def agent_structure(w: Workload, st: Structure | None = None) -> dict:
     kept = np.where(stp, st.shared / np.maximum(pb, 1), 1.0)
     compaction = stp & (kept <= COMPACTION_KEEP)
     growth = (nb - pb)[stp & ~compaction]  # net blocks added by a step that is not a compaction
-    order = np.argsort(t, kind="stable")
-    gaps = [np.diff(t[order][ctx[order] == c]) for c in range(n_ctx)]
-    g = np.concatenate(gaps) if gaps else np.zeros(0)
+    ts_c, start_c, _ = _context_times(t, ctx)
+    same = np.zeros(max(ts_c.size - 1, 0), bool)
+    if ts_c.size > 1:
+        same[:] = True
+        same[start_c[1:-1] - 1] = False  # a context's last request to the next context's first: no gap
+    g = np.diff(ts_c)[same] if ts_c.size > 1 else np.zeros(0)
     slack = float(np.median(g)) if g.size else 0.0
     par = _subagent_parents(t, ctx, slack)
     # sessions: contexts joined to their parents
@@ -116,9 +204,7 @@ def agent_structure(w: Workload, st: Structure | None = None) -> dict:
         "context_blocks_p50": float(np.median(nb)) if nb.size else 0.0,
         "context_blocks_max": int(nb.max()) if nb.size else 0,
         "requests_per_session_median": float(np.median(np.bincount(top[ctx]))) if n_ctx else 0.0,
-        "session_duration_s": [float(x) for x in np.quantile(
-            [float(np.ptp(t[np.isin(ctx, np.nonzero(top == s)[0])])) for s in np.unique(top)], [0.1, 0.5, 0.9])]
-        if n_ctx else [],
+        "session_duration_s": _session_durations(t, top[ctx]) if n_ctx else [],
         "gap_mixture": L.fit_lognorm_mix(gpos, 3).to_dict() if gpos.size >= 2 else None,
     }
     return out
