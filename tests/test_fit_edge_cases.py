@@ -194,7 +194,7 @@ def test_trace_size_estimate_and_memory_refusal(tmp_path):
     assert got["blocks"] == n_ids and got["need_bytes"] > 0
     assert check_trace_memory(p, max_requests=30, available=1 << 40)["requests"] == 30
     with pytest.raises(StudyError, match=r"trace.max_requests=\d+"):
-        check_trace_memory(p, per_block=1e6, fixed=0, available=int(n_ids * 1e6 / 2))
+        check_trace_memory(p, per_block=1e6, per_request=0, fixed=0, available=int(n_ids * 1e6 / 2))
     with pytest.raises(StudyError, match="larger machine"):
         check_trace_memory(p, available=1 << 20)
     w, _ = load_fit_trace(dict(path=str(p), block_tokens=BT))  # the check passes on this machine

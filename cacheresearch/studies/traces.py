@@ -96,15 +96,19 @@ def _resolve(p: str) -> Path:
         return Path(p).resolve()
 
 
-#: Memory of a trace study (fit, ttl_trace) per block of the trace and fixed (bytes): measured peaks with
-#: ``/usr/bin/time -v`` of ``experiment=fit`` (0.50 GB on 0.12 M blocks, 1.03 GB on 3.9 M, 3.83 GB on
-#: 23.2 M: about 150 bytes a block over 0.45 GB) and ``experiment=ttl_trace`` (1.06 GB on 3.9 M), rounded up.
+#: Memory of a trace study (fit, ttl_trace) per block and per request of the trace and fixed (bytes), fitted
+#: to the measured peaks of ``experiment=fit`` (``/usr/bin/time -v``): 0.50 GB on Mooncake (4.0 k requests,
+#: 0.12 M blocks), 1.03 GB on the shared agent trace (2.5 k, 3.9 M), 3.83 GB on a 6x agent trace (15.3 k, 23.2 M),
+#: 1.58 GB on a Bailian-format stand-in (19.5 k requests, 4.4 M blocks of 16 tokens): about 0.4 GB + 150 bytes a
+#: block + 28 KB a request, within 9% of each; rounded up here.
 TRACE_STUDY_BYTES_PER_BLOCK = 170
+TRACE_STUDY_BYTES_PER_REQUEST = 32 << 10
 TRACE_STUDY_FIXED_BYTES = 600 << 20
 
 
 def check_trace_memory(path, max_requests=None, *, per_block: float = TRACE_STUDY_BYTES_PER_BLOCK,
-                       fixed: float = TRACE_STUDY_FIXED_BYTES, available: int | None = None) -> dict:
+                       per_request: float = TRACE_STUDY_BYTES_PER_REQUEST, fixed: float = TRACE_STUDY_FIXED_BYTES,
+                       available: int | None = None) -> dict:
     """Estimate a trace study's peak memory before the trace is read (its size from the first lines,
     :func:`cacheresearch.workload.trace.estimate_trace_size`) and refuse a run that would not fit the
     memory available now, with the ``trace.max_requests`` that would. Returns the estimate."""
@@ -116,7 +120,7 @@ def check_trace_memory(path, max_requests=None, *, per_block: float = TRACE_STUD
     req, blocks = est.requests, est.blocks
     if max_requests is not None and req > int(max_requests):
         blocks, req = int(blocks * int(max_requests) / max(req, 1)), int(max_requests)
-    need = fixed + per_block * blocks
+    need = fixed + per_block * blocks + per_request * req
     avail = available_memory_bytes() if available is None else int(available)
     out = dict(requests=req, blocks=blocks, exact=est.exact, need_bytes=int(need), available_bytes=int(avail))
     if need > 0.9 * avail:
@@ -126,7 +130,8 @@ def check_trace_memory(path, max_requests=None, *, per_block: float = TRACE_STUD
         raise StudyError(
             f"trace {Path(path).name}: about {req:,} requests and {blocks:,} blocks "
             f"({'counted' if est.exact else 'estimated from its first lines and its size'}); this study needs "
-            f"about {need / 2**30:.1f} GB ({per_block:g} bytes a block + {fixed / 2**30:.1f} GB, measured), "
+            f"about {need / 2**30:.1f} GB ({per_block:g} bytes a block + {per_request / 1024:g} KB a request + "
+            f"{fixed / 2**30:.1f} GB, measured), "
             f"{avail / 2**30:.1f} GB are available: {how}")
     return out
 
