@@ -367,10 +367,20 @@ def _observed_volume(count_law: dict, gap_law: dict, windows: np.ndarray, rng, r
     n = windows.size
     reps = max(1, min(reps, int(2e7 // max(n * cap, 1))))
     k = np.minimum(L.sample(count_law, rng, n * reps).reshape(reps, n), cap)
-    g = L.sample(gap_law, rng, n * reps * (cap - 1)).reshape(reps, n, cap - 1) if cap > 1 else np.zeros((reps, n, 0))
-    cum = np.cumsum(g, axis=2)
-    fits = 1 + np.sum(cum < windows[None, :, None], axis=2)
-    return float(np.minimum(k, fits).sum() / reps)
+    # the gaps in the order of one (reps, n, cap - 1) draw, taken a block of sessions at a time: memory
+    # ~2e6 gaps whatever the number of sessions (one draw of all of them held 5-10 arrays of n x cap)
+    chunk = max(1, int(2_000_000 // max(cap - 1, 1)))
+    tot = 0
+    for r in range(reps):
+        for s0 in range(0, n, chunk):
+            s1 = min(n, s0 + chunk)
+            if cap > 1:
+                g = L.sample(gap_law, rng, (s1 - s0) * (cap - 1)).reshape(s1 - s0, cap - 1)
+                fits = 1 + np.sum(np.cumsum(g, axis=1) < windows[s0:s1, None], axis=1)
+            else:
+                fits = np.ones(s1 - s0, np.int64)
+            tot += int(np.minimum(k[r, s0:s1], fits).sum())
+    return float(tot / reps)
 
 
 def _empirical_sessions(gap_lists: list, first_tokens: np.ndarray, why: str, heads=None) -> dict:
