@@ -199,3 +199,14 @@ def test_trace_size_estimate_and_memory_refusal(tmp_path):
         check_trace_memory(p, available=1 << 20)
     w, _ = load_fit_trace(dict(path=str(p), block_tokens=BT))  # the check passes on this machine
     assert w.n_requests == 300
+
+
+def test_unsorted_log_needs_trace_sort(tmp_path):
+    recs = _sessions(40)
+    recs[5], recs[20] = recs[20], recs[5]  # a log written out of arrival order
+    p = _write(tmp_path / "log.jsonl", recs)
+    with pytest.raises(StudyError, match="trace.sort=true"):
+        load_fit_trace(dict(path=str(p), block_tokens=BT))
+    w, _ = load_fit_trace(dict(path=str(p), block_tokens=BT, sort=True))
+    assert np.all(np.diff(w.arrival_ms) >= 0) and w.meta["requests_reordered"] >= 2
+    _fit_check(p, sort=True)

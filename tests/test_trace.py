@@ -351,3 +351,22 @@ def test_mooncake_epoch_timestamps_rebased_and_span_errors(tmp_path):
                                      "hash_ids": [1, 2]}) + "\n" for t in (10 * 86_400_000, MAX_ARRIVAL_MS + 5)))
     w = load_mooncake(p, block_tokens=16)
     assert w.arrival_ms.tolist() == [0, MAX_ARRIVAL_MS + 5 - 10 * 86_400_000]
+
+
+def test_float_timestamps_round_and_sort_orders_a_log(tmp_path):
+    """Float milliseconds round to the engine's ms clock (counted); a log out of arrival order is an error
+    that names trace.sort, and with sort=True the requests are ordered stably with their own blocks."""
+    p = tmp_path / "log.jsonl"
+    rows = [(10.0, [1, 2]), (3.4, [1, 5]), (3.6, [7]), (10, [1, 2, 9])]
+    p.write_text("".join(json.dumps({"timestamp": t, "input_length": 16 * len(h) - 1, "output_length": 2,
+                                     "hash_ids": h}) + "\n" for t, h in rows))
+    with pytest.raises(TraceError, match=r":2: field 'timestamp': timestamps must be non-decreasing.*trace.sort"):
+        load_mooncake(p, block_tokens=16)
+    w = load_mooncake(p, block_tokens=16, sort=True)
+    assert w.arrival_ms.tolist() == [3, 4, 10, 10]
+    assert [w.keys[w.offsets[i]: w.offsets[i + 1]].tolist() for i in range(4)] == [[1, 5], [7], [1, 2], [1, 2, 9]]
+    assert w.input_tokens.tolist() == [31, 15, 31, 47]
+    assert w.meta["timestamps_rounded"] == 2 and w.meta["requests_reordered"] == 3
+    p.write_text(json.dumps({"timestamp": -0.5, "input_length": 1, "output_length": 1, "hash_ids": [1]}) + "\n")
+    with pytest.raises(TraceError, match="non-negative"):
+        load_mooncake(p, block_tokens=16)

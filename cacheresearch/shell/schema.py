@@ -39,6 +39,7 @@ class TraceConf:
     format: str = "auto"  # mooncake | bailian | auto (detected from the first line)
     block_tokens: Optional[int] = None  # tokens per hash id (null: the format's, 512 Mooncake / 16 Bailian)
     max_requests: Optional[int] = None
+    sort: bool = False  # order the requests by timestamp (Mooncake); else a decreasing timestamp is an error
 
 
 @dataclass

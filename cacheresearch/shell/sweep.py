@@ -454,7 +454,7 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
             if not path.is_file():
                 raise SweepError(f"trace.path: file not found: {cfg.trace.path} (looked at {path})")
             return load_trace(path, format=str(cfg.trace.format), block_tokens=cfg.trace.block_tokens,
-                              max_requests=cfg.trace.max_requests)
+                              max_requests=cfg.trace.max_requests, sort=bool(cfg.trace.get("sort", False)))
         if src == "fitted":
             from cacheresearch.fit import sample_workload  # noqa: PLC0415
             from cacheresearch.studies.traces import model_from_file  # noqa: PLC0415

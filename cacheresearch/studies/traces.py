@@ -53,7 +53,7 @@ __all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake
            "load_fit_trace", "check_trace_memory", "model_from_file", "STUDIES"]
 
 FIT_DEFAULTS = dict(
-    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
+    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None, sort=False),
     capacity_points=16,
     ttl_s=[60, 300, 900, 3600],
     baseline=True,
@@ -164,9 +164,12 @@ def load_fit_trace(tc: dict, *, check_memory: bool = True):
         check_trace_memory(p, mr)
     try:  # a malformed file: its file-line-field message, not a traceback (TraceError is a ValueError)
         if fmt == "bailian":
+            if tc.get("sort"):
+                raise StudyError("trace.sort=true is for Mooncake traces; a Bailian trace's parents come before "
+                                 "their children, in timestamp order")
             tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
             return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
-        return load_mooncake(p, block_tokens=int(bt), max_requests=mr), {}
+        return load_mooncake(p, block_tokens=int(bt), max_requests=mr, sort=bool(tc.get("sort"))), {}
     except ValueError as e:
         raise StudyError(f"trace: {e}") from None
 
@@ -198,9 +201,9 @@ def _trace_cfg(cfg, c: dict) -> dict:
     tc = dict(c["trace"])
     top = cfg.get("trace") if hasattr(cfg, "get") else None
     if top is not None:
-        for k in ("path", "format", "block_tokens", "max_requests"):
+        for k in ("path", "format", "block_tokens", "max_requests", "sort"):
             v = top.get(k) if hasattr(top, "get") else None
-            if tc.get(k) in (None, "auto") and v is not None:
+            if tc.get(k) in (None, "auto", False) and v is not None:
                 tc[k] = v
     return tc
 
@@ -583,7 +586,7 @@ def plot_fit(ds):
 
 # ------------------------------------------------------------------------------ Mooncake figures
 MOONCAKE_DEFAULTS = dict(
-    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
+    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None, sort=False),
     mark_tokens=3_000_000,
     nodes=10,
     node_tokens=[3_000_000],
@@ -835,7 +838,7 @@ def plot_table1(ds):
 
 # ------------------------------------------------------------------------------ TTL advice on a trace
 TTL_TRACE_DEFAULTS = dict(
-    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None),
+    trace=dict(path=None, format="auto", block_tokens=None, max_requests=None, sort=False),
     options=["anthropic_5m", "anthropic_1h", "none"],
     pricing_overrides={},
     base_per_mtok=None,  # null: each preset's own base price

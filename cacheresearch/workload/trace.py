@@ -6,7 +6,8 @@ Mooncake JSONL
         {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
 
     ``timestamp`` is the arrival time in integer milliseconds (kept as given: it must be
-    non-negative and non-decreasing; a trace whose timestamps run past the engine's span, such as
+    non-negative and non-decreasing, unless ``sort=True`` orders the requests by it; a float is
+    rounded to the millisecond; a trace whose timestamps run past the engine's span, such as
     epoch milliseconds, is rebased to its first request and the offset kept in ``meta["timestamp_offset_ms"]``),
     ``input_length``/``output_length`` are token counts and
     ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
@@ -108,6 +109,22 @@ def _int_field(obj: dict, field: str, path, lineno: int, upper: int | None = Non
     return v
 
 
+def _ms_field(obj: dict, path, lineno: int) -> tuple[int, int]:
+    """``(milliseconds, 1 if rounded else 0)`` of a Mooncake ``timestamp``: an integer, or a finite
+    non-negative float rounded to the nearest millisecond."""
+    if "timestamp" not in obj:
+        raise _fail(path, lineno, "timestamp", "missing")
+    v = obj["timestamp"]
+    if type(v) is float:
+        if not math.isfinite(v) or v < 0:
+            raise _fail(path, lineno, "timestamp", f"expected a finite non-negative number of milliseconds, got {v!r}")
+        if v > 2**62:
+            raise _fail(path, lineno, "timestamp", f"must be at most {2**62}, got {v}")
+        r = math.floor(v + 0.5)
+        return int(r), int(r != v)
+    return _int_field(obj, "timestamp", path, lineno, upper=2**62), 0  # int64 headroom; the span is checked later
+
+
 def _check_hash_ids(ids, path, lineno: int) -> None:
     if type(ids) is not list:
         raise _fail(path, lineno, "hash_ids", f"expected a list of integers, got {type(ids).__name__}")
@@ -147,12 +164,18 @@ def load_mooncake(
     block_tokens: int,
     max_requests: int | None = None,
     name: str | None = None,
+    sort: bool = False,
 ) -> Workload:
     """Load a Mooncake-format JSONL trace into a :class:`Workload`.
 
     ``block_tokens`` is the tokens per ``hash_ids`` entry (512 for the Mooncake traces).
     ``max_requests`` keeps only the first that many requests (the rest of the file is not read).
     ``name`` defaults to the file's stem. Raises :class:`TraceError` on malformed input.
+    Timestamps are integer milliseconds; a finite non-negative float is rounded to the nearest
+    millisecond (the engine's clock) and the count of non-integral ones kept in
+    ``meta["timestamps_rounded"]``. A timestamp below the one before it is an error unless ``sort``:
+    then the requests are ordered by timestamp (stable: ties keep the file's order; logs written at
+    completion are out of arrival order) and ``meta["requests_reordered"]`` counts the requests moved.
     """
     if type(block_tokens) is not int or block_tokens <= 0:
         raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
@@ -168,6 +191,7 @@ def load_mooncake(
     line_l: list[int] = []
     prev_ts = -1
     prev_line = 0
+    rounded = 0
     with open(p, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if max_requests is not None and len(ts_l) >= max_requests:
@@ -180,11 +204,13 @@ def load_mooncake(
                 raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
             if type(obj) is not dict:
                 raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
-            ts = _int_field(obj, "timestamp", path, lineno, upper=2**62)  # int64 headroom; the span is checked below
-            if ts < prev_ts:
+            ts, frac = _ms_field(obj, path, lineno)
+            rounded += frac
+            if ts < prev_ts and not sort:
                 raise _fail(
                     path, lineno, "timestamp",
-                    f"timestamps must be non-decreasing: {ts} after {prev_ts} (line {prev_line})",
+                    f"timestamps must be non-decreasing: {ts} after {prev_ts} (line {prev_line}); "
+                    "trace.sort=true (load_mooncake(sort=True)) orders the requests by timestamp",
                 )
             n_in = _int_field(obj, "input_length", path, lineno)
             n_out = _int_field(obj, "output_length", path, lineno)
@@ -211,23 +237,36 @@ def load_mooncake(
     if not ts_l:
         raise TraceError(f"{path}:1: empty trace: no requests found")
     arrival = np.asarray(ts_l, dtype=np.int64)
+    keys = np.asarray(flat, dtype=np.uint64)
+    lens = np.asarray(len_l, dtype=np.int64)
+    moved = 0
+    if sort and np.any(arrival[1:] < arrival[:-1]):
+        o = np.argsort(arrival, kind="stable")
+        moved = int(np.sum(o != np.arange(o.size)))
+        off0 = np.concatenate([[0], np.cumsum(lens)])
+        keys = keys[np.concatenate([np.arange(off0[i], off0[i + 1]) for i in o])] if keys.size else keys
+        arrival, lens = arrival[o], lens[o]
+        line_l, in_l, out_l, ten_l = ([x[i] for i in o] for x in (line_l, in_l, out_l, ten_l))
     base = int(arrival[0]) if arrival[-1] > MAX_ARRIVAL_MS else 0  # e.g. epoch milliseconds: rebase
     arrival -= base
     if arrival[-1] > MAX_ARRIVAL_MS:
         i = int(np.argmax(arrival > MAX_ARRIVAL_MS))
         raise _fail(path, line_l[i], "timestamp", _span_message(int(arrival[i]), base, i))
-    offsets = np.zeros(len(len_l) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(len_l, dtype=np.int64), out=offsets[1:])
+    offsets = np.zeros(lens.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    extra = {**({"timestamp_offset_ms": int(base)} if base else {}),
+             **({"timestamps_rounded": int(rounded)} if rounded else {}),
+             **({"requests_reordered": moved} if moved else {})}
     return Workload(
         arrival_ms=arrival,
         input_tokens=np.asarray(in_l, dtype=np.int64),
         output_tokens=np.asarray(out_l, dtype=np.int64),
         tenant=np.asarray(ten_l, dtype=np.int32),
-        keys=np.asarray(flat, dtype=np.uint64),
+        keys=keys,
         offsets=offsets,
         block_tokens=block_tokens,
         name=p.stem if name is None else name,
-        meta={"format": "mooncake", "file": p.name, **({"timestamp_offset_ms": int(base)} if base else {})},
+        meta={"format": "mooncake", "file": p.name, **extra},
     )
 
 
@@ -554,7 +593,7 @@ def detect_format(path: str | PathLike) -> str:
 
 
 def load_trace(path: str | PathLike, *, format: str = "auto", block_tokens: int | None = None,
-               max_requests: int | None = None, name: str | None = None) -> Workload:
+               max_requests: int | None = None, name: str | None = None, sort: bool = False) -> Workload:
     """Load a Mooncake or Bailian JSONL trace. ``format``: ``auto`` (:func:`detect_format`),
     ``mooncake`` or ``bailian``; ``block_tokens`` defaults to the format's (:data:`TRACE_FORMATS`)."""
     if format == "auto":
@@ -563,5 +602,8 @@ def load_trace(path: str | PathLike, *, format: str = "auto", block_tokens: int 
         raise ValueError(f"unknown trace format {format!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
     bt = TRACE_FORMATS[format] if block_tokens is None else block_tokens
     if format == "bailian":
+        if sort:
+            raise ValueError("sort=True is for Mooncake traces; a Bailian trace's parents must come before "
+                             "their children, in timestamp order")
         return load_bailian(path, block_tokens=bt, max_requests=max_requests, name=name)
-    return load_mooncake(path, block_tokens=bt, max_requests=max_requests, name=name)
+    return load_mooncake(path, block_tokens=bt, max_requests=max_requests, name=name, sort=sort)
