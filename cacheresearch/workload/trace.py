@@ -6,8 +6,8 @@ Mooncake JSONL
         {"timestamp": 0, "input_length": 40160, "output_length": 6, "hash_ids": [0, 1, ...]}
 
     ``timestamp`` is the arrival time in integer milliseconds (kept as given: it must be
-    non-negative and non-decreasing, unless ``sort=True`` orders the requests by it; a float is
-    rounded to the millisecond; a trace whose timestamps run past the engine's span, such as
+    non-negative and non-decreasing, unless ``sort=True`` orders the requests by it; a float must
+    have an integral value; a trace whose timestamps run past the engine's span, such as
     epoch milliseconds, is rebased to its first request and the offset kept in ``meta["timestamp_offset_ms"]``),
     ``input_length``/``output_length`` are token counts and
     ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
@@ -109,20 +109,21 @@ def _int_field(obj: dict, field: str, path, lineno: int, upper: int | None = Non
     return v
 
 
-def _ms_field(obj: dict, path, lineno: int) -> tuple[int, int]:
-    """``(milliseconds, 1 if rounded else 0)`` of a Mooncake ``timestamp``: an integer, or a finite
-    non-negative float rounded to the nearest millisecond."""
+def _ms_field(obj: dict, path, lineno: int) -> int:
+    """Milliseconds of a Mooncake ``timestamp``: an integer, or a float with an integral value (JSON
+    writers emit ``10.0``); a fraction is refused (Mooncake's clock is integer milliseconds, and a
+    fractional value is more likely seconds, as in a Bailian trace, than a fraction of a millisecond)."""
     if "timestamp" not in obj:
         raise _fail(path, lineno, "timestamp", "missing")
     v = obj["timestamp"]
     if type(v) is float:
-        if not math.isfinite(v) or v < 0:
-            raise _fail(path, lineno, "timestamp", f"expected a finite non-negative number of milliseconds, got {v!r}")
-        if v > 2**62:
-            raise _fail(path, lineno, "timestamp", f"must be at most {2**62}, got {v}")
-        r = math.floor(v + 0.5)
-        return int(r), int(r != v)
-    return _int_field(obj, "timestamp", path, lineno, upper=2**62), 0  # int64 headroom; the span is checked later
+        if not math.isfinite(v) or v < 0 or v > 2**62 or v != math.floor(v):
+            raise _fail(path, lineno, "timestamp",
+                        f"expected a non-negative integer number of milliseconds, got {v!r}"
+                        + (" (a fraction: seconds? a Bailian trace's timestamps are seconds: format=bailian)"
+                           if math.isfinite(v) and v >= 0 and v != math.floor(v) else ""))
+        return int(v)
+    return _int_field(obj, "timestamp", path, lineno, upper=2**62)  # int64 headroom; the span is checked later
 
 
 def _check_hash_ids(ids, path, lineno: int) -> None:
@@ -171,9 +172,9 @@ def load_mooncake(
     ``block_tokens`` is the tokens per ``hash_ids`` entry (512 for the Mooncake traces).
     ``max_requests`` keeps only the first that many requests (the rest of the file is not read).
     ``name`` defaults to the file's stem. Raises :class:`TraceError` on malformed input.
-    Timestamps are integer milliseconds; a finite non-negative float is rounded to the nearest
-    millisecond (the engine's clock) and the count of non-integral ones kept in
-    ``meta["timestamps_rounded"]``. A timestamp below the one before it is an error unless ``sort``:
+    Timestamps are integer milliseconds (a float with an integral value is read as one; a fraction
+    is refused: it is more likely seconds than a fraction of a millisecond). A timestamp below the one
+    before it is an error unless ``sort``:
     then the requests are ordered by timestamp (stable: ties keep the file's order; logs written at
     completion are out of arrival order) and ``meta["requests_reordered"]`` counts the requests moved.
     """
@@ -191,7 +192,6 @@ def load_mooncake(
     line_l: list[int] = []
     prev_ts = -1
     prev_line = 0
-    rounded = 0
     with open(p, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if max_requests is not None and len(ts_l) >= max_requests:
@@ -204,8 +204,7 @@ def load_mooncake(
                 raise _fail(path, lineno, None, f"invalid JSON ({e})") from None
             if type(obj) is not dict:
                 raise _fail(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
-            ts, frac = _ms_field(obj, path, lineno)
-            rounded += frac
+            ts = _ms_field(obj, path, lineno)
             if ts < prev_ts and not sort:
                 raise _fail(
                     path, lineno, "timestamp",
@@ -255,7 +254,6 @@ def load_mooncake(
     offsets = np.zeros(lens.size + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     extra = {**({"timestamp_offset_ms": int(base)} if base else {}),
-             **({"timestamps_rounded": int(rounded)} if rounded else {}),
              **({"requests_reordered": moved} if moved else {})}
     return Workload(
         arrival_ms=arrival,
