@@ -201,6 +201,18 @@ def test_trace_size_estimate_and_memory_refusal(tmp_path):
     assert w.n_requests == 300
 
 
+def test_a_trace_longer_than_the_engine_clock_fits(tmp_path):
+    """Sessions over 20 days (past the engine's 12.4-day int32 clock): the fit, its samples and the curves
+    take the span; the samples are not clipped to the engine's clock."""
+    from cacheresearch.workload import MAX_ARRIVAL_MS
+
+    recs = _sessions(80, span_ms=20 * 86_400_000, seed=2)
+    w, m = _fit_check(_write(tmp_path / "long.jsonl", recs))
+    assert w.arrival_ms[-1] > MAX_ARRIVAL_MS
+    x = sample_workload(m, 0)
+    assert x.arrival_ms[-1] > MAX_ARRIVAL_MS and np.sum(x.arrival_ms == MAX_ARRIVAL_MS) <= 1  # not piled at it
+
+
 def test_unsorted_log_needs_trace_sort(tmp_path):
     recs = _sessions(40)
     recs[5], recs[20] = recs[20], recs[5]  # a log written out of arrival order

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.workload import Workload
+from cacheresearch.workload import MAX_ARRIVAL_MS, Workload, WorkloadError
 
 __all__ = ["Stream", "StreamShape", "compile_stream", "pad_stream", "stack_streams", "run_structure",
            "stream_shape", "default_chunk_runs", "with_stateful_singletons", "with_block_ids"]
@@ -236,6 +236,12 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
     S = w.total_blocks
     if S >= 2**31 - 2:
         raise ValueError(f"stream has {S} blocks; the int32 stamp bound is {2**31 - 3}")
+    if n and int(w.arrival_ms[-1]) > MAX_ARRIVAL_MS:
+        i = int(np.argmax(w.arrival_ms > MAX_ARRIVAL_MS))
+        raise WorkloadError(
+            f"request {i} arrives at {int(w.arrival_ms[i])} ms, beyond the engine's int32 millisecond clock "
+            f"({MAX_ARRIVAL_MS} ms, {MAX_ARRIVAL_MS / 86_400_000:.1f} days): the engine takes the first {i} "
+            f"requests (trace.max_requests={i}) or windows of the trace (experiment=fit takes any span)")
     if w.input_tokens.max(initial=0) >= 2**31 - 1:
         raise ValueError("an input length exceeds the int32 token bound")
     if w.output_tokens.max(initial=0) >= 2**31 - 1:

@@ -57,6 +57,7 @@ from scipy import optimize, special, stats
 from cacheresearch.fit import laws as L
 from cacheresearch.fit.structure import chain_content_hashes, request_structure, split_conversations
 from cacheresearch.workload import Workload
+from cacheresearch.workload.table import MAX_TRACE_MS
 
 __all__ = ["fit_workload", "sample_workload", "naive_workload", "ablate", "ablation_effect", "MODEL_VERSION",
            "STEP_CLASSES", "COMPONENTS", "count_ppf", "fit_length_count_copula"]
@@ -1125,7 +1126,7 @@ def sample_workload(model: dict, seed: int = 0, *, duration_s: float | None = No
     # input tokens within the blocks' range (ceil(tokens / bt) = blocks; 0 tokens for no blocks): a step
     # replayed on a parent of another length keeps its own token count only where that stays consistent
     inp = np.clip(np.array([r[3] for r in rows], dtype=np.int64), np.where(lens > 0, (lens - 1) * bt + 1, 0), lens * bt)
-    ms = np.minimum(np.round(np.array([r[0] for r in rows]) * 1000).astype(np.int64), np.iinfo(np.int32).max // 2)
+    ms = np.minimum(np.round(np.array([r[0] for r in rows]) * 1000).astype(np.int64), MAX_TRACE_MS)
     return Workload(
         arrival_ms=np.maximum.accumulate(ms),
         input_tokens=inp,

@@ -587,7 +587,10 @@ def grid_cells(cfg, plan: Plan):
     streams, workloads = [], []
     for k in wkeys:
         w = build_workload(cfg, plan, k)
-        streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio or vllm, block_ids=blocks))
+        try:
+            streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio or vllm, block_ids=blocks))
+        except WorkloadError as e:  # the engine's bounds (its int32 clock): a clear message, not a traceback
+            raise SweepError(f"workload {w.name}: {e}") from None
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
                               n_requests=int(w.n_requests),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",

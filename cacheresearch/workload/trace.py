@@ -55,7 +55,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cacheresearch.workload.table import MAX_ARRIVAL_MS, Workload
+from cacheresearch.workload.table import MAX_ARRIVAL_MS, MAX_TRACE_MS, Workload
 
 __all__ = [
     "TraceError",
@@ -154,9 +154,8 @@ def _check_hash_ids(ids, path, lineno: int) -> None:
 
 def _span_message(ts_ms: int, base_ms: int, n_before: int) -> str:
     rebased = f" after rebasing to the first request ({base_ms} ms)" if base_ms else ""
-    return (f"{ts_ms} ms{rebased} is beyond the engine's int32 millisecond span ({MAX_ARRIVAL_MS} ms, "
-            f"{MAX_ARRIVAL_MS / 86_400_000:.1f} days); take the first part of the trace with "
-            f"max_requests (trace.max_requests={n_before} or fewer) or split it into windows")
+    return (f"{ts_ms} ms{rebased} is beyond a workload's span ({MAX_TRACE_MS} ms); take the first part of "
+            f"the trace with max_requests (trace.max_requests={n_before} or fewer) or split it into windows")
 
 
 def load_mooncake(
@@ -248,8 +247,8 @@ def load_mooncake(
         line_l, in_l, out_l, ten_l = ([x[i] for i in o] for x in (line_l, in_l, out_l, ten_l))
     base = int(arrival[0]) if arrival[-1] > MAX_ARRIVAL_MS else 0  # e.g. epoch milliseconds: rebase
     arrival -= base
-    if arrival[-1] > MAX_ARRIVAL_MS:
-        i = int(np.argmax(arrival > MAX_ARRIVAL_MS))
+    if arrival[-1] > MAX_TRACE_MS:
+        i = int(np.argmax(arrival > MAX_TRACE_MS))
         raise _fail(path, line_l[i], "timestamp", _span_message(int(arrival[i]), base, i))
     offsets = np.zeros(lens.size + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
@@ -376,8 +375,8 @@ def _timestamp_s(obj: dict, path, lineno: int) -> int:
     if v < 0:
         raise _fail(path, lineno, "timestamp", f"must be non-negative, got {v}")
     ms = int(round(v * 1000))
-    if ms > MAX_ARRIVAL_MS:
-        raise _fail(path, lineno, "timestamp", f"{v} s is beyond the engine's {MAX_ARRIVAL_MS / 1000:.0f} s")
+    if ms > MAX_TRACE_MS:
+        raise _fail(path, lineno, "timestamp", f"{v} s is beyond a workload's span ({MAX_TRACE_MS / 1000:.0f} s)")
     return ms
 
 
