@@ -222,3 +222,19 @@ def test_unsorted_log_needs_trace_sort(tmp_path):
     w, _ = load_fit_trace(dict(path=str(p), block_tokens=BT, sort=True))
     assert np.all(np.diff(w.arrival_ms) >= 0) and w.meta["requests_reordered"] >= 2
     _fit_check(p, sort=True)
+
+
+def test_ttl_advice_on_a_trace_longer_than_the_engine_clock(tmp_path):
+    """ttl_trace replays a trace past the engine's int32 clock on int64 milliseconds (the replay that
+    equals the engine where both run) and advises every shared root."""
+    from cacheresearch.fit.ttl_advice import replay_hit_tokens
+    from cacheresearch.fit.validate import hit_tokens, ttl_hit_blocks
+    from cacheresearch.workload import MAX_ARRIVAL_MS
+
+    w, _ = load_fit_trace(dict(path=str(_write(tmp_path / "long.jsonl", _sessions(80, span_ms=20 * 86_400_000,
+                                                                                    seed=2))), block_tokens=BT))
+    assert w.arrival_ms[-1] > MAX_ARRIVAL_MS
+    ht = replay_hit_tokens(w, [300, 3600])
+    assert np.array_equal(ht, hit_tokens(ttl_hit_blocks(w, [300, 3600]), BT, w.input_tokens[None, :], np))
+    a = advise_trace(w)
+    assert np.all(np.isfinite(a.simulated)) and a.choice.size == a.simulated.shape[0]

@@ -241,7 +241,7 @@ def compile_stream(workload: Workload, *, chunk_runs: int | None = None, statefu
         raise WorkloadError(
             f"request {i} arrives at {int(w.arrival_ms[i])} ms, beyond the engine's int32 millisecond clock "
             f"({MAX_ARRIVAL_MS} ms, {MAX_ARRIVAL_MS / 86_400_000:.1f} days): the engine takes the first {i} "
-            f"requests (trace.max_requests={i}) or windows of the trace (experiment=fit takes any span)")
+            f"requests (trace.max_requests={i}) or windows of the trace (experiment=fit and ttl_trace take any span)")
     if w.input_tokens.max(initial=0) >= 2**31 - 1:
         raise ValueError("an input length exceeds the int32 token bound")
     if w.output_tokens.max(initial=0) >= 2**31 - 1:

@@ -503,15 +503,25 @@ def prior_weight(halves, mu, use=None) -> float:
 
 def replay_hit_tokens(w: Workload, ttls_s) -> np.ndarray:
     """``[T, N]`` hit tokens of every request in one unbounded TTL cache refreshed on hit, per TTL
-    (the engine's numba backend; the engine's token accounting)."""
-    import jax  # noqa: PLC0415
+    (the engine's numba backend; the engine's token accounting). A trace longer than the engine's int32
+    millisecond clock (12.4 days) is replayed by :func:`cacheresearch.fit.validate.ttl_hit_blocks` on
+    int64 milliseconds instead, which equals the engine request by request where both run
+    (``tests/test_fit_validate.py``)."""
+    from cacheresearch.workload import MAX_ARRIVAL_MS  # noqa: PLC0415
 
-    from cacheresearch.backends.numba_cache import replay_grid  # noqa: PLC0415
-    from cacheresearch.core.params import make_params  # noqa: PLC0415
+    if w.n_requests and int(w.arrival_ms[-1]) > MAX_ARRIVAL_MS:
+        from cacheresearch.fit.validate import ttl_hit_blocks  # noqa: PLC0415
 
-    ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
-    m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))
-    hb = np.asarray(m.hit_blocks, dtype=np.int64)
+        hb = ttl_hit_blocks(w, ttls_s)
+    else:
+        import jax  # noqa: PLC0415
+
+        from cacheresearch.backends.numba_cache import replay_grid  # noqa: PLC0415
+        from cacheresearch.core.params import make_params  # noqa: PLC0415
+
+        ps = [make_params("ttl_refresh", ttl_s=float(t)) for t in ttls_s]
+        m = replay_grid(w, ps, [jax.random.key(0)] * len(ps))
+        hb = np.asarray(m.hit_blocks, dtype=np.int64)
     bt = w.block_tokens
     inp = w.input_tokens[None, :]
     return np.where(hb > inp // bt, inp, hb * bt)
