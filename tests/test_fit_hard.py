@@ -246,3 +246,23 @@ def test_subagent_parents_equal_the_plain_python_rule():
     st = request_structure(w)
     t = w.arrival_ms / 1000.0
     assert np.array_equal(_subagent_parents(t, st.session, 2.0), _subagent_parents_reference(t, st.session, 2.0))
+
+
+def test_session_law_fit_on_a_subsample_of_many_sessions(monkeypatch):
+    """Above SESSION_FIT_MAX sessions the joint (count, gap) MLE runs on a fixed random subsample with
+    their own gaps, says so, and recovers the laws the whole set gives."""
+    from cacheresearch.fit import model as M
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    counts = rng.geometric(0.3, n).astype(np.float64)
+    sess = np.repeat(np.arange(n), (counts - 1).astype(np.int64))
+    gaps = rng.exponential(40.0, sess.size)
+    window = np.full(n, 1e9)  # nothing censored
+    full = M._fit_session(counts, gaps, sess, window, gap_families=("expon",))
+    monkeypatch.setattr(M, "SESSION_FIT_MAX", 800)
+    sub = M._fit_session(counts, gaps, sess, window, gap_families=("expon",))
+    assert sub["subsample"] == {"sessions": 800, "of": n} and "subsample" not in full
+    assert full["gap"]["family"] == sub["gap"]["family"] == "expon"
+    assert abs(sub["gap"]["params"]["scale"] / full["gap"]["params"]["scale"] - 1) < 0.15
+    assert abs(sub["gap"]["params"]["scale"] / 40.0 - 1) < 0.15

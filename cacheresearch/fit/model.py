@@ -84,11 +84,25 @@ def _step_class(d: np.ndarray, a: np.ndarray, shared=None) -> np.ndarray:
     return c
 
 
+#: Sessions the joint (count, gap) likelihood is evaluated on at most (a fixed random subsample above it).
+SESSION_FIT_MAX = 20_000
+
+
 def _fit_session(counts: np.ndarray, gaps: np.ndarray, gap_sess: np.ndarray, window: np.ndarray,
                  gap_families=L.POSITIVE) -> dict:
     """Joint censored MLE of (count law, gap law): session ``i`` shows ``counts[i]`` requests, its
-    gaps ``gaps[gap_sess == i]``, and ``window[i]`` seconds from its last request to the end."""
+    gaps ``gaps[gap_sess == i]``, and ``window[i]`` seconds from its last request to the end. Over
+    ``SESSION_FIT_MAX`` sessions the likelihood is that of a fixed random subsample of them, with their
+    own gaps (a law of 2-4 parameters is set to well under a percent by that many; each likelihood
+    evaluation is O(sessions + gaps) and the optimiser takes hundreds): ``out["subsample"]`` says so."""
     out = {"candidates": {}}
+    if counts.size > SESSION_FIT_MAX:
+        keep = np.sort(np.random.default_rng(0).choice(counts.size, SESSION_FIT_MAX, replace=False))
+        on = np.zeros(counts.size, bool)
+        on[keep] = True
+        gm = on[np.asarray(gap_sess, np.int64)]
+        out["subsample"] = {"sessions": int(SESSION_FIT_MAX), "of": int(counts.size)}
+        counts, window, gaps = counts[keep], window[keep], gaps[gm]
     gpos = np.maximum(gaps, 1e-3)
     if gaps.size < 2:  # too few reuses for a gap law: sessions of one request, counts complete
         out["count"] = (L.fit_count(counts).to_dict() if counts.size >= 2 and np.any(counts > 1) else
