@@ -225,16 +225,26 @@ def test_unsorted_log_needs_trace_sort(tmp_path):
 
 
 def test_ttl_advice_on_a_trace_longer_than_the_engine_clock(tmp_path):
-    """ttl_trace replays a trace past the engine's int32 clock on int64 milliseconds (the replay that
-    equals the engine where both run) and advises every shared root."""
+    """ttl_trace replays a trace past the engine's int32 clock on int64 milliseconds, equal to a
+    plain-Python TTL cache request by request, and advises every shared root."""
     from cacheresearch.fit.ttl_advice import replay_hit_tokens
-    from cacheresearch.fit.validate import hit_tokens, ttl_hit_blocks
     from cacheresearch.workload import MAX_ARRIVAL_MS
 
     w, _ = load_fit_trace(dict(path=str(_write(tmp_path / "long.jsonl", _sessions(80, span_ms=20 * 86_400_000,
                                                                                     seed=2))), block_tokens=BT))
     assert w.arrival_ms[-1] > MAX_ARRIVAL_MS
     ht = replay_hit_tokens(w, [300, 3600])
-    assert np.array_equal(ht, hit_tokens(ttl_hit_blocks(w, [300, 3600]), BT, w.input_tokens[None, :], np))
+    for j, ttl_ms in enumerate((300_000, 3_600_000)):  # plain Python: one TTL cache refreshed on every use
+        last, want = {}, []
+        for i in range(w.n_requests):
+            t, ks = int(w.arrival_ms[i]), w.keys[w.offsets[i]: w.offsets[i + 1]].tolist()
+            hb = 0
+            while hb < len(ks) and ks[hb] in last and t - last[ks[hb]] <= ttl_ms:
+                hb += 1
+            for k in ks:
+                last[k] = t
+            want.append(min(hb * BT, int(w.input_tokens[i])))
+        assert ht[j].tolist() == want, ttl_ms
+    assert np.sum(ht) > 0  # the trace reuses within the TTLs: the check is not all zeros
     a = advise_trace(w)
     assert np.all(np.isfinite(a.simulated)) and a.choice.size == a.simulated.shape[0]
