@@ -242,7 +242,8 @@ def load_mooncake(
         o = np.argsort(arrival, kind="stable")
         moved = int(np.sum(o != np.arange(o.size)))
         off0 = np.concatenate([[0], np.cumsum(lens)])
-        keys = keys[np.concatenate([np.arange(off0[i], off0[i + 1]) for i in o])] if keys.size else keys
+        lo = lens[o]  # each request's blocks, in the new order, by one gather
+        keys = keys[np.repeat(off0[:-1][o] - np.concatenate([[0], np.cumsum(lo)[:-1]]), lo) + np.arange(lo.sum())]
         arrival, lens = arrival[o], lens[o]
         line_l, in_l, out_l, ten_l = ([x[i] for i in o] for x in (line_l, in_l, out_l, ten_l))
     base = int(arrival[0]) if arrival[-1] > MAX_ARRIVAL_MS else 0  # e.g. epoch milliseconds: rebase
