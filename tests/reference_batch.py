@@ -109,7 +109,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
-                    load_refresh_ms=0, load_gauges=0, **kn):
+                    load_refresh_ms=0, load_gauges=0, client_permits=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
     R = int(replicas)
     N = int(workload.n_requests)
@@ -313,22 +313,60 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     step(rp)
                     progress = True
 
+    def scrape_at(t_ms, u):
+        """The load scrape at the last multiple of load_refresh_ms by ``t_ms``, when it is new."""
+        nonlocal scrape_t, scrape_q, scrape_kv
+        if load_refresh_ms <= 0:
+            return
+        tick = (t_ms // int(load_refresh_ms)) * int(load_refresh_ms)
+        if tick > scrape_t:
+            advance(tick * PS_PER_MS)
+            scrape_q = [sum(1 for w in rp.waiting if (not local_load or w[0] % n_inst == u)) for rp in reps]
+            scrape_kv = [rp.pinned() + rp.work for rp in reps]
+            if load_gauges:  # vLLM's gauges as of the tick (pod-wide)
+                scrape_q = [rp.gauges_at(tick * PS_PER_MS)[0] for rp in reps]
+                scrape_kv = [rp.gauges_at(tick * PS_PER_MS)[1] for rp in reps]
+            scrape_t = tick
+
+    def run_to(x, u):
+        scrape_at(x // PS_PER_MS, u)
+        advance(x)
+
+    holders, last_send = [], [0]  # the client's permits: the requests holding one, the last send (ps)
+
+    def client_send(i, arr_t, u):
+        """inference-perf's permits: a permit in send order, at the arrival (or the previous send) when fewer than
+        client_permits earlier requests hold one, else at the first whole ms at or after the next finish."""
+        t = max(arr_t, last_send[0])
+        run_to(t, u)
+        while True:
+            holders[:] = [h for h in holders if not 0 <= fin[h] <= t]
+            if len(holders) < int(client_permits):
+                break
+            known = [fin[h] for h in holders if fin[h] >= 0]
+            busy = [rp.clock for rp in reps if rp.has_work()]
+            if known and (not busy or min(known) <= min(busy)):  # settled: no step left to run ends before it
+                t = _cdiv(min(known), PS_PER_MS) * PS_PER_MS
+            elif not busy:  # nothing will finish: the holders were never served
+                holders.clear()
+                break
+            else:
+                t = max(t, min(busy))
+            run_to(t, u)
+        holders.append(i)
+        last_send[0] = t
+        return t
+
+    sent = [int(a) for a in workload.arrival_ms]  # the sends (ms): the arrivals in an open loop
     last_sync, snapshot = None, None
     del kv_pressure  # the pool pins the blocks of running requests always (what kv_pressure asks of fcfs)
     for i in range(N):
-        now = int(workload.arrival_ms[i])
-        now_t = now * PS_PER_MS
         u = i % n_inst
-        if load_refresh_ms > 0:  # the load scrape at the last multiple of load_refresh_ms, when it is new
-            tick = (now // int(load_refresh_ms)) * int(load_refresh_ms)
-            if tick > scrape_t:
-                advance(tick * PS_PER_MS)
-                scrape_q = [sum(1 for w in rp.waiting if (not local_load or w[0] % n_inst == u)) for rp in reps]
-                scrape_kv = [rp.pinned() + rp.work for rp in reps]
-                if load_gauges:  # vLLM's gauges as of the tick (pod-wide)
-                    scrape_q = [rp.gauges_at(tick * PS_PER_MS)[0] for rp in reps]
-                    scrape_kv = [rp.gauges_at(tick * PS_PER_MS)[1] for rp in reps]
-                scrape_t = tick
+        if client_permits > 0:
+            sent[i] = client_send(i, sent[i] * PS_PER_MS, u) // PS_PER_MS
+        now = sent[i]
+        now_t = now * PS_PER_MS
+        scrape_at(now, u)
         advance(now_t)
         keys = keys_of[i]
         n = len(keys)
@@ -385,7 +423,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         # at or before now was released), or at the first cleanup tick (every T from 0) after its TTL T ran out
         T = int(knobs["gie_active_timeout_ms"])
         tracked = [sum(1 for j in [w[0] for w in rp.waiting] + [q.i for q in rp.running]
-                       if T == 0 or not any(int(workload.arrival_ms[j]) + T < k * T for k in range(1, now // T + 1)))
+                       if T == 0 or not any(sent[j] + T < k * T for k in range(1, now // T + 1)))
                    for rp in reps]
         r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
                       active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
@@ -407,7 +445,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         else:
             rp.dropped += 1
     advance(float("inf"))
-    arr_t = [int(a) * PS_PER_MS for a in workload.arrival_ms]
+    arr_t = [int(a) * PS_PER_MS for a in sent]  # latency from the send
     ttft_ms = [(_cdiv(t - a, PS_PER_MS) if f >= 0 else -1) for t, f, a in zip(ttft, fin, arr_t)]
     e2e_ms = [(_cdiv(f - a, PS_PER_MS) if f >= 0 else -1) for f, a in zip(fin, arr_t)]
     # TPOT per request in whole ns (floored), as the engine's metric
@@ -415,6 +453,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     return dict(
         ttft_ms=np.asarray(ttft_ms, np.int64), e2e_ms=np.asarray(e2e_ms, np.int64), hit_blocks=np.asarray(hit),
         preempted=np.asarray(npre_out), replica=np.asarray(rep_of),
+        client_wait_ms=np.asarray(sent, np.int64) - np.asarray(workload.arrival_ms, np.int64),
         ttft_ps=ttft, fin_ps=fin, tpot_ns=tpot_ns,
         preemptions=sum(rp.preempt for rp in reps), steps=sum(rp.steps for rp in reps),
         events=sum(rp.events for rp in reps),

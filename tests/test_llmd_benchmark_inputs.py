@@ -285,6 +285,8 @@ def test_inference_perf_defaults_aliases_and_client_keys(tmp_path):
     assert (d.num_groups, d.num_prompts_per_group, d.system_prompt_len, d.question_len, d.output_len) == \
         (3, 2, 40, 50, 50)  # question_len and output_len: inference-perf's defaults
     assert c.request_timeout_s == 60.0 and c.stages[0].n_requests == 10
+    assert (c.num_workers, c.worker_max_concurrency, c.client_permits) == (2, 50, 100)  # the client's permits
+    assert read_inference_perf(_write(tmp_path, "s.yaml", SMALL_IP)).client_permits is None  # cpu_count(): unknown
     bad = {
         "m.yaml": (NEWER_IP.replace("enable_multi_turn_chat: false", "enable_multi_turn_chat: true"),
                    r"enable_multi_turn_chat: not supported"),
@@ -296,6 +298,7 @@ def test_inference_perf_defaults_aliases_and_client_keys(tmp_path):
         "t.yaml": (NEWER_IP.replace("request_timeout: 60", "request_timeout: 0"), r"load\.request_timeout"),
         "r.yaml": (NEWER_IP.replace("base_seed: 7", "trace: {file: x.csv}"), r"load\.trace: not supported"),
         "k.yaml": (NEWER_IP.replace("base_seed: 7", "bogus_key: 1"), r"load\.bogus_key: unknown key"),
+        "w.yaml": (NEWER_IP.replace("num_workers: 2", "num_workers: 0"), r"load\.num_workers: must be an integer"),
     }
     for name, (text, key) in bad.items():
         with pytest.raises(InferencePerfError, match=rf"{name}: .*{key}"):
@@ -548,3 +551,37 @@ def test_report_summary_reproduces_a_published_summary_row():
     assert two["output_tokens_per_s_all"] == pytest.approx((200.0 + 500.0) / 2)
     assert two["ttft_p90_s_all"] == pytest.approx((2.0 * 40 + 10.0 * 20) / 60)
     assert two["requests_per_s_all"] == pytest.approx(60 / 24)
+
+
+def test_client_permits_close_the_loop(tmp_path):
+    """``llmd.client_permits``: auto is open loop for a file that leaves ``num_workers`` to the client's CPU count
+    (the same dataset as 0), and the file's ``num_workers x worker_max_concurrency`` when it sets them; with few
+    permits requests wait in the client, the pods never hold more than that many, and the TTFT the client
+    measures (from the send) is lower than the open loop's while the stage takes longer."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+
+    def run(text, permits=None):
+        ip = _write(tmp_path, f"ip{permits}{len(text)}.yaml", text)
+        llmd = dict(inference_perf=str(ip), epp={"load": str(BUNDLED / "epp-load-scheduling.yaml")}, stage_gap_s=60,
+                    max_running=8, overhead_ms=0)
+        if permits is not None:
+            llmd["client_permits"] = permits
+        cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="cp", seed=4, fleet=dict(replicas=2),
+                                    replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                    cache=dict(block_tokens=16, capacity_blocks=60), llmd=llmd))
+        return run_study(cfg)
+
+    heavy = SMALL_IP.replace("rate: 8", "rate: 40").replace("output_len: 6", "output_len: 60")
+    auto, zero, two = run(heavy), run(heavy, 0), run(heavy, 2)
+    assert auto.attrs["client_permits"] == 0 and "open loop" in auto.attrs["client_permits_source"]
+    for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s"):
+        np.testing.assert_array_equal(auto[v].values, zero[v].values, err_msg=v)
+    assert two.attrs["client_permits"] == 2 and bool(two.stage_drained.all())
+    assert float(two.ttft_mean_s.sel(stage=1)) < float(zero.ttft_mean_s.sel(stage=1))
+    assert float(two.requests_per_s.sel(stage=1)) < float(zero.requests_per_s.sel(stage=1))  # sends spread out
+    assert float(two.waiting_mean.sel(stage=1)) <= float(zero.waiting_mean.sel(stage=1))
+    filed = run(heavy.replace("type: poisson", "type: poisson\n  num_workers: 1\n  worker_max_concurrency: 2"))
+    assert filed.attrs["client_permits"] == 2 and "num_workers 1" in filed.attrs["client_permits_source"]
+    np.testing.assert_array_equal(filed.ttft_p90_s.values, two.ttft_p90_s.values)

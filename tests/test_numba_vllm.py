@@ -19,7 +19,7 @@ from cacheresearch.workload.synthetic import tenant_workload
 
 nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
 
-_PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")
+_PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica", "client_wait_ms")
 _FLOAT32_GAUGES = ("kv_acc", "q_acc", "kv_util_mean", "queue_len_mean", "kv_acc_at", "q_acc_at")
 
 
@@ -130,16 +130,18 @@ _GIE_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 160), budget=
                   weights=st.tuples(*[st.sampled_from([0, 100, 200, 300]) for _ in range(4)]),
                   window=st.sampled_from([0, 3, 12]), refresh=st.sampled_from([0, 7, 50]),
                   lru=st.sampled_from([12, 20, 31_250]), gauges=st.sampled_from([0, 1]),
-                  active=st.sampled_from([0, 100, 300]), timeout=st.sampled_from([0, 40, 150, 120_000]))
+                  active=st.sampled_from([0, 100, 300]), timeout=st.sampled_from([0, 40, 150, 120_000]),
+                  permits=st.sampled_from([0, 0, 1, 3, 8]))
 
 
 def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refresh, lru, jax_too, gauges=0,
-              active=0, timeout=120_000):
+              active=0, timeout=120_000, permits=0):
     """The gie router (every scorer and weight, the tie rule) on every view, GIE's own index on view
     gie_estimate (an LRU small enough to forget), the load scrape every ``refresh`` ms, the loads as the
     replicas' state or as vLLM's gauges (``gauges``: as of the last completed step), llm-d's active-request
     scorer (weight ``active``) with its tracker's expiry every ``timeout`` ms (0: none; the 2-second
-    workloads see 40 and 150 ms entries expire)."""
+    workloads see 40 and 150 ms entries expire), and the client's permits (``permits``; 0: open loop; the JAX
+    replica sends every request at its arrival, so it is compared in the open loop only)."""
     w = _workload(seed, out, rate=40)
     g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=11) if view == "gie_estimate" \
         else None
@@ -147,8 +149,8 @@ def _gie_case(seed, cap, budget, seqs, R, out, mode, view, weights, window, refr
               gie_prefix_w_pct=weights[0], gie_kv_w_pct=weights[1], gie_queue_w_pct=weights[2],
               gie_load_w_pct=weights[3], gie_load_threshold=3, gie_window_blocks=window, view=view,
               load_refresh_ms=refresh, gie_lru_capacity=lru, index_capacity=cap // 2 + 20, stale_lag_ms=150,
-              load_gauges=gauges, gie_active_w_pct=active, gie_active_timeout_ms=timeout)
-    return _compare(w, R=R, router="gie", gie_hashes=g, jax_too=jax_too, **kn)
+              load_gauges=gauges, gie_active_w_pct=active, gie_active_timeout_ms=timeout, client_permits=permits)
+    return _compare(w, R=R, router="gie", gie_hashes=g, jax_too=jax_too and permits == 0, **kn)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -252,3 +254,52 @@ def test_runner_takes_numba_for_the_vllm_replica_on_cpu():
     with pytest.raises(BackendError, match="temperature"):
         simulate_cells([s], np.zeros(1, np.int64), [make_params("lru", replicas=3, router="kv_cost", temperature=0.5,
                                                                 **kn)], np.zeros(1, np.int64), backend="numba", **opts)
+
+
+@pytest.mark.parametrize("permits", [1, 2, 5])
+def test_client_permits_hold_at_most_that_many_requests_in_flight(permits):
+    """client_permits (inference-perf's worker semaphores): checked from the outputs alone, independently of
+    both implementations. Sends never precede arrivals and keep arrival order; after every send at most
+    ``permits`` requests are in flight (sent, last token not yet out); a request that waited went at the first
+    whole ms after a finish that freed a permit, and just before it every permit was held. Numba and the
+    reference agree request by request (``_compare``); with more permits than requests it is the open loop."""
+    w = _workload(7, 25, rate=40)
+    kn = dict(capacity_blocks=80, max_num_batched_tokens=64, max_num_seqs=4, load_refresh_ms=7, load_gauges=1)
+    ref = _compare(w, R=2, router="llmd_precise", jax_too=False, client_permits=permits, **kn)
+    arr = np.asarray(w.arrival_ms, np.int64)
+    send = arr + ref["client_wait_ms"]
+    fin = send + ref["e2e_ms"]  # the last token's whole ms (ceil of its ps)
+    assert np.all(ref["e2e_ms"] >= 0) and np.all(send >= arr) and np.all(np.diff(send) >= 0)
+    waited = np.nonzero(ref["client_wait_ms"] > 0)[0]
+    assert waited.size > 0
+    for i in range(len(send)):
+        t = send[i]
+        assert np.sum((send[: i + 1] <= t) & (fin[: i + 1] > t)) <= permits, i
+    for i in waited:
+        t = send[i]
+        assert np.any(fin[:i] == t), i  # a finish in the ms before freed the permit
+        if t - 1 >= max(arr[i], send[i - 1]):  # it could have gone a ms earlier: every permit was held then
+            assert np.sum((send[:i] <= t - 1) & (fin[:i] > t - 1)) >= permits, i
+    wide = _compare(w, R=2, router="llmd_precise", jax_too=False, client_permits=len(send), **kn)
+    open_ = _compare(w, R=2, router="llmd_precise", jax_too=False, **kn)
+    for f in ("ttft_ms", "e2e_ms", "replica", "hit_blocks"):
+        np.testing.assert_array_equal(wide[f], open_[f])
+
+
+def test_client_permits_are_refused_where_they_are_not_modelled():
+    """The JAX engine sends every request at its arrival: a closed-loop configuration is refused there, and
+    backend=auto takes numba for it."""
+    from cacheresearch.core.run import BackendError, simulate_cells
+
+    w = _workload(3, 10)
+    s = compile_stream(w, stateful_singletons=True)
+    p = make_params("lru", replicas=2, router="round_robin", capacity_blocks=40, max_num_seqs=4, client_permits=2)
+    opts = dict(max_replicas=2, scheduler="vllm", max_running=6, queue_slots=64, per_request=True)
+    with pytest.raises(ValueError, match="client_permits"):
+        simulate(s, p, jax.random.key(0), max_replicas=2, scheduler="vllm", max_running=6, queue_slots=64)
+    with pytest.raises(BackendError, match="client_permits"):
+        simulate_cells([s], np.zeros(1, np.int64), [p], np.zeros(1, np.int64), backend="jax", **opts)
+    m, plan = simulate_cells([s], np.zeros(1, np.int64), [p], np.zeros(1, np.int64), **opts)
+    assert [g.backend for g in plan.groups] == ["numba"] and int(np.max(m.client_wait_ms)) > 0
+    with pytest.raises(ValueError, match="vllm replica only"):
+        simulate(s, p, jax.random.key(0), max_replicas=2)

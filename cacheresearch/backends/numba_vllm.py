@@ -47,6 +47,7 @@ __all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "POLICIES_CO
 
 PS_MS = 10**9
 MS_LIM = 2**31 - 1
+T_BIG = 2**62  # above every clock
 T_LIM = MS_LIM * PS_MS  # the JAX clock's span (Time saturates at MS_LIM ms): time_overflow past it
 BIG = 2**31 - 1
 #: router name -> the kernel's code (kv_cost at temperature 0)
@@ -68,8 +69,8 @@ NRQ = 7
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL) = range(41)
-NPI = 41
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS) = range(42)
+NPI = 42
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
@@ -77,7 +78,7 @@ _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_n
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
               "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges", "gie_active_w_pct",
-              "gie_active_timeout_ms")
+              "gie_active_timeout_ms", "client_permits")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -789,14 +790,14 @@ def _gie_add(ids, n, r, cap, gpres, gst, gs, glog):
 
 
 @njit(cache=True)
-def _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
-            fin, hitb, npre, scr, sq, skv, a):
-    """replica.vllm._scrape: with ``load_refresh_ms = P > 0``, at the first arrival past a new multiple of
-    ``P`` the pods run up to that tick and their waiting requests and KV blocks in use are kept."""
+def _scrape(t_ms, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
+            ttft, fin, hitb, npre, scr, sq, skv, a):
+    """replica.vllm._scrape: with ``load_refresh_ms = P > 0``, at the first arrival (at ``t_ms``) past a new
+    multiple of ``P`` the pods run up to that tick and their waiting requests and KV blocks in use are kept."""
     P = pi[REFRESH]
     if P <= 0:
         return
-    tick = (rq[i, QARR] // P) * P
+    tick = (t_ms // P) * P
     if tick <= scr[0]:
         return
     _advance(tick * PS_MS, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
@@ -807,6 +808,61 @@ def _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tm
     if pi[GAUGE] != 0:  # vLLM's gauges as of the tick
         _gauges_at(tick * PS_MS, nrep, rs, sq, skv)
     scr[0] = tick
+
+
+# ------------------------------------------------------------------------------ the client's permits
+@njit(cache=True)
+def _run_to(x, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+            hitb, npre, scr, sq, skv, a):
+    """The pods up to ``x`` (ps), the load scrape of the last tick by then taken first (as at an arrival)."""
+    _scrape(x // PS_MS, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
+            ttft, fin, hitb, npre, scr, sq, skv, a)
+    _advance(x, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin, hitb,
+             npre)
+
+
+@njit(cache=True)
+def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref,
+                 pst, frun, fst, ttft, fin, hitb, npre, scr, sq, skv, a):
+    """inference-perf's permits (``client_permits = NP``; replica.vllm docs): request ``i``, scheduled at
+    ``arr_t``, takes a permit in send order, at ``max(arr_t, the previous send)`` when fewer than ``NP``
+    earlier requests hold one, else at the first whole ms at or after the next finish; it holds it to its
+    finish. Returns the send (ps, whole ms). Requests that will never finish (dropped, rejected) give theirs
+    back when no pod has work left."""
+    t = max(arr_t, fm[1])
+    _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+            hitb, npre, scr, sq, skv, a)
+    while True:
+        j = 0
+        while j < fm[0]:  # the permits given back by t
+            h = fl[j]
+            if 0 <= fin[h] <= t:
+                fm[0] -= 1
+                fl[j] = fl[fm[0]]
+            else:
+                j += 1
+        if fm[0] < NP:
+            break
+        fmin, cmin = T_BIG, T_BIG
+        for j in range(fm[0]):
+            if fin[fl[j]] >= 0:
+                fmin = min(fmin, fin[fl[j]])
+        for r in range(nrep):
+            if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:
+                cmin = min(cmin, rs[r, CLOCK])
+        if fmin < T_BIG and fmin <= cmin:  # the next finish is settled: no step still to run ends before it
+            t = -(-fmin // PS_MS) * PS_MS
+        elif cmin == T_BIG:  # nothing will finish: the holders were never served
+            fm[0] = 0
+            break
+        else:
+            t = max(t, cmin)
+        _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
+                fin, hitb, npre, scr, sq, skv, a)
+    fl[fm[0]] = i
+    fm[0] += 1
+    fm[1] = t
+    return t
 
 
 # ------------------------------------------------------------------------------ views and the arrival loop
@@ -936,7 +992,7 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
 
 @njit(cache=True)
 def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, gh, gn, GI, ttft,
-         fin, hitb, npre, repof, rs_out, fs_out, tot, kat):
+         fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
@@ -964,11 +1020,23 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     gs, glog = np.zeros((R, 4), np.int64), np.zeros((R, Lg, 2), np.int64)
     scr, sq, skv, kvu = np.full(1, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     ac = np.zeros(R, np.int64)  # the active-request tracker's counts (gie_active_w_pct > 0)
+    NP = pi[PERMITS]
+    if NP > 0:  # the client's permits: the sends (the arrival column of a private copy) follow the finishes
+        rq = rq.copy()
+    fl = np.zeros(min(max(NP, 0), N) + 1, np.int64)  # the requests holding a permit
+    fm = np.zeros(2, np.int64)  # (how many, the last send in ps)
     for i in range(N):
-        now_t = rq[i, QARR] * PS_MS
         u = i % ninst
-        _scrape(i, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
-                ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
+        if NP > 0:
+            now_t = _client_send(i, rq[i, QARR] * PS_MS, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0,
+                                 rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g], fin[g], hitb[g], npre[g], scr,
+                                 sq, skv, a)
+            rq[i, QARR] = now_t // PS_MS
+            snd[g, i] = rq[i, QARR]
+        else:
+            now_t = rq[i, QARR] * PS_MS
+        _scrape(rq[i, QARR], u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun,
+                fst, ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
         _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
                  fin[g], hitb[g], npre[g])
         for x in range(nrep):  # the KV and waiting integrals at this arrival (per-stage time means)
@@ -1024,10 +1092,11 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     fs_out = np.zeros((G, R, 2), np.float32)
     tot = np.zeros((G, 4), np.int64)  # copies, copies_n, over_n, over_q
     kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
+    snd = np.zeros((G, N), np.int64)  # the sends (ms) under the client's permits (client_permits > 0)
     for g in prange(G):  # the prange index is typed both int64 and uint64: pass one type, one compiled _one
         _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E,
-             gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat)
-    return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat
+             gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd)
+    return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd
 
 
 # ------------------------------------------------------------------------------ the host side
@@ -1114,9 +1183,12 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
 
 def _metrics(stream, P, st, out, n, no) -> Metrics:
     """core.simulate's vllm metrics from the kernel's outputs (integers, exact sums, the float32 gauges)."""
-    ttft_t, fin_t, hitb, npre, repof, rs, fs, tot, kat = out
+    ttft_t, fin_t, hitb, npre, repof, rs, fs, tot, kat, snd = out
     G, R = rs.shape[0], rs.shape[1]
-    arr = np.asarray(stream.arrival_ms)[:n].astype(np.int64)
+    arr0 = np.asarray(stream.arrival_ms)[:n].astype(np.int64)
+    # TTFT and end-to-end latency from the send: the scheduled arrival, or under the client's permits the
+    # time a permit let the request go (inference-perf times a request from its send)
+    arr = np.where((P["client_permits"] > 0)[:, None], snd, arr0[None])
     inp = np.asarray(stream.input_tokens)[:n].astype(np.int64)
     outp = np.asarray(stream.output_tokens)[:n].astype(np.int64)
     bt = int(stream.block_tokens)
@@ -1125,8 +1197,8 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     e2e_ms = np.where(served, _ceil_ms(fin_t) - arr, -1)
     hit_b = np.where(served, hitb, 0)
     hit_tok = np.where(hit_b > (inp // bt)[None], inp[None], hit_b * bt)
-    t0 = arr[0] if n else 0
-    lat = served & ((arr - t0)[None] >= P["warmup_ms"].astype(np.int64)[:, None])
+    t0 = arr0[0] if n else 0
+    lat = served & ((arr0 - t0)[None] >= P["warmup_ms"].astype(np.int64)[:, None])
     nl = lat.sum(axis=1)
     srt_t = np.sort(np.where(lat, ttft_ms, MS_LIM), axis=1)
     srt_e = np.sort(np.where(lat, e2e_ms, MS_LIM), axis=1)
@@ -1137,7 +1209,7 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     q_ms, q_ns = ms // k, ((ms % k) * PS_MS + rem) // (1000 * k)
     active = np.arange(R)[None] < np.clip(P["replicas"].astype(np.int64), 1, R)[:, None]
     last_ms = np.max(np.where(served, _ceil_ms(fin_t), 0), axis=1, initial=0)
-    horizon = np.maximum(np.maximum(last_ms, arr[max(n - 1, 0)] if n else 0) - t0, 1)
+    horizon = np.maximum(np.maximum(last_ms, arr[:, max(n - 1, 0)] if n else 0) - t0, 1)
     busy_ms = (-(-rs[:, :, BUSY] // PS_MS)).astype(np.int32)
     hr = np.clip(np.where(served, repof, 0), 0, R - 1)
     rpr = np.zeros((G, R), np.int32)
@@ -1189,7 +1261,7 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         dropped=wa(rs[:, :, DROPPED] + rs[:, :, REJECTED]).sum(axis=1).astype(np.int32),
         steps=wa(rs[:, :, STEPS]).sum(axis=1).astype(np.int32),
         events=wa(rs[:, :, EVENTS]).sum(axis=1).astype(np.int32),
-        e2e_ms=per_req(e2e_ms, -1), preempted=per_req(npre, 0),
+        e2e_ms=per_req(e2e_ms, -1), preempted=per_req(npre, 0), client_wait_ms=per_req(arr - arr0[None], 0),
         kv_acc_at=per_req_f(kat[:, :, 0]), q_acc_at=per_req_f(kat[:, :, 1]),
         n_requests=np.full(G, n, np.int32), input_tokens_hi=ih, input_tokens_lo=il, ttft_sum_hi=th, ttft_sum_lo=tl,
         ttft_n=nl.astype(np.int32), busy_time=busy_ms, horizon_time=horizon.astype(np.int32),

@@ -294,13 +294,18 @@ def _devices_of(devices) -> list:
 
 
 def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tuple[str, list]:
-    """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``."""
+    """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``; a closed-loop
+    client (``client_permits > 0``) is the numba vllm backend's only, so ``auto`` takes numba for it on any host."""
+    closed = int(getattr(p, "client_permits", 0)) > 0
+    if closed and (backend == "jax" or not numba_cache.available()):
+        raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
+                           "backend only: engine.backend=auto or numba, with numba installed")
     if backend == "jax":
         return "jax", []
     index, stale, priority, s3 = needs
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3)
     missing = _numba_module(scheduler).coverage([p], st)
-    if backend == "numba":
+    if backend == "numba" or (closed and not missing):
         return "numba", missing
     return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
 

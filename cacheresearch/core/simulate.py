@@ -373,6 +373,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         preemptions=jnp.int32(0), kv_util_mean=nan, kv_util_max=nan, queue_len_mean=nan, throughput_tps=nan,
         dropped=jnp.int32(0), steps=jnp.int32(0), events=jnp.int32(0),
         e2e_ms=jnp.zeros((0,), jnp.int32), preempted=jnp.zeros((0,), jnp.int32),
+        client_wait_ms=jnp.zeros((0,), jnp.int32),
         kv_acc_at=jnp.zeros((0,), jnp.float32), q_acc_at=jnp.zeros((0,), jnp.float32),
         n_requests=jnp.asarray(nreal, jnp.int32), input_tokens_hi=inp_hi, input_tokens_lo=inp_lo,
         ttft_sum_hi=ttft_hi, ttft_sum_lo=ttft_lo, ttft_n=jnp.asarray(nreal, jnp.int32),
@@ -427,11 +428,12 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     if st.per_request:
         per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(is_real, c.rep_of[:N], -1), ttft_ms=ttft_ms,
                    match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N],
-                   kv_acc_at=c.acc_kv[:N], q_acc_at=c.acc_q[:N])
+                   client_wait_ms=jnp.zeros((N,), jnp.int32), kv_acc_at=c.acc_kv[:N], q_acc_at=c.acc_q[:N])
     else:
         z0 = jnp.zeros((0,), jnp.int32)
         per = dict(hit_blocks=z0, hit_tokens=z0, replica=z0, ttft_ms=z0, match=jnp.zeros((0, R), jnp.int32),
-                   e2e_ms=z0, preempted=z0, kv_acc_at=z0.astype(jnp.float32), q_acc_at=z0.astype(jnp.float32))
+                   e2e_ms=z0, preempted=z0, client_wait_ms=z0, kv_acc_at=z0.astype(jnp.float32),
+                   q_acc_at=z0.astype(jnp.float32))
     hit_hi, hit_lo = _sum_limbs(jnp.where(served, hit_tok, 0))
     inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, inp, 0))
     ttft_hi, ttft_lo = _sum_limbs(jnp.where(lat, ttft_ms, 0))
@@ -627,6 +629,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("load_refresh_ms (scraped load metrics) is modelled with the vllm replica only")
     if np.any(np.asarray(params.load_gauges) > 0) and st.scheduler != "vllm":
         raise ValueError("load_gauges (vLLM's published gauges) is modelled with the vllm replica only")
+    if np.any(np.asarray(params.client_permits) > 0) and st.scheduler != "vllm":
+        raise ValueError("client_permits (a closed-loop client) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.id in BLOCK_IDS})
     if blk:
@@ -714,6 +718,13 @@ def _max_depth(stream: Stream) -> int:
     return int(np.max(np.asarray(stream.n_blocks), initial=0))
 
 
+def _refuse_closed_loop(params) -> None:
+    """The JAX engine sends every request at its arrival; the client's permits are the numba backend's."""
+    if not isinstance(params.client_permits, jax.core.Tracer) and np.any(np.asarray(params.client_permits) > 0):
+        raise ValueError("client_permits > 0 (a closed-loop client) is modelled by the numba vllm backend only: "
+                         "core.run.simulate_cells(..., backend='auto' or 'numba')")
+
+
 def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,
              window: int | None = None, **options) -> Metrics:
     """Run one configuration over the stream (jit-compiled). ``key``: a PRNG key (random words per
@@ -726,6 +737,7 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
     st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
+    _refuse_closed_loop(params)
     stream = serve_stream(stream, st)
     check_stream(stream, st, params)
     return finalize(_simulate_jit(stream, params, key, st=st), st)
@@ -742,6 +754,7 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
     st = static_options(params, max_replicas=max_replicas, per_request=per_request, window=window,
                         max_depth=_max_depth(stream), **_with_runs(stream, options))
     check_bounds(params, max_replicas, st)
+    _refuse_closed_loop(params)
     if stream_axis:  # a stacked stream: derive per workload, then stack again
         from cacheresearch.core.stream import stack_streams  # noqa: PLC0415
 

@@ -78,6 +78,10 @@ class Metrics(NamedTuple):
     events: jax.Array
     e2e_ms: jax.Array  # int32 [N] per request (empty unless per_request)
     preempted: jax.Array  # int32 [N] per request
+    # int32 [N] the vllm replica under the client's permits (client_permits > 0): how long a request waited in the
+    # client for a permit after its scheduled arrival (its send = arrival + this; ttft_ms and e2e_ms count from
+    # the send, as inference-perf times a request); 0 in an open loop (empty unless per_request)
+    client_wait_ms: jax.Array
     # float32 [N] the vllm replica: kv_acc / q_acc summed over the active replicas when request i arrives
     # (after the replicas ran up to it; per-window time means by differences; empty unless per_request)
     kv_acc_at: jax.Array

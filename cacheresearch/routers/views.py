@@ -75,4 +75,10 @@ REPLICA_KNOBS = register_knobs(
          "blocks in use as of the end of the replica's last completed engine step (make_stats in "
          "update_from_output; requests that arrive during a step join the waiting queue at the next step, "
          "so one admitted at that step is never counted; pod-wide, also under local_load; vllm replica only)"),
+    # the load generator's, not the fleet's: a closed-loop client (inference-perf's worker semaphores)
+    Knob("client_permits", 0, 0, 2**24, doc="the client's permits (inference-perf: num_workers x "
+         "worker_max_concurrency): a request takes one in arrival order before it is sent and holds it to its "
+         "last token, so with every permit held it is sent at the first whole ms after the next finish; "
+         "TTFT and e2e count from the send; 0: open loop (every request sent at its arrival); vllm replica, "
+         "numba backend only"),
 )

@@ -42,7 +42,11 @@ per estimate-mode hash configuration. ``llmd.metrics_refresh_ms`` (default 50: G
 usage as of the end of each pod's last completed engine step (``Scheduler.make_stats`` at the end of
 ``update_from_output``; new requests join the waiting queue between steps, ``EngineCoreProc.run_busy_loop``),
 so a request admitted at the step after its arrival is never seen waiting; 0 reads the pods' state at the
-scrape instead.
+scrape instead. ``llmd.client_permits`` (default auto) is inference-perf's client: ``num_workers x
+worker_max_concurrency`` permits, each taken in send order before a request goes and held to its last token
+(the vllm replica's ``client_permits``, a closed loop; TTFT and throughput count from the actual sends); auto
+reads them from the file's ``load`` section when it sets ``num_workers`` and is otherwise open loop, an
+assumption (inference-perf's default is the client machine's CPU count, which no report states).
 ``published_*`` hold the report's figures beside ours when the files are the bundled ones.
 """
 
@@ -164,7 +168,7 @@ BENCHMARKS = {
 
 DEFAULTS = dict(bundled="73-capacity", inference_perf=None, epp=None, warmup_stages="auto", stage_gap_s=600.0,
                 overhead_ms=250.0, max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50,
-                load_gauges=1, max_running=256, seed=None)
+                load_gauges=1, max_running=256, client_permits="auto", seed=None)
 
 OVERHEAD_NOTE = ("assumption: fixed gateway / EPP / tokenizer / HTTP time outside the pods, added to every client "
                  "TTFT after the simulation; default 250 ms read off the 73-capacity report's lowest stage (precise "
@@ -265,7 +269,8 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates):
     finish; requests/s over its send duration, first send to last), the token hit rate, the report's summary
     over the non-warm-up stages (:func:`report_summary`) beside the pooled p90 of those stages' requests,
     and which stages drained."""
-    arr = w.arrival_ms.astype(np.float64)
+    # the sends: the scheduled arrivals, later where the client's permits held a request back (client_permits)
+    arr = w.arrival_ms.astype(np.float64) + np.asarray(m.client_wait_ms).astype(np.float64)
     ttft = np.asarray(m.ttft_ms).astype(np.float64)
     e2e = np.asarray(m.e2e_ms).astype(np.float64)
     hit = np.asarray(m.hit_tokens).astype(np.float64)
@@ -387,6 +392,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     base["max_num_seqs"] = min(int(base["max_num_seqs"]), S)  # the static bound, stated in the attrs
     ov = float(lc["overhead_ms"])
     warm, warm_src = _warmup(lc["warmup_stages"], ip, K)
+    permits, permits_src = _client_permits(lc["client_permits"], ip)
     names = list(arms)
     per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
                                                           "requests_per_s", "token_hit_rate", "kv_usage_mean",
@@ -401,7 +407,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     durs = np.array([s.duration for s in ip.stages])
     ps = []
     for a in names:
-        kn = dict(base, load_refresh_ms=refresh, load_gauges=int(lc["load_gauges"]))
+        kn = dict(base, load_refresh_ms=refresh, load_gauges=int(lc["load_gauges"]), client_permits=permits)
         kn.update({k: v for k, v in arms[a].items() if k != "router"})
         ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
     sid = [confs.index(hcfg[a]) if hcfg[a] is not None else 0 for a in names]
@@ -444,10 +450,31 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         metrics_refresh_ms=refresh, gie_hash_configs=repr(confs),
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
         stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, warmup_source=warm_src,
+        client_permits=permits, client_permits_source=permits_src,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else ip.request_timeout_s, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
         all_stages_drained=int(drained.all()))))
     return ds
+
+
+def _client_permits(v, ip) -> tuple[int, str]:
+    """``llmd.client_permits``: inference-perf's permits (``num_workers x worker_max_concurrency``, a closed loop;
+    0: an open loop). ``auto`` takes them from the file when it sets ``load.num_workers``; else inference-perf
+    takes the client machine's ``cpu_count()``, which no file or report states, and the run is open loop (the
+    assumption: a client with enough CPUs that its permits never bind)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+        if ip.client_permits is not None:
+            return ip.client_permits, (f"auto: the file's load.num_workers {ip.num_workers} x worker_max_concurrency "
+                                       f"{ip.worker_max_concurrency}")
+        return 0, ("auto: open loop (the file leaves load.num_workers to the client machine's cpu_count(), which it "
+                   "does not state: assumed large enough that the permits never bind)")
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise StudyError(f"llmd.client_permits must be auto or an integer >= 0, got {v!r}") from None
+    if n < 0 or isinstance(v, bool):
+        raise StudyError(f"llmd.client_permits must be auto or an integer >= 0, got {v!r}")
+    return n, "llmd.client_permits" + ("" if n else " (0: open loop)")
 
 
 def _warmup(v, ip, K: int) -> tuple[int, str]:
@@ -475,6 +502,7 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              ds.attrs.get("max_requests_per_stage", -1) >= 0 else "full run",
              f"warm-up stages left out of the summaries: {ds.attrs['warmup_stages']} "
              f"({ds.attrs.get('warmup_source', 'llmd.warmup_stages')})",
+             f"client permits: {ds.attrs.get('client_permits', 0)} ({ds.attrs.get('client_permits_source', '')})",
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}"]
     if ds.attrs.get("request_timeout_s", -1) > 0:
         lines.append(f"the file's load.request_timeout ({ds.attrs['request_timeout_s']:g} s) is not modelled: "

@@ -12,6 +12,11 @@ What inference-perf does (``inference_perf/datagen/shared_prefix_datagen.py`` an
 * A stage of ``rate`` and ``duration`` sends ``int(rate x duration)`` requests, Poisson (exponential
   gaps of mean ``1 / rate``) or constant (gaps of exactly ``1 / rate``).
 * inference-perf waits for every request of a stage to finish before it starts the next one.
+* Each worker process (``num_workers``, default the client machine's ``cpu_count()``) takes a permit of its
+  semaphore (``worker_max_concurrency``, default 100) *before* it pulls the next request from the shared
+  queue and sleeps to its scheduled time, and gives it back when the response ends; a request's TTFT is
+  timed from its actual send. So at most ``num_workers x worker_max_concurrency`` requests are in flight,
+  in send order: a closed loop once they are all held (the vllm replica's ``client_permits``).
 
 Warm-up stages are not a field of inference-perf's schema: the series marks them with a YAML comment
 (``# PREWARM``, ``# warmup phase``, ``# Warmup — seat residents``). :func:`stage_notes` keeps the comments
@@ -100,6 +105,14 @@ class InferencePerfConfig:
     tokenizer_name: str = ""  # tokenizer.pretrained_model_name_or_path
     request_timeout_s: float | None = None  # load.request_timeout: read, not modelled (no request is cut off)
     stage_notes: tuple[str, ...] = ()  # the YAML comments of each stage item (:func:`stage_notes`)
+    num_workers: int | None = None  # load.num_workers (inference-perf's default: the client machine's cpu_count())
+    worker_max_concurrency: int = 100  # load.worker_max_concurrency (inference-perf's default 100)
+
+    @property
+    def client_permits(self) -> int | None:
+        """inference-perf's permits: ``num_workers x worker_max_concurrency`` when the file sets ``num_workers``;
+        None when it takes the client machine's CPU count, which the file does not say."""
+        return None if self.num_workers is None else self.num_workers * self.worker_max_concurrency
 
     @property
     def warmup_stages(self) -> int:
@@ -165,8 +178,9 @@ def read_inference_perf(path) -> InferencePerfConfig:
     ``server.model_name`` / ``tokenizer.pretrained_model_name_or_path`` are read). ``shared_prefix``
     parameters take inference-perf's defaults where left out and its aliases (``num_unique_system_prompts``,
     ``num_users_per_system_prompt``); length distributions and multi-turn chat are clear errors. The
-    client-side ``load`` keys (workers, connections, circuit breakers, seed) are accepted and change nothing
-    sent; ``load.request_timeout`` is read (``request_timeout_s``) but not modelled."""
+    client-side ``load`` keys (connections, circuit breakers, seed) are accepted and change nothing sent;
+    ``num_workers`` and ``worker_max_concurrency`` are read (:attr:`InferencePerfConfig.client_permits`: the
+    client's permits, a closed loop); ``load.request_timeout`` is read (``request_timeout_s``) but not modelled."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -192,6 +206,10 @@ def read_inference_perf(path) -> InferencePerfConfig:
     timeout = load.get("request_timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise _err(path, "load.request_timeout", f"must be a number of seconds > 0, got {timeout!r}")
+    for k in ("num_workers", "worker_max_concurrency"):
+        v = load.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise _err(path, f"load.{k}", f"must be an integer >= 1, got {v!r}")
     lt = load.get("type", "constant")
     if lt not in ("constant", "poisson"):
         raise _err(path, "load.type", f"must be constant or poisson, got {lt!r}")
@@ -257,7 +275,9 @@ def read_inference_perf(path) -> InferencePerfConfig:
                                ignore_eos=ignore_eos, model_name=str(server.get("model_name", "") or ""),
                                tokenizer_name=str(tok.get("pretrained_model_name_or_path", "") or ""),
                                stage_notes=stage_notes(text, len(stages)),
-                               request_timeout_s=None if timeout is None else float(timeout))
+                               request_timeout_s=None if timeout is None else float(timeout),
+                               num_workers=load.get("num_workers"),
+                               worker_max_concurrency=int(load.get("worker_max_concurrency") or 100))
 
 
 def prompt_order(n_prompts: int, seed: int) -> np.ndarray:
