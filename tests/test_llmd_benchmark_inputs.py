@@ -199,6 +199,27 @@ def test_epp_defaults_and_broken_files(tmp_path):
         epp_knobs(read_epp(_write(tmp_path, "p.yaml", precise)), block_tokens=16)  # 64-token index, 16-token pods
 
 
+def test_decode_filter_keeps_every_pod_and_disaggregation_is_refused(tmp_path):
+    """The llm-d harness's single-profile configs put ``decode-filter`` in the profile; it keeps unlabelled and
+    decode-role pods (llm-d's ``NewByLabel(..., allowsNoLabel=true, ...)``), so in aggregated serving the knobs
+    are those of the file without it. Disaggregation plugins are refused by name."""
+    with_filter = EPP_OK.replace("plugins:\n", "plugins:\n- type: decode-filter\n", 1).replace(
+        "  plugins:\n", "  plugins:\n  - pluginRef: decode-filter\n", 1)
+    assert with_filter.count("decode-filter") == 2
+    spec = read_epp(_write(tmp_path, "df.yaml", with_filter))
+    assert spec["filters"] == ["decode-filter"]
+    assert epp_knobs(spec, block_tokens=16) == epp_knobs(read_epp(_write(tmp_path, "ok.yaml", EPP_OK)), block_tokens=16)
+    weighted = with_filter.replace("  - pluginRef: decode-filter\n", "  - pluginRef: decode-filter\n    weight: 2\n")
+    bad = {"pf.yaml": (with_filter.replace("decode-filter", "prefill-filter"),
+                       r"plugins\[0\]\.type: prefill-filter is a prefill / decode disaggregation plugin"),
+           "pd.yaml": (EPP_OK.replace("plugins:\n", "plugins:\n- type: pd-profile-handler\n", 1),
+                       r"pd-profile-handler is a prefill / decode"),
+           "w.yaml": (weighted, r"weight: decode-filter is a filter")}
+    for name, (text, key) in bad.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            read_epp(_write(tmp_path, name, text))
+
+
 def test_inference_perf_broken_files(tmp_path):
     good = IP.read_text()
     cases = {

@@ -20,6 +20,11 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
   ``gie_active_timeout_ms`` (llm-d logs an invalid one and keeps 2 min; here it is an error);
 * ``max-score-picker`` (``maxNumOfEndpoints``), ``random-picker`` (``maxNumOfEndpoints``),
   ``single-profile-handler``;
+* ``decode-filter`` (llm-d ``pkg/plugins/filter``: ``NewByLabel(RoleLabel, allowsNoLabel=true, decode, both,
+  ...)``, the role filter the llm-d benchmark harness's configs put in a single profile): it keeps the pods
+  labelled a decode role or not labelled at all, so in aggregated serving (no prefill-only pods, what this
+  simulator models) it keeps every pod and changes nothing; ``prefill-filter``, ``pd-profile-handler`` and the
+  other disaggregation plugins are refused (prefill / decode disaggregation is not modelled);
 * parameters with no effect on a decision, accepted and ignored: ``max-score-picker``'s / ``random-picker``'s
   ``maxNumOfEndpoints`` (endpoints after the first are fallbacks; the request goes to the first),
   ``indexerConfig.tokenProcessorConfig.hashSeed`` (the seed of the precise index's block hashes, the same on
@@ -73,7 +78,13 @@ _PARAMS = {
     "active-request-scorer": {"requestTimeout"},
     "max-score-picker": {"maxNumOfEndpoints"},
     "random-picker": {"maxNumOfEndpoints"},
+    "decode-filter": set(),
 }
+#: filters that keep every pod of an aggregated deployment (every serving pod is a decode pod)
+_PASS_ALL_FILTERS = {"decode-filter"}
+#: prefill / decode disaggregation (two profiles, prefill-only pods): not modelled, refused by name
+_DISAGG = {"prefill-filter", "encode-filter", "pd-profile-handler", "disagg-profile-handler", "epd-profile-handler",
+           "prefill-header-handler", "prefix-based-pd-decider", "always-disagg-pd-decider"}
 _SCORERS = {"prefix-cache-scorer", "precise-prefix-cache-scorer", "queue-scorer", "kv-cache-scorer",
             "kv-cache-utilization-scorer", "load-aware-scorer", "active-request-scorer"}
 #: llm-d's active-request scorer: ``defaultRequestTimeout = 2 * time.Minute``
@@ -153,6 +164,9 @@ def read_epp(path) -> dict:
             if k not in ("type", "name", "parameters"):
                 raise _err(path, f"{where}.{k}", "unknown key; expected type, name, parameters")
         t = p["type"]
+        if t in _DISAGG:
+            raise _err(path, f"{where}.type", f"{t} is a prefill / decode disaggregation plugin; disaggregated "
+                       "serving (prefill-only pods, two scheduling profiles) is not modelled")
         if t not in _PARAMS:
             raise _err(path, f"{where}.type", f"unknown plugin {t!r}; known: {sorted(_PARAMS)}")
         params = p.get("parameters") or {}
@@ -175,7 +189,7 @@ def read_epp(path) -> dict:
     for k in prof:
         if k not in ("name", "plugins"):
             raise _err(path, f"schedulingProfiles[0].{k}", "unknown key; expected name, plugins")
-    scorers, picker = [], None
+    scorers, picker, filters = [], None, []
     for j, e in enumerate(prof["plugins"]):
         where = f"schedulingProfiles[0].plugins[{j}]"
         if not isinstance(e, dict) or "pluginRef" not in e:
@@ -196,6 +210,10 @@ def read_epp(path) -> dict:
             if picker is not None:
                 raise _err(path, f"{where}.pluginRef", "a profile has one picker")
             picker = t
+        elif t in _PASS_ALL_FILTERS:
+            if "weight" in e:
+                raise _err(path, f"{where}.weight", f"{t} is a filter: it takes no weight")
+            filters.append(t)
         else:
             raise _err(path, f"{where}.pluginRef", f"{t} is not a scorer or picker of a profile")
     if picker is None:
@@ -206,7 +224,7 @@ def read_epp(path) -> dict:
             raise _err(path, "schedulingProfiles[0].plugins", f"scorer {t} appears twice")
     if sum(t in ("prefix-cache-scorer", "precise-prefix-cache-scorer") for t in kinds) > 1:
         raise _err(path, "schedulingProfiles[0].plugins", "one prefix scorer per profile")
-    return dict(file=str(path), picker=picker, scorers=scorers)
+    return dict(file=str(path), picker=picker, scorers=scorers, filters=filters)
 
 
 def _check_params(path, where, t, params):
