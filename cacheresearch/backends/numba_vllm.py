@@ -105,7 +105,8 @@ def coverage(params: list, st) -> list[str]:
 
 
 def state_bytes(stream: Stream, st) -> int:
-    """The per-configuration state of one call's thread (pool, free queue, index rows, stale copy, slots)."""
+    """The per-configuration state of one call's thread (pool, free queue, index rows, stale copy, slots; with
+    the client's permits a private copy of the request table and the permit holders: counted always)."""
     K = int(np.asarray(stream.run_len).shape[0])
     E = int(np.asarray(stream.log).shape[-2])
     R = st.max_replicas
@@ -113,7 +114,7 @@ def state_bytes(stream: Stream, st) -> int:
     G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
     gie = R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0
     return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
-            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie)
+            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8)
 
 
 # ------------------------------------------------------------------------------ pool

@@ -379,6 +379,8 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
         else:
             state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
         out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0
+        if st.scheduler == "vllm":
+            out += per * n_out * 8  # the sends under the client's permits (backends/numba_vllm.py, int64 [G, N])
         return min(per, os.cpu_count() or 1) * (state + st.queue_slots * R * 8) + out
 
     while per > 1 and mem(per) > budget:
