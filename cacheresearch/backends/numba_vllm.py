@@ -834,20 +834,18 @@ def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, 
     _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
             hitb, npre, scr, sq, skv, a)
     while True:
-        j = 0
-        while j < fm[0]:  # the permits given back by t
+        j, fmin, cmin = 0, T_BIG, T_BIG
+        while j < fm[0]:  # the permits given back by t; the earliest known finish of the others
             h = fl[j]
             if 0 <= fin[h] <= t:
                 fm[0] -= 1
                 fl[j] = fl[fm[0]]
             else:
+                if fin[h] >= 0:
+                    fmin = min(fmin, fin[h])
                 j += 1
         if fm[0] < NP:
             break
-        fmin, cmin = T_BIG, T_BIG
-        for j in range(fm[0]):
-            if fin[fl[j]] >= 0:
-                fmin = min(fmin, fin[fl[j]])
         for r in range(nrep):
             if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:
                 cmin = min(cmin, rs[r, CLOCK])
