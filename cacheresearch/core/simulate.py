@@ -720,7 +720,7 @@ def _max_depth(stream: Stream) -> int:
 
 def _refuse_closed_loop(params) -> None:
     """The JAX engine sends every request at its arrival; the client's permits are the numba backend's."""
-    if np.any(np.asarray(params.client_permits) > 0):  # concrete here: check_bounds read the params already
+    if not isinstance(params.client_permits, jax.core.Tracer) and np.any(np.asarray(params.client_permits) > 0):
         raise ValueError("client_permits > 0 (a closed-loop client) is modelled by the numba vllm backend only: "
                          "core.run.simulate_cells(..., backend='auto' or 'numba')")
 
