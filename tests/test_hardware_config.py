@@ -31,8 +31,9 @@ def test_dense_configs_match_their_presets(name, preset, params):
     assert hw.kv_blocks(path, "h100_80gb", tp=2, block_tokens=64) == pytest.approx(
         hw.kv_blocks(preset, "h100_80gb", tp=2, block_tokens=64), rel=5e-3)
     a, b = rf.step_coefficients(path, "h100_80gb", 2), rf.step_coefficients(preset, "h100_80gb", 2)
-    for k in ("step_base_ns", "step_prefill_ns", "step_ctx_ps", "step_prefill_ctx_fs"):
+    for k in ("step_base_ns", "step_prefill_ns", "step_decode_ns", "step_ctx_ps", "step_prefill_ctx_fs"):
         assert a[k] == pytest.approx(b[k], rel=5e-3), k
+    assert m.hidden == json.loads((CFG / f"{name}.json").read_text())["hidden_size"]
 
 
 def test_mixture_of_experts_holds_all_and_computes_the_active():

@@ -64,6 +64,7 @@ class ModelSpec:
     source: str
     q_heads: int = 0  # num_attention_heads (0: the roofline's table of presets)
     active_params: float = 0.0  # parameters that compute per token (mixtures of experts; 0: all of them)
+    hidden: int = 0  # hidden_size (0: q_heads x head_dim, which it is for every preset but Qwen3-32B)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ MODELS: dict[str, ModelSpec] = {
     "qwen3_32b": ModelSpec(
         "qwen3_32b", 64, 8, 128, 32.8e9, _bf16(32.8e9),
         "Qwen/Qwen3-32B config.json: num_hidden_layers 64, num_key_value_heads 8, num_attention_heads 64, head_dim "
-        "128; 32.8 B parameters (model card), BF16 weights"),
+        "128, hidden_size 5120; 32.8 B parameters (model card), BF16 weights", hidden=5120),
     "codellama_34b": ModelSpec(
         "codellama_34b", 48, 8, 128, 33.7e9, _bf16(33.7e9),
         "codellama/CodeLlama-34b-Instruct-hf config.json: num_hidden_layers 48, num_key_value_heads 8, hidden_size "
@@ -255,7 +256,7 @@ def model_from_config(path, name: str | None = None) -> ModelSpec:
     return ModelSpec(label, L, kvh, hd, total, int(round(total * wb)),
                      f"{p.name} ({arch}): {L} layers, {qh} heads / {kvh} KV heads x {hd}, parameters from the shapes "
                      f"{total / 1e9:.2f} B" + (f" ({active / 1e9:.2f} B active)" if n_exp else "")
-                     + f", {wb} bytes per weight", q_heads=qh, active_params=active if n_exp else 0.0)
+                     + f", {wb} bytes per weight", q_heads=qh, active_params=active if n_exp else 0.0, hidden=H)
 
 
 @lru_cache(maxsize=64)

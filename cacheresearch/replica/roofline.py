@@ -8,19 +8,29 @@ and of each KV head group):
   ``(2 params + 4 layers q_heads head_dim c) / tp / (peak_flops * eff_flops)``;
 * a decoding request reads its whole KV once per step: ``kv_bytes_per_token(tp) / (bandwidth * eff_bw)``
   per context token (decode matmuls are hidden under the weight read: memory-bound);
+* with ``tp > 1`` every token of a step (prefill or decode) goes through the two all-reduces of each layer
+  (after the attention output and the MLP down projection; Megatron-style tensor parallelism, which is
+  vLLM's): ``2 layers hidden 2 bytes`` of activations, of which a ring all-reduce sends ``2 (tp - 1) / tp``
+  over each GPU's link, at ``link_bw * eff_bw`` (the datasheet's per-direction NVLink or PCIe bandwidth
+  times the calibrated bandwidth efficiency: the HBM's efficiency for the link is an **assumption**). vLLM
+  runs them between the matmuls, not overlapped, so they add. Small decode-only steps are latency-bound
+  rather than bandwidth-bound there; that part is left in the weight-read term BLIS's beta0 calibrates;
 * a fixed per-request overhead (gateway, tokenizer, HTTP; ``overhead_ms``) is an **assumption**, not a
   roofline term, and is added to TTFT by the study, not to the step.
 
 :func:`step_coefficients` maps the roofline onto the vllm replica's step knobs: ``step_base_ns`` (weights),
 ``step_prefill_ns`` (a prefill token's matmuls), ``step_ctx_ps`` (KV read per context token of each decoding
 request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a token before it) and
-``step_decode_ns = 0``. The replica adds the terms; a roofline takes their maximum (compute and memory
+``step_decode_ns`` (a decode token's share of the all-reduces; 0 at ``tp = 1``). ``step_prefill_ns``
+holds a prefill token's matmuls plus its share of the all-reduces. The replica adds the terms; a roofline takes their maximum (compute and memory
 overlap), so a step that mixes a large prefill chunk with decodes is charged up to the weight read too much.
 
 **Calibration** (:func:`calibrate`, run once): ``eff_bw`` is the geometric mean over BLIS's published
 coefficients (llm-d's inference simulator ``defaults.yaml``, vLLM v0.8.4; the step presets of
 :mod:`cacheresearch.core.params`) of ``roofline base / beta0``, ``eff_flops`` that of
-``roofline prefill / beta1`` (attention left out: BLIS does not publish its prompt lengths).
+``roofline prefill / (beta1 - all-reduce)``: the part of BLIS's per-prefill-token time left to the matmuls
+once the all-reduce at the calibrated ``eff_bw`` is taken out (0 at ``tp = 1``; attention left out: BLIS
+does not publish its prompt lengths).
 :func:`blis_check` lists, for every model and GPU BLIS covers here, beta0 and beta1 against the
 calibrated roofline and the relative error; BLIS's beta2 (per decode token) is a regression term with
 no context attached, so it is reported as the context length at which the roofline's KV read equals it.
@@ -49,17 +59,28 @@ class GpuPeak:
     flops: float  # dense BF16 FLOP/s
     bandwidth: float  # HBM bytes/s
     source: str
+    link_bw: float = 0.0  # GPU-to-GPU bytes/s per direction (NVLink, else PCIe): tensor-parallel all-reduces
 
 
-#: Datasheet peaks (dense BF16 tensor FLOP/s, memory bandwidth) per GPU preset of :mod:`.hardware`.
+#: Datasheet peaks (dense BF16 tensor FLOP/s, memory bandwidth, GPU-to-GPU link per direction) per GPU preset
+#: of :mod:`.hardware`.
 GPU_PEAK: dict[str, GpuPeak] = {
-    "h100_80gb": GpuPeak(989.4e12, 3.35e12, "NVIDIA H100 SXM5 datasheet: 989 TFLOPS BF16 dense, 3.35 TB/s"),
-    "h200_141gb": GpuPeak(989.4e12, 4.8e12, "NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 4.8 TB/s"),
-    "a100_80gb": GpuPeak(312e12, 2.039e12, "NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS BF16, 2.039 TB/s"),
-    "a100_40gb": GpuPeak(312e12, 1.555e12, "NVIDIA A100 SXM4 40GB datasheet: 312 TFLOPS BF16, 1.555 TB/s"),
-    "l40s_48gb": GpuPeak(362.05e12, 0.864e12, "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense, 864 GB/s"),
-    "l4_24gb": GpuPeak(121e12, 0.3e12, "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense, 300 GB/s"),
+    "h100_80gb": GpuPeak(989.4e12, 3.35e12, "NVIDIA H100 SXM5 datasheet: 989 TFLOPS BF16 dense, 3.35 TB/s, NVLink "
+                         "900 GB/s (450 per direction)", 450e9),
+    "h200_141gb": GpuPeak(989.4e12, 4.8e12, "NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 4.8 TB/s, NVLink "
+                          "900 GB/s (450 per direction)", 450e9),
+    "a100_80gb": GpuPeak(312e12, 2.039e12, "NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS BF16, 2.039 TB/s, NVLink "
+                         "600 GB/s (300 per direction)", 300e9),
+    "a100_40gb": GpuPeak(312e12, 1.555e12, "NVIDIA A100 SXM4 40GB datasheet: 312 TFLOPS BF16, 1.555 TB/s, NVLink "
+                         "600 GB/s (300 per direction)", 300e9),
+    "l40s_48gb": GpuPeak(362.05e12, 0.864e12, "NVIDIA L40S datasheet: 362 TFLOPS BF16 dense, 864 GB/s; no NVLink: "
+                         "PCIe Gen4 x16, 64 GB/s (32 per direction)", 32e9),
+    "l4_24gb": GpuPeak(121e12, 0.3e12, "NVIDIA L4 datasheet: 121 TFLOPS BF16 dense, 300 GB/s; no NVLink: PCIe Gen4 "
+                       "x16, 64 GB/s (32 per direction)", 32e9),
 }
+
+#: Bytes of one activation element in the all-reduces (BF16 activations, whatever the weights' dtype).
+ACT_BYTES = 2
 
 #: Query heads (num_attention_heads of config.json) of the model presets: attention FLOPs.
 Q_HEADS: dict[str, int] = {"llama3_8b": 32, "llama3_70b": 64, "qwen2.5_32b": 40, "qwen3_8b": 32, "mistral_7b": 32,
@@ -114,6 +135,17 @@ class Roofline:
         att = 4.0 * m.layers * _q_heads(m) * m.head_dim * float(ctx_tokens)
         return (2.0 * (m.active_params or m.params) + att) / self.tp / (g.flops * self.eff_flops)
 
+    def allreduce_token_s(self) -> float:
+        """One token's share of a step's tensor-parallel all-reduces (seconds; 0 at ``tp = 1``)."""
+        if self.tp <= 1:
+            return 0.0
+        m, g = self._spec()
+        if g.link_bw <= 0:
+            raise ValueError(f"gpu {self.gpu!r}: no GPU-to-GPU link bandwidth for tp={self.tp}")
+        hidden = m.hidden or _q_heads(m) * m.head_dim
+        ring = 2.0 * (self.tp - 1) / self.tp
+        return 2.0 * m.layers * hidden * ACT_BYTES * ring / (g.link_bw * self.eff_bw)
+
     def ctx_token_s(self, kv_dtype: str = "bf16") -> float:
         """KV read per context token of a decoding request, per step (seconds)."""
         _, g = self._spec()
@@ -122,12 +154,19 @@ class Roofline:
 
 def calibrate() -> dict:
     """``eff_bw`` and ``eff_flops``: geometric means of roofline / BLIS over :data:`BLIS` (beta0, beta1)."""
-    rb, rf = [], []
-    for model, gpu, tp, (b0, b1, _) in BLIS.values():
-        r = Roofline(model, gpu, tp, 1.0, 1.0)
-        rb.append(r.base_s() / (b0 * 1e-6))
-        rf.append(r.prefill_token_s(0.0) / (b1 * 1e-6))
-    return dict(eff_bw=math.exp(sum(map(math.log, rb)) / len(rb)), eff_flops=math.exp(sum(map(math.log, rf)) / len(rf)))
+    def gmean(xs):
+        return math.exp(sum(map(math.log, xs)) / len(xs))
+
+    eff_bw = gmean([Roofline(model, gpu, tp, 1.0, 1.0).base_s() / (b0 * 1e-6)
+                    for model, gpu, tp, (b0, _, _) in BLIS.values()])
+    rf = []
+    for name, (model, gpu, tp, (_, b1, _)) in BLIS.items():
+        r = Roofline(model, gpu, tp, eff_bw, 1.0)
+        left = b1 * 1e-6 - r.allreduce_token_s()
+        if left <= 0:
+            raise ValueError(f"BLIS case {name}: the all-reduce alone exceeds beta1")
+        rf.append(r.prefill_token_s(0.0) / left)
+    return dict(eff_bw=eff_bw, eff_flops=gmean(rf))
 
 
 #: The calibrated efficiency factors (computed once at import from :data:`BLIS`).
@@ -144,9 +183,10 @@ def blis_check() -> list[dict]:
     rows = []
     for name, (model, gpu, tp, (b0, b1, b2)) in BLIS.items():
         r = roofline(model, gpu, tp)
-        base_us, pre_us = r.base_s() * 1e6, r.prefill_token_s(0.0) * 1e6
+        base_us, pre_us = r.base_s() * 1e6, (r.prefill_token_s(0.0) + r.allreduce_token_s()) * 1e6
         rows.append(dict(case=name, model=model, gpu=gpu, tp=tp, beta0_us=b0, roofline_base_us=base_us,
                          base_err=base_us / b0 - 1, beta1_us=b1, roofline_prefill_us=pre_us,
+                         allreduce_us=r.allreduce_token_s() * 1e6,
                          prefill_err=pre_us / b1 - 1,
                          beta2_us=b2, beta2_ctx_tokens=b2 * 1e-6 / r.ctx_token_s()))
     return rows
@@ -154,15 +194,17 @@ def blis_check() -> list[dict]:
 
 def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf16") -> dict:
     """The vllm replica's step knobs from the roofline: ``step_base_ns`` (the weight read),
-    ``step_prefill_ns`` (a prefill token's matmuls), ``step_decode_ns`` 0 (decode matmuls are hidden under the
-    memory reads), ``step_ctx_ps`` (the KV read per context token of a decoding request) and
-    ``step_prefill_ctx_fs`` (attention per (prefill token, earlier token) pair)."""
+    ``step_prefill_ns`` (a prefill token's matmuls and its share of the all-reduces), ``step_decode_ns`` (a
+    decode token's share of the all-reduces; its matmuls are hidden under the memory reads), ``step_ctx_ps``
+    (the KV read per context token of a decoding request) and ``step_prefill_ctx_fs`` (attention per
+    (prefill token, earlier token) pair)."""
     r = roofline(model, gpu, tp)
     m = lookup(MODELS, model, "model")
     pair_flops = 4.0 * m.layers * _q_heads(m) * m.head_dim / r.tp
+    ar = r.allreduce_token_s()
     return dict(step_base_ns=int(round(r.base_s() * 1e9)),
-                step_prefill_ns=int(round(r.prefill_token_s(0.0) * 1e9)),
-                step_decode_ns=0,
+                step_prefill_ns=int(round((r.prefill_token_s(0.0) + ar) * 1e9)),
+                step_decode_ns=int(round(ar * 1e9)),
                 step_ctx_ps=int(round(r.ctx_token_s(kv_dtype) * 1e12)),
                 step_prefill_ctx_fs=int(round(pair_flops / (r._peak().flops * r.eff_flops) * 1e15)),
                 source=f"roofline {model} on {tp} x {gpu}: eff_bw {r.eff_bw:.3f}, eff_flops {r.eff_flops:.3f} "
