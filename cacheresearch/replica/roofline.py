@@ -19,11 +19,11 @@ and of each KV head group):
   roofline term, and is added to TTFT by the study, not to the step.
 
 :func:`step_coefficients` maps the roofline onto the vllm replica's step knobs: ``step_base_ns`` (weights),
-``step_prefill_ns`` (a prefill token's matmuls), ``step_ctx_ps`` (KV read per context token of each decoding
-request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a token before it) and
-``step_decode_ns`` (a decode token's share of the all-reduces; 0 at ``tp = 1``). ``step_prefill_ns``
-holds a prefill token's matmuls plus its share of the all-reduces. The replica adds the terms; a roofline takes their maximum (compute and memory
-overlap), so a step that mixes a large prefill chunk with decodes is charged up to the weight read too much.
+``step_prefill_ns`` (a prefill token's matmuls and its share of the all-reduces), ``step_ctx_ps`` (KV read per
+context token of each decoding request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a
+token before it) and ``step_decode_ns`` (a decode token's share of the all-reduces; 0 at ``tp = 1``). The
+replica adds the terms; a roofline takes their maximum (compute and memory overlap), so a step that mixes a
+large prefill chunk with decodes is charged up to the weight read too much.
 
 **Calibration** (:func:`calibrate`, run once): ``eff_bw`` is the geometric mean over BLIS's published
 coefficients (llm-d's inference simulator ``defaults.yaml``, vLLM v0.8.4; the step presets of
