@@ -459,6 +459,8 @@ def test_study_on_a_small_benchmark_of_the_series(tmp_path):
     assert np.all(ds.kv_usage_mean.max("stage").values > ds.kv_usage_mean_run.values)
     # the approximate arm ran on GIE's own index, its hashes under the bytes-per-token assumption
     assert ds.attrs["gie_hash_configs"] == "[(64, 256)]" and ds.attrs["metrics_refresh_ms"] == 50
+    np.testing.assert_allclose(ds.itl_mean_s.values, ds.tpot_mean_s.values * 5 / 11, rtol=1e-9)  # 6 tokens each
+    np.testing.assert_allclose(ds.itl_mean_s_all.values, ds.itl_mean_s.sel(stage=1).values)
 
 
 SERIES = Path(__file__).resolve().parent / "fixtures" / "llmd_series"
@@ -491,6 +493,14 @@ def test_another_benchmark_of_the_series_runs_from_its_own_files():
     # constant sends: a stage's requests/s is its rate (n requests over the span of n - 1 gaps)
     np.testing.assert_allclose(ds.requests_per_s.sel(arm="random").values,
                                [r * n / (n - 1) for r, n in ((4, 20), (2, 12), (6, 30), (10, 40))], rtol=1e-2)
+    # inference-perf's ITL with two client timestamps per token, beside the time per token: every request of a
+    # shared_prefix stage has the same output length n, so ITL = mean decode / (2n - 1), TPOT = mean decode / (n - 1)
+    from cacheresearch.workload.inference_perf import read_inference_perf
+
+    n = read_inference_perf(SERIES / "inference-perf.yaml").data.output_len
+    assert ds.attrs["itl_events_per_token"] == 2.0 and "SSE" in ds.attrs["itl_note"]
+    assert np.all(np.isfinite(ds.itl_mean_s.values)) and np.all(ds.tpot_mean_s.values > 0)
+    np.testing.assert_allclose(ds.itl_mean_s.values, ds.tpot_mean_s.values * (n - 1) / (2 * n - 1), rtol=1e-9)
 
 
 def test_fixed_overhead_is_a_pure_addition_to_the_client_ttft(tmp_path):
@@ -578,6 +588,26 @@ _PRECISE_64P = [
 ]
 
 
+def test_inference_perf_itl_counts_the_clients_timestamps():
+    """inference-perf's pooled ITL mean: the requests' decode spans over their inter-timestamp gaps, with
+    ``events_per_token`` timestamps per token (the series' clients: 2, so about half the time per token); one-token
+    requests have no gap; the bundled reports' ITL tables are there, with their p50-0 reading documented."""
+    from cacheresearch.studies.llmd_benchmark import BENCHMARKS, DEFAULTS, inference_perf_itl_s
+
+    assert inference_perf_itl_s([999.0], [1000], 1) == pytest.approx(0.001)
+    assert inference_perf_itl_s([999.0], [1000], 2) == pytest.approx(0.999 / 1999)
+    # pooled: gaps summed over requests, not a mean of per-request means
+    assert inference_perf_itl_s([90.0, 10.0], [10, 2], 1) == pytest.approx(0.1 / 10)
+    assert inference_perf_itl_s([0.0, 40.0], [1, 5], 2) == pytest.approx(0.04 / (1 + 9))
+    assert np.isnan(inference_perf_itl_s([], [], 2))
+    assert DEFAULTS["itl_events_per_token"] == 2.0
+    for b in BENCHMARKS.values():
+        tab = b["published"]["itl_mean_s"]
+        assert set(tab) == {"precise", "approximate", "load", "random"}
+        assert len({len(v) for v in tab.values()}) == 1 and len(tab["precise"]) == len(b["published"]["ttft_p90_s"]
+                                                                                         ["precise"])
+
+
 def test_report_summary_reproduces_a_published_summary_row():
     """The summary across QPS as the series' report generator computes it, on a published report's own
     per-QPS rows: every figure to the report's printed digits (a pooled p90 or a token-weighted throughput
@@ -590,6 +620,12 @@ def test_report_summary_reproduces_a_published_summary_row():
     assert round(out["requests_per_s_all"], 3) == 8.017
     assert round(out["ttft_p90_s_all"], 3) == 6.314
     assert round(out["ttft_mean_s_all"], 3) == 2.260
+    # the ITL mean is summarised as the TTFT mean, successes-weighted (0.023 in the report; a plain mean: 0.022)
+    itl = [0.015963655, 0.019429440, 0.025553712, 0.017994316, 0.023366233, 0.022510869, 0.025449205, 0.023354543,
+           0.022567643, 0.024225047, 0.023792149]  # the CSV's itl_mean_s, the same rows
+    assert "itl_mean_s_all" not in out
+    out = report_summary(r, s, s + f, d, p90, mean, tok, itl_mean=itl)
+    assert round(out["itl_mean_s_all"], 3) == 0.023 and round(float(np.mean(itl)), 3) == 0.022
     # stages of one requested rate are merged into one row first (p90 and throughput averaged, counts summed)
     two = report_summary([3, 3, 5], [10, 30, 20], [10, 30, 20], [5, 15, 4], [1.0, 3.0, 10.0], [0.5, 1.5, 4.0],
                          [100.0, 300.0, 500.0])

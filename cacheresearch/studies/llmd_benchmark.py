@@ -23,15 +23,18 @@ it: :func:`client_ttft_s`); ``llmd.overhead_ms=0`` is the what-if without it.
 
 Dataset: dims ``arm`` x ``stage`` (coordinates ``stage_rate``, ``stage_duration_s``, ``stage_warmup``):
 ``ttft_p90_s``, ``ttft_mean_s``, ``output_tokens_per_s``, ``requests_per_s``, ``token_hit_rate``,
-``kv_usage_mean`` (KV blocks in use / pool) and ``waiting_mean`` (waiting requests per pod), time means
-over each stage's span (start to last finish), ``stage_drained``, ``n_requests``; per arm the whole run's
-time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps included), ``preemptions``,
-``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``, default auto: the
-leading stages the file's comments mark as warm-up)
+``itl_mean_s`` (inference-perf's ITL mean as the series measured it: ``llmd.itl_events_per_token`` client
+timestamps per output token, default 2, so about half the time per token: ``ITL_EVENTS_NOTE``), ``tpot_mean_s``
+(the time per output token itself), ``kv_usage_mean`` (KV blocks in use / pool) and ``waiting_mean``
+(waiting requests per pod), time means over each stage's span (start to last finish), ``stage_drained``,
+``n_requests``; per arm the whole run's time means ``kv_usage_mean_run`` and ``waiting_mean_run`` (idle gaps
+included), ``preemptions``, ``dropped``; and the summaries over the non-warm-up stages (``llmd.warmup_stages``,
+default auto: the leading stages the file's comments mark as warm-up)
 ``ttft_p90_s_all``, ``ttft_mean_s_all``, ``output_tokens_per_s_all``, ``requests_per_s_all`` as the series'
 report generator computes its "Summary across QPS" (:func:`report_summary`: the p90 is a successes-weighted
 mean of per-stage p90s, the throughput a plain mean of per-stage throughputs), ``ttft_p90_s_pooled_all``
-(the pooled p90 of those stages' requests, for comparison), ``kv_usage_mean_all``, ``waiting_mean_all``
+(the pooled p90 of those stages' requests, for comparison), ``itl_mean_s_all`` and ``tpot_mean_s_all``
+(successes-weighted as the TTFT mean), ``kv_usage_mean_all``, ``waiting_mean_all``
 (time means over the stages' spans). Per-stage figures follow inference-perf's ``summarize_requests``.
 
 The approximate arm runs on GIE's own index (view ``gie_estimate``): the stream carries the prompts'
@@ -75,7 +78,8 @@ from cacheresearch.workload.inference_perf import (
 )
 
 __all__ = ["BENCHMARKS", "BUNDLED", "BUNDLED_37", "BUNDLED_EPP", "BUNDLED_EPP_37", "PUBLISHED", "PUBLISHED_37",
-           "client_ttft_s", "llmd_benchmark_study", "summarize_llmd_benchmark", "plot_llmd_benchmark", "STUDIES"]
+           "client_ttft_s", "inference_perf_itl_s", "llmd_benchmark_study", "summarize_llmd_benchmark",
+           "plot_llmd_benchmark", "STUDIES"]
 
 BUNDLED = Path(__file__).resolve().parent / "llmd" / "73-capacity"
 BUNDLED_EPP = {"precise": "epp-precise-scheduling.yaml", "approximate": "epp-estimated-scheduling.yaml",
@@ -115,11 +119,24 @@ PUBLISHED = {
         "random": [1314.0, 3568.5, 3791.1, 4933.1, 4765.4, 4781.3, 4636.3, 4332.6, 4773.8, 4844.6, 4969.5, 4783.2,
                    4845.1, 4921.7, 4764.2, 4835.2],
     },
+    # inference-perf's ITL mean as the report prints it: about half the time per output token (see
+    # ITL_EVENTS_NOTE; its ITL p50 is 0.0000 at every stage of every arm)
+    "itl_mean_s": {
+        "precise": [0.011, 0.013, 0.015, 0.021, 0.020, 0.021, 0.021, 0.021, 0.027, 0.028, 0.028, 0.029, 0.029, 0.029,
+                    0.029, 0.029],
+        "approximate": [0.011, 0.013, 0.015, 0.021, 0.022, 0.022, 0.023, 0.026, 0.027, 0.026, 0.026, 0.026, 0.026,
+                        0.026, 0.026, 0.026],
+        "load": [0.012, 0.016, 0.020, 0.024, 0.024, 0.024, 0.024, 0.024, 0.025, 0.025, 0.025, 0.025, 0.025, 0.025,
+                 0.025, 0.025],
+        "random": [0.012, 0.016, 0.020, 0.024, 0.024, 0.024, 0.024, 0.024, 0.025, 0.025, 0.025, 0.025, 0.025, 0.025,
+                   0.025, 0.025],
+    },
 }
 PUBLISHED_ALL = {
     "ttft_p90_s": {"precise": 0.542, "approximate": 31.083, "load": 94.865, "random": 92.551},
     "ttft_mean_s": {"precise": 0.298, "approximate": 13.316, "load": 46.987, "random": 45.281},
     "output_tokens_per_s": {"precise": 8730.0, "approximate": 6944.4, "load": 4266.4, "random": 4428.7},
+    "itl_mean_s": {"precise": 0.026, "approximate": 0.024, "load": 0.024, "random": 0.025},
     # the report's EPP summary over its whole run (KV usage mean as a fraction; waiting requests mean)
     "kv_usage_mean": {"precise": 0.593, "approximate": 0.662, "load": 0.543, "random": 0.590},
     "waiting_mean": {"precise": 0.1, "approximate": 8.1, "load": 28.9, "random": 27.3},
@@ -151,11 +168,18 @@ PUBLISHED_37 = {
         "load": [2545.4, 2967.6, 2943.6, 2656.5, 2506.3, 2620.3, 2897.6, 2549.1, 2334.5],
         "random": [2505.7, 2829.5, 2898.2, 2955.9, 3108.8, 3117.3, 3140.8, 3126.2, 3241.0],
     },
+    "itl_mean_s": {
+        "precise": [0.013, 0.015, 0.016, 0.017, 0.019, 0.020, 0.022, 0.024, 0.031],
+        "approximate": [0.017, 0.020, 0.024, 0.027, 0.028, 0.028, 0.028, 0.028, 0.029],
+        "load": [0.019, 0.026, 0.026, 0.027, 0.027, 0.027, 0.027, 0.027, 0.028],
+        "random": [0.020, 0.026, 0.026, 0.027, 0.028, 0.027, 0.027, 0.027, 0.028],
+    },
 }
 PUBLISHED_ALL_37 = {
     "ttft_p90_s": {"precise": 0.409, "approximate": 64.430, "load": 98.318, "random": 84.938},
     "ttft_mean_s": {"precise": 0.259, "approximate": 25.337, "load": 40.689, "random": 40.915},
     "output_tokens_per_s": {"precise": 5380.9, "approximate": 3408.6, "load": 2669.0, "random": 2991.5},
+    "itl_mean_s": {"precise": 0.020, "approximate": 0.026, "load": 0.026, "random": 0.026},
     # the report's EPP summary over its whole run (KV usage mean as a fraction; waiting requests mean)
     "kv_usage_mean": {"precise": 0.593, "approximate": 0.690, "load": 0.741, "random": 0.750},
     "waiting_mean": {"precise": 0.5, "approximate": 26.8, "load": 37.6, "random": 36.6},
@@ -168,11 +192,33 @@ BENCHMARKS = {
 
 DEFAULTS = dict(bundled="73-capacity", inference_perf=None, epp=None, warmup_stages="auto", stage_gap_s=600.0,
                 overhead_ms=250.0, max_requests_per_stage=None, bytes_per_token=4.0, metrics_refresh_ms=50,
-                load_gauges=1, max_running=256, client_permits="auto", seed=None)
+                load_gauges=1, max_running=256, client_permits="auto", itl_events_per_token=2.0, seed=None)
 
 OVERHEAD_NOTE = ("assumption: fixed gateway / EPP / tokenizer / HTTP time outside the pods, added to every client "
                  "TTFT after the simulation; default 250 ms read off the 73-capacity report's lowest stage (precise "
                  "at 3 QPS: 0.29 s mean TTFT with almost full hits), one constant for the series")
+
+
+ITL_EVENTS_NOTE = (
+    "inference-perf's ITL as the series measured it: one client timestamp per streamed SSE event, about two per "
+    "output token (the series' reports print an ITL p50 of 0.0000 at every stage: half the gaps are between the "
+    "two events of one token; the 64p report's CSV gives 3.5e-05 s), so its ITL mean is about half the time per "
+    "output token. Read in two sources: BLIS's training-data schema ('vLLM sends paired SSE data/event lines, "
+    "resulting in approximately 2x entries relative to output_tokens ... ITL = diff(output_token_times[::2])') "
+    "and inference-perf's own later fix (#564/#566: ITL 'roughly halved' by a second timestamp per streamed "
+    "chunk); the reports' own tables agree (73-capacity and 37-capacity at 3 QPS: the time per token implied by "
+    "the stage span is 2.2-2.3x the ITL mean). itl_mean_s = sum of (last token - first token) over the stage's "
+    "requests / sum of (events_per_token x output tokens - 1); tpot_mean_s is the time per output token itself")
+
+
+def inference_perf_itl_s(decode_ms, output_tokens, events_per_token: float) -> float:
+    """inference-perf's pooled ITL mean (s) over a set of requests: the sum of their inter-event gaps over the
+    number of gaps, with ``events_per_token`` client timestamps per output token (``ITL_EVENTS_NOTE``; 1 gives
+    the time per output token). ``decode_ms``: each request's first token to its last token."""
+    d = np.asarray(decode_ms, np.float64)
+    gaps = np.asarray(output_tokens, np.float64) * float(events_per_token) - 1.0
+    keep = gaps > 0
+    return float(d[keep].sum() / gaps[keep].sum() / 1000.0) if keep.any() else np.nan
 
 
 class LlmdBenchmarkError(ValueError):
@@ -234,7 +280,7 @@ def client_ttft_s(pod_ttft_ms, overhead_ms: float) -> np.ndarray:
     return (np.asarray(pod_ttft_ms).astype(np.float64) + float(overhead_ms)) / 1000.0
 
 
-def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_tok_s) -> dict:
+def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_tok_s, itl_mean=None) -> dict:
     """The report's "Summary across QPS" from per-stage figures, as the series' report generator computes it
     (llm-d-kv-cache-manager's benchmark aggregator, ``aggregate_per_qps`` then ``_build_summary_across_qps``):
     stages of the same requested rate are first merged into one row (successes, completed requests and send
@@ -242,31 +288,41 @@ def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_
     the plain mean of the rows' throughputs, requests/s the completed requests over the summed send durations,
     TTFT mean and TTFT p90 the successes-weighted means of the rows' values (so the summary "p90" is a
     weighted mean of per-stage p90s, not a pooled percentile). Checked to the report's digits on the
-    load-with-headroom (64p) benchmark's ``analysis_metrics.csv`` (``tests/test_llmd_benchmark_inputs.py``)."""
+    load-with-headroom (64p) benchmark's ``analysis_metrics.csv`` (``tests/test_llmd_benchmark_inputs.py``).
+    ``itl_mean`` (optional) is summarised as the TTFT mean is, successes-weighted (``itl_mean_s_all``: the 64p
+    report's 0.023 s for precise; a plain mean of its rows gives 0.022)."""
     rate = np.asarray(rate, np.float64)
+    itl = np.full(len(rate), np.nan) if itl_mean is None else itl_mean
     rows = sorted(set(rate.tolist()))
-    agg = {k: [] for k in ("succ", "comp", "dur", "p90", "mean", "tok")}
+    agg = {k: [] for k in ("succ", "comp", "dur", "p90", "mean", "tok", "itl")}
     for r in rows:
         sel = rate == r
         agg["succ"].append(np.sum(np.asarray(successes, np.float64)[sel]))
         agg["comp"].append(np.sum(np.asarray(completed, np.float64)[sel]))
         agg["dur"].append(np.nansum(np.asarray(send_s, np.float64)[sel]))
-        for k, x in (("p90", ttft_p90), ("mean", ttft_mean), ("tok", out_tok_s)):
+        for k, x in (("p90", ttft_p90), ("mean", ttft_mean), ("tok", out_tok_s), ("itl", itl)):
             agg[k].append(np.nanmean(np.asarray(x, np.float64)[sel]) if np.isfinite(np.asarray(x)[sel]).any()
                           else np.nan)
     a = {k: np.asarray(v) for k, v in agg.items()}
     ok = a["succ"] > 0
     w = a["succ"][ok]
-    return dict(ttft_p90_s_all=float(np.sum(a["p90"][ok] * w) / w.sum()) if ok.any() else np.nan,
-                ttft_mean_s_all=float(np.sum(a["mean"][ok] * w) / w.sum()) if ok.any() else np.nan,
-                output_tokens_per_s_all=float(np.nanmean(a["tok"])) if np.isfinite(a["tok"]).any() else np.nan,
-                requests_per_s_all=float(a["comp"].sum() / a["dur"].sum()) if a["dur"].sum() > 0 else np.nan)
+    wi = ok & np.isfinite(a["itl"])
+    out = dict(ttft_p90_s_all=float(np.sum(a["p90"][ok] * w) / w.sum()) if ok.any() else np.nan,
+               ttft_mean_s_all=float(np.sum(a["mean"][ok] * w) / w.sum()) if ok.any() else np.nan,
+               output_tokens_per_s_all=float(np.nanmean(a["tok"])) if np.isfinite(a["tok"]).any() else np.nan,
+               requests_per_s_all=float(a["comp"].sum() / a["dur"].sum()) if a["dur"].sum() > 0 else np.nan)
+    if itl_mean is not None:
+        out["itl_mean_s_all"] = (float(np.sum(a["itl"][wi] * a["succ"][wi]) / a["succ"][wi].sum()) if wi.any()
+                                 else np.nan)
+    return out
 
 
-def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates):
+def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates, events_per_token: float = 2.0):
     """One arm's per-stage figures as inference-perf reports a stage (``summarize_requests``: TTFT p90 by
     ``np.percentile``, with the fixed overhead; output tokens/s over the stage's first send to its last
-    finish; requests/s over its send duration, first send to last), the token hit rate, the report's summary
+    finish; requests/s over its send duration, first send to last), inference-perf's ITL mean as the series
+    measured it (:func:`inference_perf_itl_s`) and its TPOT (the mean over requests of (last token - first token)
+    / (output tokens - 1)), the token hit rate, the report's summary
     over the non-warm-up stages (:func:`report_summary`) beside the pooled p90 of those stages' requests,
     and which stages drained."""
     # the sends: the scheduled arrivals, later where the client's permits held a request back (client_permits)
@@ -277,8 +333,10 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates):
     served = (ttft >= 0) & (e2e >= 0)
     fin = np.where(served, arr + e2e, -1)
     tt = client_ttft_s(ttft, ov)
+    dec = np.where(served, e2e - ttft, np.nan)  # ms, first token to last (the overhead shifts both ends)
+    out_tok = np.asarray(w.output_tokens).astype(np.float64)
     per = {v: np.full(K, np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "requests_per_s",
-                                           "token_hit_rate")}
+                                           "token_hit_rate", "itl_mean_s", "tpot_mean_s")}
     succ, comp, send = np.zeros(K), np.zeros(K), np.full(K, np.nan)
     for k in range(K):
         sel = stage == k
@@ -294,9 +352,16 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates):
         span = (fin[ok].max() - arr[sel].min()) / 1000.0
         per["output_tokens_per_s"][k] = float(w.output_tokens[ok].sum()) / span if span > 0 else np.nan
         per["token_hit_rate"][k] = float(hit[ok].sum() / w.input_tokens[ok].sum())
+        per["itl_mean_s"][k] = inference_perf_itl_s(dec[ok], out_tok[ok], events_per_token)
+        multi = ok & (out_tok > 1)
+        if multi.any():
+            per["tpot_mean_s"][k] = float(np.mean(dec[multi] / (out_tok[multi] - 1.0)) / 1000.0)
     lad = slice(warm, K)
     alls = report_summary(np.asarray(rates)[lad], succ[lad], comp[lad], send[lad], per["ttft_p90_s"][lad],
-                          per["ttft_mean_s"][lad], per["output_tokens_per_s"][lad])
+                          per["ttft_mean_s"][lad], per["output_tokens_per_s"][lad], itl_mean=per["itl_mean_s"][lad])
+    alls["tpot_mean_s_all"] = report_summary(
+        np.asarray(rates)[lad], succ[lad], comp[lad], send[lad], per["ttft_p90_s"][lad], per["ttft_mean_s"][lad],
+        per["output_tokens_per_s"][lad], itl_mean=per["tpot_mean_s"][lad])["itl_mean_s_all"]
     pooled = served & (stage >= warm)
     alls["ttft_p90_s_pooled_all"] = float(np.percentile(tt[pooled], 90)) if pooled.any() else np.nan
     return per, alls, stage_drained(arr, fin, stage), fin, served
@@ -364,6 +429,9 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         refresh = int(lc["metrics_refresh_ms"])
         if refresh < 0:
             raise LlmdBenchmarkError(f"llmd.metrics_refresh_ms must be >= 0, got {refresh}")
+        if not float(lc["itl_events_per_token"]) >= 1:
+            raise LlmdBenchmarkError(f"llmd.itl_events_per_token must be >= 1 (client timestamps per output token), "
+                                     f"got {lc['itl_events_per_token']}")
     except (InferencePerfError, EppConfigError, LlmdBenchmarkError, ValueError) as e:
         raise StudyError(str(e)) from None
     seed = int(lc["seed"] if lc["seed"] is not None else _get(cfg, "seed", 0))
@@ -391,18 +459,19 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     seqs_capped = int(base["max_num_seqs"]) > S
     base["max_num_seqs"] = min(int(base["max_num_seqs"]), S)  # the static bound, stated in the attrs
     ov = float(lc["overhead_ms"])
+    ev = float(lc["itl_events_per_token"])
     warm, warm_src = _warmup(lc["warmup_stages"], ip, K)
     permits, permits_src = _client_permits(lc["client_permits"], ip)
     names = list(arms)
     per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
-                                                          "requests_per_s", "token_hit_rate", "kv_usage_mean",
-                                                          "waiting_mean")}
+                                                          "requests_per_s", "token_hit_rate", "itl_mean_s",
+                                                          "tpot_mean_s", "kv_usage_mean", "waiting_mean")}
     drained = np.zeros((len(names), K), bool)
     run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean_run", "waiting_mean_run", "preemptions",
                                                          "dropped", "wall_s")}
     alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
                                                      "requests_per_s_all", "kv_usage_mean_all", "waiting_mean_all",
-                                                     "ttft_p90_s_pooled_all")}
+                                                     "ttft_p90_s_pooled_all", "itl_mean_s_all", "tpot_mean_s_all")}
     starts = w.meta["stage_start_ms"].astype(np.float64)
     durs = np.array([s.duration for s in ip.stages])
     ps = []
@@ -419,7 +488,8 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     run_vars["wall_s"][:] = (time.perf_counter() - t1) / len(ps)
     for i, a in enumerate(names):
         m = jax.tree.map(lambda x, i=i: x[i], mm)
-        st_i, all_i, drained[i], fin_i, ok_i = _arm_metrics(m, w, stage, K, warm, ov, [s.rate for s in ip.stages])
+        st_i, all_i, drained[i], fin_i, ok_i = _arm_metrics(m, w, stage, K, warm, ov, [s.rate for s in ip.stages],
+                                                            events_per_token=ev)
         st_i["kv_usage_mean"], st_i["waiting_mean"], all_i["kv_usage_mean_all"], all_i["waiting_mean_all"] = \
             _gauges(m, stage, K, warm, starts, fin_i, ok_i, cap, R)
         for v, x in st_i.items():
@@ -451,6 +521,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
         stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, warmup_source=warm_src,
         client_permits=permits, client_permits_source=permits_src,
+        itl_events_per_token=ev, itl_note=ITL_EVENTS_NOTE,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else ip.request_timeout_s, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
         all_stages_drained=int(drained.all()))))
@@ -511,8 +582,8 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
     last = int(ds.stage.values[-1])
     rate = f"{float(ds.stage_rate.sel(stage=last)):g}"  # the last stage (60 QPS in the bundled files)
     hdr = (f"| arm | TTFT p90 all (s) | pooled p90 (s) | TTFT mean all (s) | output tok/s all "
-           f"| {rate}-QPS (last) stage p90 (s) | KV mean | waiting |")
-    lines += [hdr, "|---|---|---|---|---|---|---|---|"]
+           f"| {rate}-QPS (last) stage p90 (s) | ITL mean all (s) | TPOT all (s) | KV mean | waiting |")
+    lines += [hdr, "|---|---|---|---|---|---|---|---|---|---|"]
     for a in ds.arm.values:
         r = ds.sel(arm=a)
 
@@ -523,10 +594,14 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
         lines.append(f"| {a} | {float(r.ttft_p90_s_all):.3g}{pub('published_ttft_p90_s_all')} | {pooled:.3g} "
                      f"| {float(r.ttft_mean_s_all):.3g}{pub('published_ttft_mean_s_all')} "
                      f"| {float(r.output_tokens_per_s_all):,.0f}{pub('published_output_tokens_per_s_all')} "
-                     f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} | {float(r.kv_usage_mean_all):.2f} "
+                     f"| {float(r.ttft_p90_s.sel(stage=last)):.3g} "
+                     f"| {float(r.itl_mean_s_all):.3f}{pub('published_itl_mean_s_all')} "
+                     f"| {float(r.tpot_mean_s_all):.3f} | {float(r.kv_usage_mean_all):.2f} "
                      f"| {float(r.waiting_mean_all):.2f} |")
     lines += ["", "(published in parentheses; \"all\" is the report generator's summary across QPS: p90 and mean "
-              "successes-weighted over the stages, tok/s the plain mean of the stages')", "",
+              "successes-weighted over the stages, tok/s the plain mean of the stages'; ITL is inference-perf's as the "
+              f"series measured it, {float(ds.attrs.get('itl_events_per_token', 2)):g} client timestamps per output "
+              "token (llmd.itl_events_per_token), TPOT the time per output token itself)", "",
               "TTFT p90 per stage (s):", ""]
     lines.append("| rate | " + " | ".join(str(a) for a in ds.arm.values) + " |")
     lines.append("|---" * (1 + ds.sizes["arm"]) + "|")
@@ -546,7 +621,8 @@ def plot_llmd_benchmark(ds: xr.Dataset):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    vars_ = ["ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "token_hit_rate", "kv_usage_mean", "waiting_mean"]
+    vars_ = ["ttft_p90_s", "ttft_mean_s", "output_tokens_per_s", "itl_mean_s", "token_hit_rate", "kv_usage_mean",
+             "waiting_mean"]
     vars_ = [v for v in vars_ if v in ds]
     fig, axes = plt.subplots(1, len(vars_), figsize=(4.5 * len(vars_), 4.5))
     ladder = ~ds.stage_warmup.values
