@@ -601,6 +601,14 @@ def test_inference_perf_itl_counts_the_clients_timestamps():
     assert inference_perf_itl_s([0.0, 40.0], [1, 5], 2) == pytest.approx(0.04 / (1 + 9))
     assert np.isnan(inference_perf_itl_s([], [], 2))
     assert DEFAULTS["itl_events_per_token"] == 2.0
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies.llmd_benchmark import LlmdBenchmarkError, _llmd_cfg
+
+    assert _llmd_cfg(OmegaConf.create(dict(llmd=dict(itl_events_per_token=1))))["itl_events_per_token"] == 1
+    for bad in (0, 0.5, float("nan")):
+        with pytest.raises(LlmdBenchmarkError, match="itl_events_per_token must be >= 1"):
+            _llmd_cfg(OmegaConf.create(dict(llmd=dict(itl_events_per_token=bad))))
     for b in BENCHMARKS.values():
         tab = b["published"]["itl_mean_s"]
         assert set(tab) == {"precise", "approximate", "load", "random"}

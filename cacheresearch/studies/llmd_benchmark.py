@@ -234,6 +234,11 @@ def _llmd_cfg(cfg) -> dict:
         if k not in DEFAULTS:
             raise LlmdBenchmarkError(f"llmd.{k}: unknown key; known keys are {sorted(DEFAULTS)}")
         out[k] = v
+    if int(out["metrics_refresh_ms"]) < 0:
+        raise LlmdBenchmarkError(f"llmd.metrics_refresh_ms must be >= 0, got {out['metrics_refresh_ms']}")
+    if not float(out["itl_events_per_token"]) >= 1:
+        raise LlmdBenchmarkError(f"llmd.itl_events_per_token must be >= 1 (client timestamps per output token), "
+                                 f"got {out['itl_events_per_token']}")
     return out
 
 
@@ -427,11 +432,6 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         arms = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
         hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
         refresh = int(lc["metrics_refresh_ms"])
-        if refresh < 0:
-            raise LlmdBenchmarkError(f"llmd.metrics_refresh_ms must be >= 0, got {refresh}")
-        if not float(lc["itl_events_per_token"]) >= 1:
-            raise LlmdBenchmarkError(f"llmd.itl_events_per_token must be >= 1 (client timestamps per output token), "
-                                     f"got {lc['itl_events_per_token']}")
     except (InferencePerfError, EppConfigError, LlmdBenchmarkError, ValueError) as e:
         raise StudyError(str(e)) from None
     seed = int(lc["seed"] if lc["seed"] is not None else _get(cfg, "seed", 0))
