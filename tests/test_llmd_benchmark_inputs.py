@@ -220,6 +220,67 @@ def test_decode_filter_keeps_every_pod_and_disaggregation_is_refused(tmp_path):
             read_epp(_write(tmp_path, name, text))
 
 
+LATER_PRECISE = """apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: single-profile-handler
+  - type: tokenizer
+    parameters:
+      modelName: Qwen/Qwen3-32B
+      udsTokenizerConfig: {socketFile: /tmp/tokenizer/tokenizer-uds.socket}
+  - type: precise-prefix-cache-scorer
+    parameters:
+      tokenProcessorConfig:
+        blockSize: 64
+        hashSeed: "42"
+      indexerConfig:
+        tokenizersPoolConfig: {modelName: Qwen/Qwen3-32B, local: null, hf: null}
+        kvBlockIndexConfig:
+          valkeyConfig: {address: "valkey://valkey:6379", backendType: valkey}
+          enableMetrics: true
+      kvEventsConfig: {topicFilter: "kv@", concurrency: 4, discoverPods: false, zmqEndpoint: "tcp://*:5557"}
+  - type: kv-cache-utilization-scorer
+  - type: queue-scorer
+  - type: max-score-picker
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: precise-prefix-cache-scorer
+        weight: 3.0
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2.0
+      - pluginRef: queue-scorer
+        weight: 2.0
+      - pluginRef: max-score-picker
+"""
+
+
+def test_later_llmd_precise_layout(tmp_path):
+    """llm-d's later precise-scorer layout (``tokenProcessorConfig`` at the top of the parameters, a tokenizer
+    plugin, a valkey-backed index) gives the same knobs as the 73-capacity precise file; its block size is
+    checked against the pods'; speculative indexing, two disagreeing block sizes and a tokenizer in a profile are
+    refused with the key."""
+    k = epp_knobs(read_epp(_write(tmp_path, "later.yaml", LATER_PRECISE)), block_tokens=64)
+    assert k == epp_knobs(read_epp(BUNDLED / "epp-precise-scheduling.yaml"), block_tokens=64)
+    with pytest.raises(EppConfigError, match=r"later.yaml: tokenProcessorConfig\.blockSize: 64 tokens, but the pods"):
+        epp_knobs(read_epp(tmp_path / "later.yaml"), block_tokens=16)
+    bad = {"spec.yaml": (LATER_PRECISE.replace("      indexerConfig:\n", "      indexerConfig:\n"
+                                               "        speculativeIndexing: true\n"), r"speculativeIndexing"),
+           "two.yaml": (LATER_PRECISE.replace("      indexerConfig:\n", "      indexerConfig:\n"
+                                              "        tokenProcessorConfig: {blockSize: 16}\n"),
+                        r"tokenProcessorConfig\.blockSize: 64, but indexerConfig"),
+           "tk.yaml": (LATER_PRECISE.replace("      - pluginRef: max-score-picker\n",
+                                             "      - pluginRef: max-score-picker\n      - pluginRef: tokenizer\n"),
+                       r"tokenizer is not a scorer or picker"),
+           "key.yaml": (LATER_PRECISE.replace('hashSeed: "42"', "hashSeeds: 1"), r"tokenProcessorConfig\.hashSeeds")}
+    for name, (text, key) in bad.items():
+        assert text != LATER_PRECISE, name
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            read_epp(_write(tmp_path, name, text))
+    ok = LATER_PRECISE.replace("      indexerConfig:\n", "      indexerConfig:\n        speculativeIndexing: false\n")
+    assert epp_knobs(read_epp(_write(tmp_path, "sf.yaml", ok)), block_tokens=64) == k
+
+
 def test_inference_perf_broken_files(tmp_path):
     good = IP.read_text()
     cases = {

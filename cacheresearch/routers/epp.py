@@ -11,7 +11,14 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
   ``view=precise``, ``gie_prefix_mode=2``;
 * ``prefix-cache-scorer`` of later GIE releases: ``blockSize`` (characters) or ``blockSizeTokens`` with
   ``autoTune`` and ``maxPrefixTokensToMatch`` (:func:`estimate_params` says how each release reads them);
-* ``precise-prefix-cache-scorer`` (the later name of cache_tracking): ``indexerConfig`` as above;
+* ``precise-prefix-cache-scorer`` (the later name of cache_tracking): ``indexerConfig`` as above, or
+  ``tokenProcessorConfig`` at the top of its parameters (llm-d's later layout; where both give a
+  ``blockSize`` they must agree); ``indexerConfig.speculativeIndexing: true`` (llm-d inference scheduler
+  #659, 2026: the routed pod indexed at the decision, before its KV events) is refused, since the precise view
+  sees a prefix when the pod schedules it; ``kvBlockIndexConfig``'s backends (``inMemoryConfig``,
+  ``redisConfig``, ``valkeyConfig``) hold the same index;
+* ``tokenizer`` (llm-d's later tokenizer plugin, any parameters): it tokenises prompts for the precise scorer,
+  which works on the prompts' own token blocks here; it scores nothing and cannot stand in a profile;
 * ``queue-scorer``, ``kv-cache-scorer`` (also ``kv-cache-utilization-scorer``), ``load-aware-scorer``
   (``threshold``, default 128);
 * ``active-request-scorer`` (llm-d ``pkg/plugins/scorer/active_request.go``, the 37-capacity benchmark's):
@@ -64,13 +71,16 @@ _TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "
 #: only shed sheddable requests, negative priority, which inference-perf never sends) and ``data`` (the data
 #: layer's sources); ``featureGates`` may not enable flow control (requests queued in the EPP: not modelled)
 _INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
-            "kvBlockIndexConfig": {"enableMetrics", "metricsLoggingInterval", "inMemoryConfig", "redisConfig"},
-            "prefixStoreConfig": None, "tokenizersPoolConfig": None, "kvEventsConfig": None}
+            "kvBlockIndexConfig": {"enableMetrics", "metricsLoggingInterval", "inMemoryConfig", "redisConfig",
+                                   "valkeyConfig"},
+            "prefixStoreConfig": None, "tokenizersPoolConfig": None, "kvEventsConfig": None,
+            "speculativeIndexing": None}
 _PARAMS = {
     "single-profile-handler": set(),
     "prefix-cache-scorer": {"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "mode",
                             "indexerConfig", "blockSize", "blockSizeTokens", "autoTune", "maxPrefixTokensToMatch"},
-    "precise-prefix-cache-scorer": {"indexerConfig", "kvEventsConfig"},
+    "precise-prefix-cache-scorer": {"indexerConfig", "kvEventsConfig", "tokenProcessorConfig"},
+    "tokenizer": None,  # any parameters: no effect on a decision
     "queue-scorer": set(),
     "kv-cache-scorer": set(),
     "kv-cache-utilization-scorer": set(),
@@ -173,7 +183,7 @@ def read_epp(path) -> dict:
         if not isinstance(params, dict):
             raise _err(path, f"{where}.parameters", "must be a mapping")
         for k in params:
-            if k not in _PARAMS[t]:
+            if _PARAMS[t] is not None and k not in _PARAMS[t]:
                 raise _err(path, f"{where}.parameters.{k}", f"unknown parameter of {t}; known: {sorted(_PARAMS[t])}")
         _check_params(path, where, t, params)
         ref = p.get("name", t)
@@ -260,6 +270,32 @@ def _check_params(path, where, t, params):
         tpc = ic.get("tokenProcessorConfig") or {}
         if "blockSize" in tpc:
             _pos_int(path, f"{where}.parameters.indexerConfig.tokenProcessorConfig.blockSize", tpc["blockSize"])
+        if ic.get("speculativeIndexing") not in (None, False):
+            raise _err(path, f"{where}.parameters.indexerConfig.speculativeIndexing",
+                       "speculative indexing (the routed pod indexed at the decision, before its KV events) is not "
+                       "modelled: the precise view sees a prefix when the pod schedules it")
+    top = params.get("tokenProcessorConfig")
+    if top is not None:
+        if not isinstance(top, dict):
+            raise _err(path, f"{where}.parameters.tokenProcessorConfig", "must be a mapping")
+        for k in top:
+            if k not in _INDEXER["tokenProcessorConfig"]:
+                raise _err(path, f"{where}.parameters.tokenProcessorConfig.{k}",
+                           f"unknown key; known: {sorted(_INDEXER['tokenProcessorConfig'])}")
+        if "blockSize" in top:
+            _pos_int(path, f"{where}.parameters.tokenProcessorConfig.blockSize", top["blockSize"])
+            inner = ((ic or {}).get("tokenProcessorConfig") or {}).get("blockSize")
+            if inner is not None and inner != top["blockSize"]:
+                raise _err(path, f"{where}.parameters.tokenProcessorConfig.blockSize",
+                           f"{top['blockSize']}, but indexerConfig.tokenProcessorConfig.blockSize is {inner}")
+
+
+def _precise_block_size(params) -> tuple[int, str]:
+    """The precise index's block size in tokens and the key it came from (llm-d's default: 16)."""
+    if "blockSize" in (params.get("tokenProcessorConfig") or {}):
+        return int(params["tokenProcessorConfig"]["blockSize"]), "tokenProcessorConfig.blockSize"
+    inner = (params.get("indexerConfig") or {}).get("tokenProcessorConfig") or {}
+    return int(inner.get("blockSize", 16)), "indexerConfig.tokenProcessorConfig.blockSize"
 
 
 def _pct(w: float) -> int:
@@ -339,9 +375,9 @@ def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = No
             kn["gie_load_w_pct"] = _pct(w)
             kn["gie_load_threshold"] = int(params.get("threshold", GIE_DEFAULTS["threshold"]))
         elif t == "precise-prefix-cache-scorer" or params.get("mode") == "cache_tracking":
-            bs = ((params.get("indexerConfig") or {}).get("tokenProcessorConfig") or {}).get("blockSize", 16)
+            bs, key = _precise_block_size(params)
             if bs != block_tokens:
-                raise _err(path, "indexerConfig.tokenProcessorConfig.blockSize",
+                raise _err(path, key,
                            f"{bs} tokens, but the pods' blocks are {block_tokens} tokens (cache.block_tokens): "
                            "the precise index would never match")
             kn.update(gie_prefix_mode=2, gie_prefix_w_pct=_pct(w), view="precise")
