@@ -693,7 +693,7 @@ def test_report_summary_reproduces_a_published_summary_row():
     itl = [0.015963655, 0.019429440, 0.025553712, 0.017994316, 0.023366233, 0.022510869, 0.025449205, 0.023354543,
            0.022567643, 0.024225047, 0.023792149]  # the CSV's itl_mean_s, the same rows
     assert "itl_mean_s_all" not in out
-    out = report_summary(r, s, s + f, d, p90, mean, tok, itl_mean=itl)
+    out = report_summary(r, s, s + f, d, p90, mean, tok, means={"itl_mean_s": itl})
     assert round(out["itl_mean_s_all"], 3) == 0.023 and round(float(np.mean(itl)), 3) == 0.022
     # stages of one requested rate are merged into one row first (p90 and throughput averaged, counts summed)
     two = report_summary([3, 3, 5], [10, 30, 20], [10, 30, 20], [5, 15, 4], [1.0, 3.0, 10.0], [0.5, 1.5, 4.0],

@@ -285,7 +285,7 @@ def client_ttft_s(pod_ttft_ms, overhead_ms: float) -> np.ndarray:
     return (np.asarray(pod_ttft_ms).astype(np.float64) + float(overhead_ms)) / 1000.0
 
 
-def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_tok_s, itl_mean=None) -> dict:
+def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_tok_s, means=None) -> dict:
     """The report's "Summary across QPS" from per-stage figures, as the series' report generator computes it
     (llm-d-kv-cache-manager's benchmark aggregator, ``aggregate_per_qps`` then ``_build_summary_across_qps``):
     stages of the same requested rate are first merged into one row (successes, completed requests and send
@@ -294,31 +294,30 @@ def report_summary(rate, successes, completed, send_s, ttft_p90, ttft_mean, out_
     TTFT mean and TTFT p90 the successes-weighted means of the rows' values (so the summary "p90" is a
     weighted mean of per-stage p90s, not a pooled percentile). Checked to the report's digits on the
     load-with-headroom (64p) benchmark's ``analysis_metrics.csv`` (``tests/test_llmd_benchmark_inputs.py``).
-    ``itl_mean`` (optional) is summarised as the TTFT mean is, successes-weighted (``itl_mean_s_all``: the 64p
-    report's 0.023 s for precise; a plain mean of its rows gives 0.022)."""
+    ``means`` (optional, ``{NAME: per-stage values}``) are summarised as the TTFT mean is, successes-weighted, as
+    ``NAME_all`` (the ITL mean: the 64p report's 0.023 s for precise; a plain mean of its rows gives 0.022)."""
     rate = np.asarray(rate, np.float64)
-    itl = np.full(len(rate), np.nan) if itl_mean is None else itl_mean
+    means = dict(means or {})
     rows = sorted(set(rate.tolist()))
-    agg = {k: [] for k in ("succ", "comp", "dur", "p90", "mean", "tok", "itl")}
+    agg = {k: [] for k in ("succ", "comp", "dur", "p90", "mean", "tok", *means)}
     for r in rows:
         sel = rate == r
         agg["succ"].append(np.sum(np.asarray(successes, np.float64)[sel]))
         agg["comp"].append(np.sum(np.asarray(completed, np.float64)[sel]))
         agg["dur"].append(np.nansum(np.asarray(send_s, np.float64)[sel]))
-        for k, x in (("p90", ttft_p90), ("mean", ttft_mean), ("tok", out_tok_s), ("itl", itl)):
+        for k, x in (("p90", ttft_p90), ("mean", ttft_mean), ("tok", out_tok_s), *means.items()):
             agg[k].append(np.nanmean(np.asarray(x, np.float64)[sel]) if np.isfinite(np.asarray(x)[sel]).any()
                           else np.nan)
     a = {k: np.asarray(v) for k, v in agg.items()}
     ok = a["succ"] > 0
     w = a["succ"][ok]
-    wi = ok & np.isfinite(a["itl"])
     out = dict(ttft_p90_s_all=float(np.sum(a["p90"][ok] * w) / w.sum()) if ok.any() else np.nan,
                ttft_mean_s_all=float(np.sum(a["mean"][ok] * w) / w.sum()) if ok.any() else np.nan,
                output_tokens_per_s_all=float(np.nanmean(a["tok"])) if np.isfinite(a["tok"]).any() else np.nan,
                requests_per_s_all=float(a["comp"].sum() / a["dur"].sum()) if a["dur"].sum() > 0 else np.nan)
-    if itl_mean is not None:
-        out["itl_mean_s_all"] = (float(np.sum(a["itl"][wi] * a["succ"][wi]) / a["succ"][wi].sum()) if wi.any()
-                                 else np.nan)
+    for k in means:
+        wk = ok & np.isfinite(a[k])
+        out[f"{k}_all"] = float(np.sum(a[k][wk] * a["succ"][wk]) / a["succ"][wk].sum()) if wk.any() else np.nan
     return out
 
 
@@ -363,10 +362,8 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates, events_per_to
             per["tpot_mean_s"][k] = float(np.mean(dec[multi] / (out_tok[multi] - 1.0)) / 1000.0)
     lad = slice(warm, K)
     alls = report_summary(np.asarray(rates)[lad], succ[lad], comp[lad], send[lad], per["ttft_p90_s"][lad],
-                          per["ttft_mean_s"][lad], per["output_tokens_per_s"][lad], itl_mean=per["itl_mean_s"][lad])
-    alls["tpot_mean_s_all"] = report_summary(
-        np.asarray(rates)[lad], succ[lad], comp[lad], send[lad], per["ttft_p90_s"][lad], per["ttft_mean_s"][lad],
-        per["output_tokens_per_s"][lad], itl_mean=per["tpot_mean_s"][lad])["itl_mean_s_all"]
+                          per["ttft_mean_s"][lad], per["output_tokens_per_s"][lad],
+                          means={v: per[v][lad] for v in ("itl_mean_s", "tpot_mean_s")})
     pooled = served & (stage >= warm)
     alls["ttft_p90_s_pooled_all"] = float(np.percentile(tt[pooled], 90)) if pooled.any() else np.nan
     return per, alls, stage_drained(arr, fin, stage), fin, served
