@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cacheresearch.cache.blocks import BlockState, block_match, block_occ, block_request, init_blocks
 from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
@@ -86,6 +87,8 @@ class Static(NamedTuple):
     scheduler: str = "fcfs"  # the replica model: fcfs (core/queue.py) or vllm (core/batch.py)
     max_running: int = 256  # vllm: running-batch slots per replica (bounds max_num_seqs)
     max_runs: int = 0  # vllm: most runs of a request (its run lists' width)
+    blocks: tuple = ()  # libCacheSim's per-block policies compiled into the program (cache/blocks.py)
+    block_q: int = 0  # their lists per row (cache.blocks.n_lists: lfu's bound is the most accesses of a block)
 
 
 class Totals(NamedTuple):
@@ -115,6 +118,7 @@ class Carry(NamedTuple):
     queue: qm.QueueState
     totals: Totals
     cur: Cursor
+    blk: BlockState  # the per-block policies' state (a one-element stand-in when none is compiled)
 
 
 def _step_inputs(stream: Stream) -> tuple:
@@ -128,7 +132,7 @@ def _row_fields(st: Static) -> int:
     return 2 + (2 if st.stale else 0) + (PRIORITY_FIELDS if st.priority else 0)
 
 
-def _init_carry(stream: Stream, st: Static) -> Carry:
+def _init_carry(stream: Stream, st: Static, policy_id) -> Carry:
     """The scan's initial state: empty stores (replica rows, then the approximate index rows), queues, totals."""
     R, K = st.max_replicas, stream.n_keys
     init = (-1, 0) + ((-1, 0) if st.stale else ()) + ((0,) * PRIORITY_FIELDS if st.priority else ())
@@ -141,6 +145,8 @@ def _init_carry(stream: Stream, st: Static) -> Carry:
         queue=qm.init_queue(R, st.queue_slots),
         totals=Totals(z, z, z, zR, zR, z, z, z, z),
         cur=Cursor(z, z, z, jnp.bool_(True), zR),
+        blk=(init_blocks(st.blocks, policy_id, R, max(stream.n_distinct, 1), st.block_q, st.stale) if st.blocks
+             else init_blocks((), policy_id, 1, 1, 1, False)),
     )
 
 
@@ -207,7 +213,7 @@ def _simulate(stream: Stream, params, key, st: Static):
     F = _row_fields(st)
     N1, E1 = stream.arrival_ms.shape[0], stream.log.shape[-2]
     zR = jnp.zeros(R, jnp.int32)
-    carry = _init_carry(stream, st)
+    carry = _init_carry(stream, st, params.policy)
     replicas = jnp.clip(params.replicas, 1, R).astype(jnp.int32)
     instances = jnp.clip(params.instances, 1, st.max_instances).astype(jnp.int32)
     ridx = jnp.arange(R, dtype=jnp.int32)
@@ -219,6 +225,8 @@ def _simulate(stream: Stream, params, key, st: Static):
     prio = is_priority(params.policy) if st.priority else None
     is_lfu = params.policy == POLICIES["lfu_perfect"].id
     is_s3 = params.policy == S3FIFO_ID
+    is_blk = jnp.isin(params.policy, jnp.asarray([POLICIES[p].id for p in st.blocks] or [-1], jnp.int32))
+    blk_knobs = _block_knobs(params)
 
     def step(c: Carry, x):
         runs, lens, j0s, qs, req, first, last = x
@@ -233,7 +241,11 @@ def _simulate(stream: Stream, params, key, st: Static):
         boot = (first & (params.restart_replica >= 0) & (now >= params.restart_ms)
                 & ((req == 0) | (prev < params.restart_ms)))
         store = flush(store, jnp.clip(params.restart_replica, 0, R - 1), base, boot)
-        # ---- sync (stale view, before routing)
+        # ---- sync (stale view, before routing); the per-block state notes the request of the sync
+        blk = c.blk
+        if st.stale and st.blocks:
+            did = first & ((~c.sync.synced) | (now - c.sync.t >= params.stale_lag_ms))
+            blk = blk._replace(ep=jnp.where(did, req, blk.ep))
         sy = sync(c.sync, first, now, base, store.thr[:R], params.stale_lag_ms) if st.stale else c.sync
         # ---- loads at arrival
         if st.queue:
@@ -246,7 +258,15 @@ def _simulate(stream: Stream, params, key, st: Static):
                            R=R, stale=st.stale, index=st.index, active=active, prio=prio)
         else:
             mt = mv = zR
+        if st.match and st.blocks:  # the per-block policies: matches from their own state
+            bm, bs = block_match(blk, st.blocks, params.policy, stream.block_id, base, jnp.where(first, n, 0), R,
+                                 st.stale)
+            bm, bs = jnp.where(active, bm, 0), jnp.where(active, bs, 0)
+            bv = jnp.where(params.view == 0, bm, jnp.where(params.view == 2, bs, mv))
+            mt, mv = jnp.where(is_blk, bm, mt), jnp.where(is_blk, bv, mv)
         tree = store.occ[:R]
+        if st.blocks:
+            tree = jnp.where(is_blk, block_occ(blk, st.blocks, params.policy), tree)
         if st.index:
             tree = jnp.where(params.view == 1, store.occ[R + u * R + ridx], tree)
         # ---- route
@@ -295,6 +315,11 @@ def _simulate(stream: Stream, params, key, st: Static):
             s3, hit3 = s3_request(s3, r, stream.block_id, base, n, cap_r, last & is_s3 & (req < stream.n_requests))
             hit = jnp.where(is_s3, hit3, hit)
             occ_r = jnp.where(is_s3, s3.occ[r], occ_r)
+        if st.blocks:  # libCacheSim's per-block policies: lookup and one get per block at the last step
+            blk, hitb, _, occb = block_request(blk, st.blocks, params.policy, r, stream.block_id, base, n, cap_r,
+                                               blk_knobs, last & is_blk & (req < stream.n_requests), req, st.stale)
+            hit = jnp.where(is_blk, hitb, hit)
+            occ_r = jnp.where(is_blk, occb, occ_r)
         # ---- metrics
         real = last & (req < stream.n_requests)
         inp = stream.input_tokens[req]
@@ -311,12 +336,35 @@ def _simulate(stream: Stream, params, key, st: Static):
             qs_, ttft = qm.dispatch(c.queue, r, now, real, inp - hit_tok, stream.output_tokens[req], n, u, params)
         else:
             qs_, ttft = c.queue, jnp.int32(0)
-        c = Carry(store, s3, sy, qs_, t, Cursor(r, u, hit, alive, match_r))
+        c = Carry(store, s3, sy, qs_, t, Cursor(r, u, hit, alive, match_r), blk)
         out = (ttft,) + ((hit, hit_tok, r, match_r) if st.per_request else ())
         return c, out
 
     c, out = jax.lax.scan(step, carry, _step_inputs(stream))
     return _finish(stream, params, c, out, st, active, replicas, is_s3)
+
+
+def _block_knobs(params):
+    """libCacheSim S3FIFO's (small size, ghost size, promotion threshold) from the capacity and the knobs:
+    ``int(C * ratio)`` (a double product, truncated), computed exactly as ``floor(C * pm / 1000)`` in integers
+    (the two agree for every thousandth ratio at every capacity below 2**24: tests/test_blocks_jax.py)."""
+    C = jnp.clip(params.capacity, 0, 2**31 - 1).astype(jnp.int32)
+
+    def part(pm):
+        pm = pm.astype(jnp.int32)
+        return (C // 1000) * pm + (C % 1000) * pm // 1000
+
+    return part(params.s3fifo_small_pm), part(params.s3fifo_ghost_pm), params.s3fifo_promote.astype(jnp.int32)
+
+
+def _occupancy(c: Carry, st: Static, params, is_s3):
+    occ = c.store.occ[:c.totals.max_occ.shape[0]]
+    if st.s3:
+        occ = jnp.where(is_s3, c.s3.occ, occ)
+    if st.blocks:
+        blk = jnp.isin(params.policy, jnp.asarray([POLICIES[p].id for p in st.blocks], jnp.int32))
+        occ = jnp.where(blk, block_occ(c.blk, st.blocks, params.policy), occ)
+    return occ
 
 
 def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) -> Metrics:
@@ -353,7 +401,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         hit_tokens_lo=t.tok_lo,
         requests_hit=t.req_hit,
         max_occupancy=t.max_occ,
-        occupancy=jnp.where(is_s3, c.s3.occ, c.store.occ[:R]) if st.s3 else c.store.occ[:R],
+        occupancy=_occupancy(c, st, params, is_s3),
         requests_per_replica=t.nreq,
         ttft_p50_ms=pct(50),
         ttft_p90_ms=pct(90),
@@ -515,6 +563,8 @@ def static_options(
     scheduler: str = "fcfs",
     max_running: int = 256,
     max_runs: int = 0,
+    blocks: tuple | None = None,
+    block_q: int = 0,
 ) -> Static:
     """The static shape options of a run, with ``None`` resolved from the (concrete) params.
 
@@ -546,9 +596,13 @@ def static_options(
             priority = bool(np.isin(np.asarray(params.policy), PRIORITY_IDS).any())
         if s3 is None:
             s3 = bool((np.asarray(params.policy) == S3FIFO_ID).any())
+        if blocks is None:
+            present = {int(x) for x in np.asarray(params.policy).reshape(-1)}
+            blocks = tuple(n for n, p in POLICIES.items() if p.engine == "blocks" and p.id in present)
     else:
         priority = bool(priority)
         s3 = bool(s3)
+        blocks = tuple(blocks or ())
         compiled = tuple(ROUTERS.values())
         match = bool(match) if match is not None else True
         index = bool(index) if index is not None else False
@@ -569,7 +623,18 @@ def static_options(
                   int(max_vnodes), bool(per_request), window, compiled, bool(queue), priority=bool(priority),
                   s3=bool(s3), max_depth=int(max_depth) if priority else 0, scheduler=str(scheduler),
                   max_running=int(max_running) if scheduler == "vllm" else 1,
-                  max_runs=int(max_runs) if scheduler == "vllm" else 0)
+                  max_runs=int(max_runs) if scheduler == "vllm" else 0, blocks=_block_names(blocks),
+                  block_q=int(block_q) if blocks else 0)
+
+
+def _block_names(blocks) -> tuple:
+    """The per-block policies of a program, in the registry's order; anything else is refused."""
+    blocks = tuple(blocks or ())
+    bad = [b for b in blocks if b not in POLICIES or POLICIES[b].engine != "blocks"]
+    if bad:
+        raise ValueError(f"blocks: {bad} are not per-block policies; those are "
+                         f"{[n for n, p in POLICIES.items() if p.engine == 'blocks']}")
+    return tuple(n for n in POLICIES if n in blocks)
 
 
 #: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; core/queue.py) and ``vllm``
@@ -633,11 +698,12 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
         raise ValueError("client_permits (a closed-loop client) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.id in BLOCK_IDS})
-    if blk:
-        raise ValueError(f"policies {blk} are libCacheSim's per-block policies: their state is per block (a partly "
-                         "evicted run is readmitted block by block into different queues), which the JAX scan's "
-                         "run store does not keep; run them with cacheresearch.backends.numba_policies."
-                         "block_replay_grid (routers that read neither load nor cache)")
+    if set(blk) - set(st.blocks):
+        raise ValueError(f"policies {sorted(set(blk) - set(st.blocks))} keep per-block state that this program "
+                         "does not compile (static option blocks=)")
+    if blk and np.any(np.asarray(params.restart_replica).reshape(-1) >= 0):
+        raise ValueError(f"a replica restart (restart_replica) with the per-block policies {blk}: a restart's "
+                         "flush is modelled on the run store (LRU and TTL policies) only")
     prio = np.isin(np.asarray(params.policy).reshape(-1), PRIORITY_IDS)
     if prio.any() and not st.priority:
         raise ValueError("policies lfu_perfect and length_aware need priority=True")
@@ -676,9 +742,28 @@ def serve_stream(stream: Stream, st: Static) -> Stream:
     ``s3fifo_sosp``. The stream itself when it has them already."""
     if (st.priority or st.scheduler == "vllm") and stream.has_singletons:
         stream = with_stateful_singletons(stream)
-    if st.s3 and stream.n_distinct == 0:
+    if (st.s3 or st.blocks) and stream.n_distinct == 0:
         stream = with_block_ids(stream)
     return stream
+
+
+def block_bound(stream: Stream) -> int:
+    """The most accesses of one block id in a stream with block ids (lfu's frequency bound)."""
+    bid = np.asarray(stream.block_id)
+    U = int(stream.n_distinct)
+    if bid.ndim > 1:
+        return max(block_bound(jax.tree.map(lambda x, i=i: np.asarray(x)[i], stream)) for i in range(bid.shape[0]))
+    ids = bid[bid < U]
+    return int(np.bincount(ids, minlength=1).max(initial=0)) if ids.size else 0
+
+
+def with_block_bound(stream: Stream, st: Static) -> Static:
+    """``st`` with the per-block lists its stream needs (after :func:`serve_stream`)."""
+    if not st.blocks:
+        return st
+    from cacheresearch.cache.blocks import n_lists  # noqa: PLC0415
+
+    return st._replace(block_q=max(st.block_q, n_lists(st.blocks, block_bound(stream))))
 
 
 def check_stream(stream: Stream, st: Static, params=None) -> None:
@@ -706,6 +791,13 @@ def check_stream(stream: Stream, st: Static, params=None) -> None:
         raise ValueError("this program needs every run stateful: pass the stream through serve_stream")
     if st.s3 and stream.n_distinct == 0:
         raise ValueError("policy s3fifo_sosp needs block ids: pass the stream through serve_stream")
+    if st.blocks and stream.n_distinct == 0:
+        raise ValueError(f"policies {list(st.blocks)} need block ids: pass the stream through serve_stream")
+    if st.blocks:
+        from cacheresearch.cache.blocks import n_lists  # noqa: PLC0415
+
+        if n_lists(st.blocks, block_bound(stream)) > st.block_q:
+            raise ValueError(f"block_q={st.block_q} is below the lists the stream needs (with_block_bound)")
 
 
 def _with_runs(stream: Stream, options: dict) -> dict:
@@ -739,6 +831,7 @@ def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, p
     check_bounds(params, max_replicas, st)
     _refuse_closed_loop(params)
     stream = serve_stream(stream, st)
+    st = with_block_bound(stream, st)
     check_stream(stream, st, params)
     return finalize(_simulate_jit(stream, params, key, st=st), st)
 
@@ -764,5 +857,6 @@ def simulate_grid(stream: Stream, params, keys: jax.Array, *, max_replicas: int 
             stream = stack_streams([serve_stream(p, st) for p in parts])
     else:
         stream = serve_stream(stream, st)
+    st = with_block_bound(stream, st)
     check_stream(stream, st, params)
     return finalize(_simulate_grid_jit(stream, params, keys, st=st, stream_axis=stream_axis), st)
