@@ -36,7 +36,10 @@ import jax.numpy as jnp
 
 from cacheresearch.cache.block import BLOCK_POLICY_IDS
 
-__all__ = ["BlockState", "init_blocks", "block_request", "block_match", "block_occ", "n_lists", "TOP", "block_state_bytes"]
+__all__ = [
+    "BlockState", "init_blocks", "block_request", "block_match", "block_occ", "n_lists", "TOP",
+    "block_state_bytes",
+]
 
 #: presence: 1 <= W <= TOP[policy] (lfu: any frequency)
 TOP = {"fifo": 1, "sieve": 1, "s3fifo": 2, "lfu": 2**30, "arc": 2}
@@ -45,7 +48,7 @@ _NQ = {"fifo": 2, "sieve": 2, "s3fifo": 4, "arc": 5}
 
 class BlockState(NamedTuple):
     W: jax.Array  # int32 [R, U]
-    O: jax.Array  # int32 [R, U]
+    O: jax.Array  # int32 [R, U]  # noqa: E741
     N: jax.Array  # int32 [R, U]
     A: jax.Array  # int32 [R, U]
     LH: jax.Array  # int32 [R, Q]
