@@ -235,6 +235,7 @@ class SweepConfig:
     output: OutputConf = field(default_factory=OutputConf)
     report: Any = None  # {source, published: [{label, select, <var>}], compare: [{dim, baseline, variant}]}
     llmd: Any = None  # experiment=llmd_benchmark: inference_perf, epp {ARM: FILE}, warmup_stages, ...
+    tune: Any = None  # experiment=tune: knobs, objective, slo, method, population, generations, ...
 
 
 ConfigStore.instance().store(name="sweep_schema", node=SweepConfig)
