@@ -1,0 +1,193 @@
+"""Tier specifications: what a lower KV tier is, and the checks that turn bad input into one-line errors.
+
+A replica's cache is an ordered list of tiers (:data:`TIER_NAMES`): ``gpu`` (the engine's prefix cache,
+``cache.capacity_blocks``, leaf-first LRU as today), then ``cpu`` (host memory, one per replica),
+``pool`` (one store shared by every replica of the fleet, Mooncake-store-like) and ``disk`` (one per
+replica). Each lower tier has a capacity in blocks (0: absent), an eviction policy (:data:`TIER_POLICIES`),
+read and write bandwidth (GB/s, decimal: 1e9 bytes) and a fixed latency per access (microseconds), and a
+memory bound (GiB) the capacity must fit in. A block's bytes are the model preset's KV bytes per token
+(:func:`cacheresearch.replica.hardware.kv_bytes_per_token`, the whole KV of the replica: ``tp=1``) times
+``cache.block_tokens``. The semantics of the tiered cache are in :mod:`cacheresearch.tiers` and
+``experiments/tiers.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from cacheresearch.replica.hardware import GIB, kv_bytes_per_token
+
+__all__ = ["TIER_NAMES", "LOWER_TIERS", "TIER_POLICIES", "OFFLOAD_MODES", "LOAD_MODES", "TIER_ROUTERS",
+           "TierSpec", "TieredConfig", "TierError", "tier_block_bytes", "make_config", "DEFAULT_TIERS"]
+
+TIER_NAMES = ("gpu", "cpu", "pool", "disk")
+LOWER_TIERS = TIER_NAMES[1:]
+#: Policies a lower tier can run: a keyed store with no clock of its own (the TTL policies need one, the
+#: per-block policies of cache/blocks.py are not ported to the lower tiers).
+TIER_POLICIES = ("lru", "fifo")
+#: ``evict``: a block goes down one tier when it is evicted from the tier above (a victim cache; SGLang
+#: HiCache's ``write_back`` write policy); ``write_through``: every computed block is written to every
+#: lower tier at once (HiCache's ``write_through``; vLLM's OffloadingConnector stores blocks "as they are
+#: produced", LMCache stores after prefill); evictions then drop the block.
+OFFLOAD_MODES = ("evict", "write_through")
+#: ``serial``: loading the hit blocks is part of the request's service on its replica (load, then
+#: prefill); ``overlap``: the load runs while the request waits, off the replica's server (vLLM's
+#: asynchronous connector: the request waits in WAITING_FOR_REMOTE_KVS while the GPU serves others).
+LOAD_MODES = ("serial", "overlap")
+#: The routers the tiered engine runs: the load-free ones (decisions from the registered rules), the
+#: queue-reading ``least_loaded``, and ``tier_scorer``: llm-d's precise prefix scorer plus its load scorer
+#: (``weighted_scorers``), the match counted per tier with a weight per tier (``tier_weights_pct``).
+TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer")
+
+
+class TierError(ValueError):
+    """A tier configuration is invalid (the message names the key)."""
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One lower tier. ``memory_gib``: the memory it may take (per replica; the whole pool for ``pool``)."""
+
+    name: str
+    capacity_blocks: int = 0
+    policy: str = "lru"
+    read_gbps: float = 0.0
+    write_gbps: float = 0.0
+    latency_us: float = 0.0
+    memory_gib: float = 0.0
+
+    @property
+    def shared(self) -> bool:
+        return self.name == "pool"
+
+
+#: Default lower tiers (every capacity 0: absent). Bandwidths and latencies are assumptions, labelled in
+#: ``experiments/tiers.md``: cpu = PCIe Gen5 x16 host-to-device at about 50 GB/s effective (of 64 GB/s),
+#: 10 us per transfer; pool = a 400 Gb/s RDMA NIC at about 40 GB/s effective, 50 us (Mooncake's transfer
+#: engine reports 87 GB/s over 4 x 200 Gb/s); disk = one NVMe Gen4 drive at 6 GB/s read, 3 GB/s write,
+#: 100 us. Memory bounds: 2 TiB of host DRAM per replica, a 64 TiB pool, 30 TB of disk.
+DEFAULT_TIERS = {
+    "cpu": dict(capacity_blocks=0, policy="lru", read_gbps=50.0, write_gbps=50.0, latency_us=10.0, memory_gib=2048.0),
+    "pool": dict(capacity_blocks=0, policy="lru", read_gbps=40.0, write_gbps=40.0, latency_us=50.0,
+                 memory_gib=65536.0),
+    "disk": dict(capacity_blocks=0, policy="lru", read_gbps=6.0, write_gbps=3.0, latency_us=100.0,
+                 memory_gib=27_940.0),
+}
+
+
+@dataclass(frozen=True)
+class TieredConfig:
+    """One configuration of the tiered fleet: the GPU tier, the lower tiers, the router, the replica speed."""
+
+    gpu_blocks: int
+    tiers: tuple = ()  # TierSpec of cpu, pool, disk (in that order)
+    replicas: int = 1
+    router: str = "round_robin"
+    prefix_blocks: int = 80
+    block_bytes: int = 1
+    offload: str = "evict"
+    load_mode: str = "serial"
+    prefill_tps: int = 20_000
+    decode_us_per_token: int = 250
+    prefix_weight_pct: int = 200
+    load_weight_pct: int = 100
+    queue_threshold: int = 128
+    tier_weights_pct: tuple = (100, 80, 60, 40)  # gpu, cpu, pool, disk (tier_scorer)
+    label: str = field(default="", compare=False)
+
+    def tier(self, name: str) -> TierSpec:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        return TierSpec(name)
+
+    @property
+    def untiered(self) -> bool:
+        return all(t.capacity_blocks == 0 for t in self.tiers)
+
+    def with_(self, **kw) -> TieredConfig:
+        return replace(self, **kw)
+
+
+def tier_block_bytes(model: str = "llama3_8b", block_tokens: int = 16, kv_dtype: str = "bf16") -> int:
+    """Bytes of one block in a lower tier: the replica's whole KV of ``block_tokens`` tokens."""
+    return int(kv_bytes_per_token(model, kv_dtype=kv_dtype, tp=1)) * int(block_tokens)
+
+
+def _num(key, v, *, lo=0.0, integer=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+        raise TierError(f"{key}: must be a {'integer' if integer else 'number'} >= {lo:g}, got {v!r}")
+    if integer and int(v) != v:
+        raise TierError(f"{key}: must be an integer, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSpec:
+    d = dict(DEFAULT_TIERS[name])
+    for k, v in (given or {}).items():
+        if k not in d:
+            raise TierError(f"{where}{name}.{k}: unknown key; known keys are {sorted(d)}")
+        d[k] = v
+    key = f"{where}{name}."
+    cap = _num(key + "capacity_blocks", d["capacity_blocks"], integer=True)
+    pol = d["policy"]
+    if pol not in TIER_POLICIES:
+        raise TierError(f"{key}policy: {pol!r} cannot run on a lower tier (a keyed store with no clock: "
+                        f"no TTL policy, no per-block policy); choose one of {', '.join(TIER_POLICIES)}")
+    rbw = _num(key + "read_gbps", d["read_gbps"])
+    wbw = _num(key + "write_gbps", d["write_gbps"])
+    lat = _num(key + "latency_us", d["latency_us"])
+    mem = _num(key + "memory_gib", d["memory_gib"])
+    if cap > 0:
+        if rbw <= 0:
+            raise TierError(f"{key}read_gbps: the {name} tier holds {cap} blocks but has no read bandwidth; "
+                            "give a positive GB/s")
+        if wbw <= 0:
+            raise TierError(f"{key}write_gbps: the {name} tier holds {cap} blocks but has no write bandwidth; "
+                            "give a positive GB/s")
+        need = cap * block_bytes
+        if need > mem * GIB:
+            raise TierError(f"{key}capacity_blocks: {cap} blocks x {block_bytes} bytes = {need / GIB:.1f} GiB "
+                            f"exceeds {key}memory_gib = {mem:g} GiB")
+        if round(rbw * 1000) < 1 or round(wbw * 1000) < 1:
+            raise TierError(f"{key}read_gbps: bandwidths below 0.001 GB/s are not modelled")
+    return TierSpec(name, cap, pol, rbw, wbw, lat, mem)
+
+
+def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1, router: str = "round_robin",
+                block_bytes: int | None = None, model: str = "llama3_8b", block_tokens: int = 16,
+                kv_dtype: str = "bf16", where: str = "tiers.", **kw) -> TieredConfig:
+    """A checked :class:`TieredConfig`. ``tiers``: ``{cpu: {...}, pool: {...}, disk: {...}}`` over
+    :data:`DEFAULT_TIERS`; ``block_bytes`` defaults to :func:`tier_block_bytes` of ``model``.
+    ``where``: the key prefix the errors name."""
+    tiers = dict(tiers or {})
+    for k in tiers:
+        if k not in LOWER_TIERS:
+            raise TierError(f"{where}{k}: unknown tier; the lower tiers are {', '.join(LOWER_TIERS)}")
+    bb = tier_block_bytes(model, block_tokens, kv_dtype) if block_bytes is None else int(block_bytes)
+    if bb < 1:
+        raise TierError(f"{where}block_bytes: must be >= 1, got {block_bytes!r}")
+    specs = tuple(_tier(n, tiers.get(n), bb, where) for n in LOWER_TIERS)
+    gpu = _num("cache.capacity_blocks", gpu_blocks, integer=True)
+    if router not in TIER_ROUTERS:
+        raise TierError(f"router: {router!r} is not run by the tiered engine; choose one of {', '.join(TIER_ROUTERS)}")
+    if int(replicas) < 1:
+        raise TierError(f"replicas: must be >= 1, got {replicas!r}")
+    off = kw.get("offload", "evict")
+    if off not in OFFLOAD_MODES:
+        raise TierError(f"{where}offload: {off!r}; choose one of {', '.join(OFFLOAD_MODES)}")
+    lm = kw.get("load_mode", "serial")
+    if lm not in LOAD_MODES:
+        raise TierError(f"{where}load_mode: {lm!r}; choose one of {', '.join(LOAD_MODES)}")
+    tw = tuple(kw.pop("tier_weights_pct", (100, 80, 60, 40)))
+    if len(tw) != 4 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in tw):
+        raise TierError(f"{where}tier_weights_pct: four non-negative integers (gpu, cpu, pool, disk), got {tw!r}")
+    for k in ("prefill_tps", "prefix_blocks", "queue_threshold"):
+        if k in kw:
+            kw[k] = _num(k, kw[k], lo=1, integer=True)
+    for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct"):
+        if k in kw:
+            kw[k] = _num(k, kw[k], integer=True)
+    return TieredConfig(gpu_blocks=gpu, tiers=specs, replicas=int(replicas), router=router, block_bytes=bb,
+                        tier_weights_pct=tw, **kw)

@@ -1,0 +1,189 @@
+"""KV tiers (cacheresearch.tiers): the numba engine equals the plain-Python reference request by request;
+with every lower tier at capacity 0 it is the existing engine bit for bit; hand-worked cases; bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference_tiers import reference_tiers
+from test_engine import HYP, tree_workloads
+
+from cacheresearch.core.run import simulate_cells
+from cacheresearch.engine import compile_stream, make_params
+from cacheresearch.tiers import TierError, make_config, run_tiers, tier_block_bytes
+from cacheresearch.tiers.engine import _fixed, seed_bits
+from cacheresearch.workload import Workload
+from cacheresearch.workload.synthetic import tenant_workload
+
+FIXED = ("random", "round_robin", "prefix_hash")
+FIELDS = ("replica", "hit_blocks", "hit_tokens", "hit_tier", "ttft_ms", "load_ms")
+
+
+def reference(w, cfg, seed):
+    b0 = seed_bits(seed, w.n_requests).astype(np.int64) if cfg.replicas > 1 else np.zeros(w.n_requests, np.int64)
+    fixed = _fixed(w, cfg, b0) if cfg.router in FIXED else None
+    return reference_tiers(w, cfg, fixed_route=fixed, bits0=b0)
+
+
+def assert_equal_to_reference(w, cfgs, seeds):
+    got = run_tiers(w, cfgs, seeds)
+    for g, cfg in enumerate(cfgs):
+        ref = reference(w, cfg, seeds[g])
+        for f in FIELDS:
+            np.testing.assert_array_equal(getattr(got[g], f), ref[f], err_msg=f"{f} of {cfg}")
+        np.testing.assert_array_equal(got[g].written_blocks, ref["written_blocks"])
+
+
+TIER = st.fixed_dictionaries(dict(capacity_blocks=st.sampled_from([0, 0, 1, 3, 8, 30]),
+                                  policy=st.sampled_from(["lru", "fifo"]),
+                                  read_gbps=st.sampled_from([0.5, 3.0, 50.0]),
+                                  latency_us=st.sampled_from([0.0, 10.0, 2000.0])))
+CONFIG = st.fixed_dictionaries(dict(
+    gpu_blocks=st.integers(0, 40), cpu=TIER, pool=TIER, disk=TIER, replicas=st.integers(1, 3),
+    router=st.sampled_from(["random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer"]),
+    offload=st.sampled_from(["evict", "write_through"]), load_mode=st.sampled_from(["serial", "overlap"]),
+    prefill_tps=st.sampled_from([500, 20_000]), prefix_blocks=st.integers(1, 4),
+    tier_weights_pct=st.tuples(*[st.integers(0, 150)] * 4)))
+
+
+def build(c):
+    c = dict(c)
+    tiers = {k: c.pop(k) for k in ("cpu", "pool", "disk")}
+    return make_config(tiers=tiers, block_bytes=131_072 * 16, decode_us_per_token=250, **c)
+
+
+@settings(HYP, max_examples=25)
+@given(w=tree_workloads(), cfgs=st.lists(CONFIG, min_size=1, max_size=3), seed=st.integers(0, 3))
+def test_engine_equals_reference(w, cfgs, seed):
+    cfgs = [build(c) for c in cfgs]
+    assert_equal_to_reference(w, cfgs, [seed + g for g in range(len(cfgs))])
+
+
+def tenants(seed=1, **kw):
+    args = dict(n_tenants=6, prefix_tokens=160, query_tokens=40, rate_per_s=5.0, duration_s=8.0, block_tokens=16,
+                output_tokens=20, seed=seed)
+    args.update(kw)
+    return tenant_workload(**args)
+
+
+def test_engine_equals_reference_on_tenants():
+    """A denser workload than hypothesis draws: every router, both offload modes, lower tiers full."""
+    w = tenants()
+    cfgs = [make_config(gpu_blocks=20, tiers=dict(cpu=dict(capacity_blocks=15),
+                                                  pool=dict(capacity_blocks=30, policy="fifo"),
+                                                  disk=dict(capacity_blocks=25)),
+                        replicas=3, router=r, offload=o, load_mode=m, block_bytes=131_072 * 16, prefill_tps=2000)
+            for r in ("random", "prefix_hash", "least_loaded", "tier_scorer")
+            for o, m in (("evict", "serial"), ("write_through", "overlap"))]
+    assert_equal_to_reference(w, cfgs, [3] * len(cfgs))
+
+
+@pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "weighted_scorers"])
+def test_untiered_is_the_existing_engine_bitwise(router):
+    """Every lower tier at capacity 0: replica, hit blocks and TTFT are the fcfs engine's, request by request
+    (tier_scorer with weights (100, x, x, x) is weighted_scorers on the precise view)."""
+    w = tenants(seed=2, rate_per_s=8.0)
+    extra = dict(prefix_weight_pct=200, load_weight_pct=100) if router == "weighted_scorers" else {}
+    P, C = [], []
+    for cap, R in ((20, 3), (0, 2), (500, 1)):
+        P.append(make_params("lru", capacity_blocks=cap, replicas=R, router=router, prefix_blocks=5, prefill_tps=2000,
+                             decode_us_per_token=250, **extra))
+        tr = "tier_scorer" if router == "weighted_scorers" else router
+        C.append(make_config(gpu_blocks=cap, replicas=R, router=tr,
+                             prefix_blocks=5, prefill_tps=2000, decode_us_per_token=250,
+                             tier_weights_pct=(100, 7, 9, 11), **extra))
+    m, _ = simulate_cells([compile_stream(w)], np.zeros(len(P), np.int64), P, np.full(len(P), 3), max_replicas=3,
+                          per_request=True)
+    got = run_tiers(w, C, [3] * len(C))
+    n = w.n_requests
+    for g in range(len(P)):
+        for f in ("replica", "hit_blocks", "ttft_ms"):
+            np.testing.assert_array_equal(getattr(got[g], f), np.asarray(getattr(m, f))[g, :n], err_msg=f)
+
+
+def tiny(requests, arrivals, bt=16, out=0):
+    """A workload of explicit key lists (input tokens = blocks x bt)."""
+    keys = np.concatenate([np.asarray(r, np.uint64) for r in requests]) if requests else np.zeros(0, np.uint64)
+    off = np.concatenate([[0], np.cumsum([len(r) for r in requests])])
+    n = len(requests)
+    return Workload(arrival_ms=np.asarray(arrivals), input_tokens=np.asarray([len(r) * bt for r in requests]),
+                    output_tokens=np.full(n, out), tenant=np.zeros(n), keys=keys, offsets=off, block_tokens=bt)
+
+
+def test_hand_worked_offload_promotion_and_timing():
+    """gpu 2 blocks, cpu 4. A = [1, 2, 3] leaves gpu {1, 2} (3 offloaded to cpu); B = [7, 8] evicts 2, 1 to cpu;
+    A again: gpu misses, cpu holds 1, 2, 3: 3 blocks hit in cpu, promoted; time by hand."""
+    w = tiny([[1, 2, 3], [7, 8], [1, 2, 3]], [0, 10_000, 20_000])
+    bb = 1_000_000  # bytes per block: 3 blocks at 1 GB/s = 3 ms, + 500 us latency -> 3.5 ms -> 4 ms
+    cfg = make_config(gpu_blocks=2, tiers=dict(cpu=dict(capacity_blocks=4, read_gbps=1.0, latency_us=500.0)),
+                      block_bytes=bb, prefill_tps=1000, decode_us_per_token=0)
+    r = run_tiers(w, [cfg])[0]
+    assert r.hit_tier.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 3, 0, 0]]
+    assert r.load_ms.tolist() == [0, 0, 4]
+    # hit tokens = min(3 x 16, 48) = 48: no prefill left; TTFT = the load
+    assert r.ttft_ms.tolist() == [48, 32, 4]
+    # offloads: 3 (after A), 2 and 1 (after B), 8, 7 and 3 (after the promotion), cpu then drops 2
+    assert r.written_blocks.tolist() == [0, 6, 0, 0]
+    ref = reference_tiers(w, cfg)
+    assert ref["final_gpu"] == [[2, 1]] and ref["final_lower"]["cpu"] == [[1, 8, 7, 3]]  # least recent first
+    # overlap: the load runs while the request would wait; idle replica -> TTFT is the same here
+    r2 = run_tiers(w, [cfg.with_(load_mode="overlap")])[0]
+    assert r2.ttft_ms.tolist() == [48, 32, 4]
+
+
+def test_pool_holds_one_copy_of_a_block_two_replicas_write():
+    """Two replicas (round robin) compute the same prefix under write-through: the pool holds each block once;
+    a third request on replica 0 finds it in its gpu, a fourth on replica 1 in its gpu; with a gpu of 0 blocks
+    both find the pool."""
+    w = tiny([[1, 2], [1, 2], [1, 2], [1, 2]], [0, 1, 1000, 1001])
+    cfg = make_config(gpu_blocks=0, replicas=2, router="round_robin", offload="write_through",
+                      tiers=dict(pool=dict(capacity_blocks=2)), block_bytes=1000)
+    r = run_tiers(w, [cfg])[0]
+    ref = reference_tiers(w, cfg, fixed_route=np.array([0, 1, 0, 1]))
+    assert ref["final_lower"]["pool"] == [[2, 1]]  # one store, two blocks (capacity 2 suffices for both replicas)
+    assert r.hit_tier[:, 2].tolist() == [0, 2, 2, 2]  # replica 1 reads what replica 0 wrote
+    assert r.written_blocks.tolist() == [0, 0, 2, 0]  # only the first request computed anything
+
+
+def test_lower_tiers_only_add_hits():
+    """Leading-run hits with a cpu tier are at least the gpu-only hits, request by request on one replica."""
+    w = tenants(seed=4)
+    base = make_config(gpu_blocks=30, block_bytes=1000)
+    cfgs = [base] + [make_config(gpu_blocks=30, tiers=dict(cpu=dict(capacity_blocks=c)), block_bytes=1000)
+                     for c in (10, 100, 1000)]
+    res = run_tiers(w, cfgs)
+    tot = [int(r.hit_blocks.sum()) for r in res]
+    assert tot == sorted(tot) and tot[-1] > tot[0]
+    np.testing.assert_array_equal(res[0].hit_tier[:, 0], res[0].hit_blocks)
+
+
+def test_block_bytes_from_the_model_preset():
+    assert tier_block_bytes("llama3_8b", 16) == 2 * 32 * 8 * 128 * 2 * 16
+    assert tier_block_bytes("llama3_70b", 64, "fp8") == 2 * 80 * 8 * 128 * 64
+
+
+@pytest.mark.parametrize("tiers,key", [
+    (dict(cpu=dict(capacity_blocks=10, read_gbps=0.0)), "tiers.cpu.read_gbps"),
+    (dict(disk=dict(capacity_blocks=10, write_gbps=0)), "tiers.disk.write_gbps"),
+    (dict(cpu=dict(capacity_blocks=10, policy="ttl_refresh")), "tiers.cpu.policy"),
+    (dict(pool=dict(capacity_blocks=10**9)), "tiers.pool.capacity_blocks"),
+    (dict(cpu=dict(capacity_blocks=10, speed=3)), "tiers.cpu.speed"),
+    (dict(ssd=dict(capacity_blocks=10)), "tiers.ssd"),
+    (dict(cpu=dict(capacity_blocks=-1)), "tiers.cpu.capacity_blocks"),
+])
+def test_bad_input_is_one_line_naming_the_key(tiers, key):
+    with pytest.raises(TierError) as e:
+        make_config(gpu_blocks=10, tiers=tiers, model="llama3_8b", block_tokens=16)
+    msg = str(e.value)
+    assert msg.startswith(key) and "\n" not in msg, msg
+
+
+def test_bad_modes_and_router():
+    with pytest.raises(TierError, match=r"^tiers\.offload"):
+        make_config(gpu_blocks=1, offload="lazy")
+    with pytest.raises(TierError, match=r"^tiers\.load_mode"):
+        make_config(gpu_blocks=1, load_mode="never")
+    with pytest.raises(TierError, match=r"^router"):
+        make_config(gpu_blocks=1, router="kv_cost")
