@@ -24,7 +24,17 @@ from __future__ import annotations
 
 import xarray as xr
 
-from cacheresearch.studies import audit, diagnostics, economics, hosted, layouts, llmd_benchmark, policy_curves, traces
+from cacheresearch.studies import (
+    audit,
+    diagnostics,
+    economics,
+    hosted,
+    layouts,
+    llmd_benchmark,
+    policy_curves,
+    traces,
+    tune,
+)
 from cacheresearch.studies.base import Study, StudyError, run_in_memory
 from cacheresearch.studies.economics import fixed_units, ratio_interval, refresh_units
 
@@ -42,7 +52,7 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves):
+for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune):
     for _s in _module.STUDIES:
         register(_s)
 
