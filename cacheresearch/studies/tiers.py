@@ -1,0 +1,351 @@
+"""experiment=tiers: what a CPU tier per replica buys, at what bandwidth it stops paying, and whether a pool
+shared by the fleet beats local tiers or affinity routing.
+
+The tiered fleet (:mod:`cacheresearch.tiers`: gpu + cpu per replica + a shared pool + disk, offload on
+eviction, promotion on a hit, load = bytes / bandwidth + latency) on two workloads:
+
+* ``design``: the design scenario with load (``configs/workload/design_tenants.yaml``: 200 tenants x
+  10,000-token prefixes, 200 fresh and 200 output tokens, a hot tenant with half the traffic), 16-token
+  blocks, ``replicas`` replicas;
+* ``agent``: the shared coding-agent trace (Mooncake JSONL, 64-token blocks; ``study.trace.path``).
+
+The gpu tier of a replica is what the model preset leaves on the GPU preset (vLLM's accounting:
+:func:`cacheresearch.replica.hardware.kv_blocks`), the block's bytes the model's KV bytes per token x
+block tokens. Grid: ``grid.cpu_capacity_blocks`` (per replica) x ``grid.cpu_gbps`` (its read bandwidth; write
+the same) x ``grid.router``. Per cell: ``token_hit_rate``, ``hit_rate_by_tier`` (tokens served by each tier
+over all input tokens), ``ttft_p50_s`` / ``ttft_p99_s`` and the dollars: GPU hours of prefill saved
+against the gpu-only cell of the same router, less the DRAM they take, per day.
+
+The global-pool question (``pool_*`` variables, one figure panel): at the same DRAM per replica, the gpu
+alone, a local cpu tier, or one pool holding ``replicas`` x that (at the pool's bandwidth), each under
+random routing and under the tier-aware scorer.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from cacheresearch.replica.hardware import kv_blocks
+from cacheresearch.studies import base as B
+from cacheresearch.studies.base import Study, StudyError
+from cacheresearch.tiers import TIER_NAMES, TierError, make_config, run_tiers, tier_block_bytes
+from cacheresearch.tiers.engine import dense_keys
+from cacheresearch.workload.synthetic import tenant_workload
+from cacheresearch.workload.trace import load_mooncake
+
+__all__ = ["tiers_study", "summarize", "plot", "STUDIES", "DEFAULTS"]
+
+DEFAULTS = dict(
+    workloads=["design", "agent"],
+    model="llama3_8b",
+    gpu="h100_80gb",
+    gpu_memory_utilization=0.9,
+    gpu_blocks=None,  # None: kv_blocks(model, gpu); an integer overrides (per workload block size)
+    prefill_tps=20_000,  # the h100_8b latency preset (an assumption, labelled there)
+    decode_us_per_token=250,
+    offload="evict",
+    load_mode="serial",
+    tier_weights_pct=[100, 80, 60, 40],
+    design=dict(n_tenants=200, prefix_tokens=10_000, query_tokens=200, output_tokens=200, hot_share=0.5,
+                n_requests=2500, rate_per_s=12.0, block_tokens=16, replicas=8),
+    agent=dict(replicas=4, block_tokens=64),
+    trace=dict(path="../shared/traces/agentic_coding_sessions.jsonl", max_requests=None),
+    pool=dict(read_gbps=40.0, latency_us=50.0, dram_blocks_per_replica=None),  # None: the largest cpu capacity
+    gpu_usd_per_hour=2.50,  # assumption: an H100 hour, on-demand class
+    dram_usd_per_gb_hour=0.0005,  # assumption: server DRAM amortised (about $4/GB over 3 years + power, hosting)
+)
+GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[5.0, 25.0, 50.0],
+            router=["random", "prefix_hash", "least_loaded", "tier_scorer"])
+
+
+def _grid(cfg) -> dict:
+    g = dict(GRID)
+    given = cfg.get("grid") if hasattr(cfg, "get") else None
+    if given is not None:
+        from omegaconf import OmegaConf  # noqa: PLC0415
+
+        given = OmegaConf.to_container(given, resolve=True) if not isinstance(given, dict) else given
+        for k, v in given.items():
+            if v is None:  # the sweep's own grid keys, unset
+                continue
+            if k not in g:
+                raise StudyError(f"grid.{k}: unknown key; the tiers grid has {sorted(g)}")
+            if not isinstance(v, (list, tuple)) or not v:
+                raise StudyError(f"grid.{k}: must be a non-empty list")
+            g[k] = list(v)
+    caps = g["cpu_capacity_blocks"]
+    for x in caps:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
+            raise StudyError(f"grid.cpu_capacity_blocks: elements must be >= 0 (an integer: blocks; a float: "
+                             f"multiples of the gpu tier), got {x!r}")
+    B.positive_list("grid.cpu_gbps", g["cpu_gbps"])
+    return g
+
+
+def _workload(name: str, c: dict):
+    if name == "design":
+        d = dict(c["design"])
+        R = int(d.pop("replicas"))
+        n = int(d.pop("n_requests"))
+        rate = float(d.pop("rate_per_s"))
+        w = tenant_workload(duration_s=n / rate, rate_per_s=rate, seed=0, **d)
+        return w, R
+    if name == "agent":
+        p = c["trace"]["path"]
+        if not p or not Path(p).is_file():
+            raise StudyError(f"study.trace.path: no such trace file {p!r} (the agent workload reads a Mooncake "
+                             "JSONL trace; drop 'agent' from study.workloads to run without it)")
+        w = load_mooncake(p, block_tokens=int(c["agent"]["block_tokens"]), max_requests=c["trace"]["max_requests"])
+        return w, int(c["agent"]["replicas"])
+    raise StudyError(f"study.workloads: unknown workload {name!r}; choose design or agent")
+
+
+def _pct(sorted_ms, p) -> float:
+    n = len(sorted_ms)
+    if n == 0:
+        return float("nan")
+    return float(sorted_ms[max(-(-(p * n) // 100) - 1, 0)]) / 1000.0
+
+
+def _prefill_ms(unc, tps):
+    return (unc // tps) * 1000 + ((unc % tps) * 1000 + tps - 1) // tps
+
+
+def tiers_study(cfg):
+    t0 = time.perf_counter()
+    c = B.study_cfg(cfg, DEFAULTS)
+    g = _grid(cfg)
+    if not c["workloads"]:
+        raise StudyError("study.workloads must name at least one workload")
+    routers, gbps = list(g["router"]), [float(x) for x in g["cpu_gbps"]]
+    caps_spec = g["cpu_capacity_blocks"]
+    W, Cn, Gn, Rn, T = len(c["workloads"]), len(caps_spec), len(gbps), len(routers), len(TIER_NAMES)
+    shape = (W, Cn, Gn, Rn)
+    thr, p50, p99, busy_h = (np.full(shape, np.nan) for _ in range(4))
+    by_tier = np.full(shape + (T,), np.nan)
+    usd_day = np.full(shape, np.nan)
+    cap_blocks = np.zeros((W, Cn), np.int64)
+    gpu_of, bb_of, nreq, hours = [], [], [], []
+    layouts = ["gpu_only", "local_cpu", "shared_pool"]
+    prouters = ["random", "tier_scorer"]
+    pool_thr, pool_p50 = (np.full((W, 3, 2), np.nan) for _ in range(2))
+    pool_tier = np.full((W, 3, 2, T), np.nan)
+    timing = {}
+    for wi, name in enumerate(c["workloads"]):
+        tw = time.perf_counter()
+        w, R = _workload(name, c)
+        bt = int(w.block_tokens)
+        bb = tier_block_bytes(c["model"], bt)
+        gpu_blocks = (int(c["gpu_blocks"]) if c["gpu_blocks"] is not None else
+                      kv_blocks(c["model"], c["gpu"], block_tokens=bt,
+                                gpu_memory_utilization=float(c["gpu_memory_utilization"])))
+        caps = [int(x) if isinstance(x, int) else int(round(float(x) * gpu_blocks)) for x in caps_spec]
+        cap_blocks[wi] = caps
+        gpu_of.append(gpu_blocks)
+        bb_of.append(bb)
+        nreq.append(w.n_requests)
+        dense = dense_keys(w)
+        common = dict(gpu_blocks=gpu_blocks, replicas=R, block_bytes=bb, offload=c["offload"],
+                      load_mode=c["load_mode"], prefill_tps=int(c["prefill_tps"]),
+                      decode_us_per_token=int(c["decode_us_per_token"]), tier_weights_pct=tuple(c["tier_weights_pct"]),
+                      # prefix_hash keys: the tenant prefix (design), the session's first block (agent)
+                      prefix_blocks=max(int(c["design"]["prefix_tokens"]) // bt, 1) if name == "design" else 1)
+        cells, cfgs = [], []
+        try:
+            for ci, cap in enumerate(caps):
+                for gi, bw in enumerate(gbps):
+                    for ri, rt in enumerate(routers):
+                        tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw))
+                        cfgs.append(make_config(router=rt, tiers=tiers, **common))
+                        cells.append((ci, gi, ri))
+            dram = c["pool"]["dram_blocks_per_replica"]
+            dram = max(caps) if dram is None else int(dram)
+            pool_cfgs = []
+            for li, lay in enumerate(layouts):
+                for pi, rt in enumerate(prouters):
+                    tiers = {}
+                    if lay == "local_cpu":
+                        tiers = dict(cpu=dict(capacity_blocks=dram, read_gbps=max(gbps), write_gbps=max(gbps)))
+                    elif lay == "shared_pool":
+                        tiers = dict(pool=dict(capacity_blocks=dram * R, read_gbps=float(c["pool"]["read_gbps"]),
+                                               write_gbps=float(c["pool"]["read_gbps"]),
+                                               latency_us=float(c["pool"]["latency_us"])))
+                    pool_cfgs.append(make_config(router=rt, tiers=tiers, **common))
+        except TierError as e:
+            raise StudyError(str(e)) from None
+        res = run_tiers(w, cfgs + pool_cfgs, [0] * (len(cfgs) + len(pool_cfgs)), dense=dense)
+        inp = max(int(w.input_tokens.sum()), 1)
+        span_h = max(float(w.arrival_ms[-1] - w.arrival_ms[0]) / 3.6e6, 1e-9) if w.n_requests else 1e-9
+        hours.append(span_h)
+
+        def tier_tokens(r):
+            # tokens by tier: hit tokens split over the tiers in block order (the cap at input length falls on
+            # the deepest tier of the run)
+            ht = r.hit_tier.astype(np.int64) * bt
+            over = ht.sum(axis=1) - r.hit_tokens
+            for t in range(T - 1, -1, -1):
+                cut = np.minimum(over, ht[:, t])
+                ht[:, t] -= cut
+                over -= cut
+            return ht.sum(axis=0) / inp
+
+        for (ci, gi, ri), r in zip(cells, res[: len(cells)]):
+            s = np.sort(r.ttft_ms)
+            thr[wi, ci, gi, ri] = r.hit_tokens.sum() / inp
+            by_tier[wi, ci, gi, ri] = tier_tokens(r)
+            p50[wi, ci, gi, ri], p99[wi, ci, gi, ri] = _pct(s, 50), _pct(s, 99)
+            unc = w.input_tokens - r.hit_tokens
+            busy = _prefill_ms(unc, int(c["prefill_tps"])).sum()
+            busy += r.load_ms.sum() if c["load_mode"] == "serial" else 0
+            busy_h[wi, ci, gi, ri] = busy / 3.6e6
+        for ci, cap in enumerate(caps):
+            for gi in range(Gn):
+                for ri in range(Rn):
+                    base = busy_h[wi, int(np.argmin(caps)), gi, ri]
+                    saved_gpu_h_day = (base - busy_h[wi, ci, gi, ri]) / span_h * 24
+                    dram_gb = cap * bb * R / 1e9
+                    usd_day[wi, ci, gi, ri] = (saved_gpu_h_day * float(c["gpu_usd_per_hour"])
+                                               - dram_gb * float(c["dram_usd_per_gb_hour"]) * 24)
+        for k, r in enumerate(res[len(cells):]):
+            li, pi = divmod(k, 2)
+            pool_thr[wi, li, pi] = r.hit_tokens.sum() / inp
+            pool_p50[wi, li, pi] = _pct(np.sort(r.ttft_ms), 50)
+            pool_tier[wi, li, pi] = tier_tokens(r)
+        timing[name] = time.perf_counter() - tw
+    dims = ("workload", "cpu_capacity", "cpu_gbps", "router")
+    ds = xr.Dataset(
+        {
+            "token_hit_rate": (dims, thr),
+            "hit_rate_by_tier": (dims + ("tier",), by_tier),
+            "ttft_p50_s": (dims, p50),
+            "ttft_p99_s": (dims, p99),
+            "replica_busy_hours": (dims, busy_h),
+            "net_usd_per_day": (dims, usd_day),
+            "cpu_capacity_blocks": (("workload", "cpu_capacity"), cap_blocks),
+            "gpu_blocks": (("workload",), np.asarray(gpu_of, np.int64)),
+            "block_bytes": (("workload",), np.asarray(bb_of, np.int64)),
+            "n_requests": (("workload",), np.asarray(nreq, np.int64)),
+            "span_hours": (("workload",), np.asarray(hours)),
+            "pool_token_hit_rate": (("workload", "layout", "pool_router"), pool_thr),
+            "pool_ttft_p50_s": (("workload", "layout", "pool_router"), pool_p50),
+            "pool_hit_rate_by_tier": (("workload", "layout", "pool_router", "tier"), pool_tier),
+        },
+        coords={"workload": list(c["workloads"]), "cpu_capacity": [str(x) for x in caps_spec], "cpu_gbps": gbps,
+                "router": routers, "tier": list(TIER_NAMES), "layout": layouts, "pool_router": prouters},
+    )
+    B.doc(ds, {
+        "token_hit_rate": ("prompt tokens served from any tier over all prompt tokens", "1"),
+        "hit_rate_by_tier": ("prompt tokens served from each tier over all prompt tokens", "1"),
+        "ttft_p50_s": ("median time to first token (nearest rank)", "s"),
+        "ttft_p99_s": ("99th percentile time to first token (nearest rank)", "s"),
+        "replica_busy_hours": ("replica hours of prefill and (serial) KV loading", "h"),
+        "net_usd_per_day": ("GPU dollars of prefill saved against the smallest cpu tier, less its DRAM, per day",
+                            "USD/day"),
+        "cpu_capacity_blocks": ("cpu tier capacity per replica (grid.cpu_capacity_blocks)", "blocks"),
+        "gpu_blocks": ("gpu tier capacity per replica (kv_blocks of the model and GPU presets)", "blocks"),
+        "block_bytes": ("bytes of one KV block in a lower tier", "bytes"),
+        "n_requests": ("requests in the workload", "1"),
+        "span_hours": ("first to last arrival", "h"),
+        "pool_token_hit_rate": ("token hit rate: gpu only, a local cpu tier, or a shared pool of the same DRAM", "1"),
+        "pool_ttft_p50_s": ("median TTFT: gpu only, a local cpu tier, or a shared pool of the same DRAM", "s"),
+        "pool_hit_rate_by_tier": ("prompt tokens served from each tier, pool question", "1"),
+    })
+    ds["cpu_gbps"].attrs.update(long_name="cpu tier read and write bandwidth", units="GB/s")
+    ds.attrs.update(B.common_attrs(cfg, "tiers", t0, dict(
+        model=str(c["model"]), gpu=str(c["gpu"]), offload=str(c["offload"]), load_mode=str(c["load_mode"]),
+        replicas=str({"design": c["design"]["replicas"], "agent": c["agent"]["replicas"]}),
+        gpu_usd_per_hour=float(c["gpu_usd_per_hour"]), dram_usd_per_gb_hour=float(c["dram_usd_per_gb_hour"]),
+        pool_read_gbps=float(c["pool"]["read_gbps"]),
+        workload_seconds=str({k: round(v, 2) for k, v in timing.items()}))))
+    return ds
+
+
+def summarize(ds) -> str:
+    lines = B.header(ds) + [f"model {ds.attrs.get('model')} on {ds.attrs.get('gpu')}; offload "
+                            f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas "
+                            f"{ds.attrs.get('replicas')}; ${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
+                            f"${ds.attrs.get('dram_usd_per_gb_hour')}/GB-hour of DRAM (assumptions)"]
+    bw = float(ds.cpu_gbps.values.max())
+    for w in ds.workload.values:
+        d = ds.sel(workload=w)
+        lines += ["", f"{w}: {int(d.n_requests)} requests over {float(d.span_hours):.1f} h; gpu tier "
+                      f"{int(d.gpu_blocks)} blocks of {int(d.block_bytes) / 2**20:.1f} MiB per replica; "
+                      f"cpu at {bw:g} GB/s"]
+        rows = [["router", "cpu blocks", "hit rate", "gpu", "cpu", "TTFT p50", "TTFT p99", "net $/day"]]
+        for rt in d.router.values:
+            for k in d.cpu_capacity.values:
+                x = d.sel(router=rt, cpu_capacity=k, cpu_gbps=bw)
+                rows.append([rt, int(d.cpu_capacity_blocks.sel(cpu_capacity=k)), B.pct(float(x.token_hit_rate)),
+                             B.pct(float(x.hit_rate_by_tier.sel(tier="gpu"))),
+                             B.pct(float(x.hit_rate_by_tier.sel(tier="cpu"))), f"{float(x.ttft_p50_s):.3f} s",
+                             f"{float(x.ttft_p99_s):.3f} s", B.usd(float(x.net_usd_per_day))])
+        lines.append(B.table(rows))
+        big = d.cpu_capacity.values[-1]
+        rows = [["cpu GB/s"] + [f"{rt} p50" for rt in d.router.values]]
+        for g in d.cpu_gbps.values:
+            rows.append([f"{g:g}"] + [f"{float(d.ttft_p50_s.sel(router=rt, cpu_capacity=big, cpu_gbps=g)):.3f} s"
+                                      for rt in d.router.values])
+        base = [f"{float(d.ttft_p50_s.sel(router=rt, cpu_capacity=d.cpu_capacity.values[0]).max()):.3f} s"
+                for rt in d.router.values]
+        rows.append(["no cpu tier"] + base)
+        lines += ["", f"{w}: TTFT p50 by cpu bandwidth at the largest cpu tier", B.table(rows)]
+        rows = [["layout", "random hit", "random p50", "tier_scorer hit", "tier_scorer p50"]]
+        for lay in d.layout.values:
+            x = d.sel(layout=lay)
+            rows.append([lay] + [v for pr in d.pool_router.values for v in (
+                B.pct(float(x.pool_token_hit_rate.sel(pool_router=pr))),
+                f"{float(x.pool_ttft_p50_s.sel(pool_router=pr)):.3f} s")])
+        lines += ["", f"{w}: the global-pool question (same DRAM per replica; pool at "
+                      f"{ds.attrs.get('pool_read_gbps')} GB/s)", B.table(rows)]
+    return "\n".join(lines)
+
+
+def plot(ds):
+    W = ds.sizes["workload"]
+    f = B.fig(15, 4.2 * W)
+    axs = f.subplots(W, 3, squeeze=False)
+    bw = float(ds.cpu_gbps.values.max())
+    for i, w in enumerate(ds.workload.values):
+        d = ds.sel(workload=w)
+        x = d.cpu_capacity_blocks.values
+        a = axs[i, 0]
+        for rt in d.router.values:
+            a.plot(x, d.token_hit_rate.sel(router=rt, cpu_gbps=bw), "o-", label=rt)
+        a.set(title=f"{w}: token hit rate (cpu at {bw:g} GB/s)", xlabel="cpu tier per replica (blocks)",
+              ylabel="token hit rate")
+        a.legend(fontsize=7)
+        a = axs[i, 1]
+        for rt in d.router.values:
+            for g, ls in zip(d.cpu_gbps.values, ("--", "-.", "-")):
+                a.plot(x, d.ttft_p50_s.sel(router=rt, cpu_gbps=g), ls, marker=".",
+                       label=f"{rt} {g:g} GB/s" if rt == d.router.values[0] or g == bw else None)
+        a.set(title=f"{w}: TTFT p50 by cpu bandwidth", xlabel="cpu tier per replica (blocks)", ylabel="s",
+              yscale="log")
+        a.legend(fontsize=6)
+        a = axs[i, 2]
+        lay = list(d.layout.values)
+        xs = np.arange(len(lay))
+        for j, pr in enumerate(d.pool_router.values):
+            bottom = np.zeros(len(lay))
+            for t, col in zip(d.tier.values, ("tab:green", "tab:blue", "tab:purple", "tab:gray")):
+                v = d.pool_hit_rate_by_tier.sel(pool_router=pr, tier=t).values
+                a.bar(xs + (j - 0.5) * 0.38, v, 0.36, bottom=bottom, color=col, alpha=0.5 + 0.5 * j,
+                      label=f"{t} ({pr})" if v.max() > 0 else None)
+                bottom += v
+            for k in range(len(lay)):
+                a.annotate(f"{float(d.pool_ttft_p50_s.sel(pool_router=pr).values[k]):.2f}s",
+                           (xs[k] + (j - 0.5) * 0.38, bottom[k]), ha="center", va="bottom", fontsize=7)
+        a.set_xticks(xs, lay)
+        a.set(title=f"{w}: shared pool vs local tiers vs affinity (left random, right tier_scorer; TTFT p50)",
+              ylabel="token hit rate")
+        a.title.set_fontsize(8)
+        a.legend(fontsize=6)
+    return f
+
+
+STUDIES = [Study("tiers", tiers_study, summarize, plot, B.defaults_class("TiersDefaults", DEFAULTS),
+                 doc="KV tiers: cpu tier per replica x bandwidth x router, and the global-pool question")]
