@@ -23,6 +23,8 @@ KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
 TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
 GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
              + TENANT_GRID_KEYS + ("layout", "seed"))
+#: Grid keys of studies that lay out their own grid (experiment=tiers); the grid study refuses them.
+STUDY_GRID_KEYS = ("cpu_capacity_blocks", "cpu_gbps")
 LAYOUTS = ("stable", "timestamp_top")
 SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
 ARRIVALS = ("poisson", "bursty", "diurnal")
@@ -203,7 +205,7 @@ class LaunchConf:
 #: Every known grid key is a field (null = not swept), so ``grid.policy=[...]`` needs no ``+``. The knob
 #: fields come from the declarations (:data:`KNOB_KEYS`), never from a list kept here.
 GridConf = make_dataclass(
-    "GridConf", [(k, Any, field(default=None)) for k in GRID_KEYS],
+    "GridConf", [(k, Any, field(default=None)) for k in GRID_KEYS + STUDY_GRID_KEYS],
     namespace={"__module__": __name__, "__doc__": "Every known grid key (null = not swept)."},
 )
 

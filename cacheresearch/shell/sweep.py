@@ -313,8 +313,8 @@ def make_plan(cfg: DictConfig) -> Plan:
     if source not in SOURCES:
         raise SweepError(f"workload.source: unknown source {source!r}; choose one of {list(SOURCES)}")
     grid = OmegaConf.to_container(cfg.grid, resolve=True)
-    unknown = sorted(set(grid) - set(GRID_KEYS))
-    if unknown:  # only reachable without the schema
+    unknown = sorted(k for k, v in grid.items() if k not in GRID_KEYS and v is not None)
+    if unknown:  # a study's own grid key (experiment=tiers), or no schema
         raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
     base = _base_values(cfg)
     hw_cap = hardware_capacity(cfg)  # replica.gpu / replica.model: KV capacity in place of cache.capacity_blocks

@@ -32,6 +32,7 @@ from cacheresearch.studies import (
     layouts,
     llmd_benchmark,
     policy_curves,
+    tiers,
     traces,
     tune,
 )
@@ -52,7 +53,7 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune):
+for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune, tiers):
     for _s in _module.STUDIES:
         register(_s)
 
