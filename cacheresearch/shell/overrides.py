@@ -1,0 +1,100 @@
+"""Command-line overrides checked before Hydra runs, so that a user's mistake is one line naming the key and
+what is allowed (Hydra's own messages run to ten lines and end with a hint about stack traces).
+
+:func:`check_overrides` returns that line, or None when the overrides compose. It checks the config-group
+choices (``experiment=NAME``, ``replica=NAME``, ...; each of a multirun's comma-separated values) against the
+files of ``configs/``, then composes the configuration the way the sweep will (Hydra's compose API) and turns a
+composition error into one line: an unknown key names its parent's known keys. Overrides with Hydra flags
+(``-m``, ``--cfg``, ...) or sweeps other than a plain comma list are left to Hydra after the group check.
+"""
+
+from __future__ import annotations
+
+from cacheresearch.shell.schema import CONFIG_DIR
+
+__all__ = ["check_overrides", "group_options"]
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (``experiment``, ``replica``, ``hydra/launcher``, ...)."""
+    d = CONFIG_DIR / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+def _split(arg: str) -> tuple[str, str] | None:
+    if "=" not in arg or arg.startswith("-"):
+        return None
+    key, value = arg.split("=", 1)
+    return key.lstrip("+~").replace("override ", "").strip().lstrip("/"), value
+
+
+def _group_error(key: str, value: str) -> str | None:
+    group = key.replace(".", "/")
+    if not (CONFIG_DIR / group).is_dir() or not group_options(group):
+        return None
+    if value.startswith(("[", "range(", "choice(", "glob(")):
+        return None
+    for v in (x.strip() for x in value.split(",")):
+        if v and v not in ("null", "default") and v not in group_options(group):
+            what = "experiment" if group == "experiment" else f"{group} option"
+            return f"{key}={v}: unknown {what}; choose one of {group_options(group)}"
+    return None
+
+
+def _known_keys(overrides: list[str], key: str) -> list[str]:
+    """The keys beside ``key`` in the configuration composed from the group choices alone."""
+    from omegaconf import DictConfig, OmegaConf  # noqa: PLC0415
+
+    try:
+        cfg = _compose([o for o in overrides if (s := _split(o)) and (CONFIG_DIR / s[0].replace(".", "/")).is_dir()])
+    except Exception:  # noqa: BLE001 - the listing is a courtesy
+        return []
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="cacheresearch.sweep"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    for cut in (" Set the environment variable", " full_key:"):
+        text = text.split(cut)[0]
+    return text
+
+
+def _compose_error(overrides: list[str]) -> str | None:
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException  # noqa: PLC0415
+
+    try:
+        _compose(overrides)
+    except Exception as e:  # noqa: BLE001 - every composition error becomes one line
+        cause = e.__cause__ or e.__context__ or e
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
+            key = str(cause.full_key)
+            known = _known_keys(overrides, key)
+            where = f"known keys of {key.rsplit('.', 1)[0]}" if "." in key else "known top-level keys"
+            return f"{key}: unknown key; {where}: {known}" if known else f"{key}: unknown key"
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
+            return f"{cause.full_key}: {_one_line(cause.msg if hasattr(cause, 'msg') else cause)}"
+        return _one_line(e)
+    return None
+
+
+def check_overrides(args: list[str]) -> str | None:
+    """One line naming the key and what is allowed, or None when ``args`` compose."""
+    pairs = [p for p in (_split(a) for a in args) if p]
+    for key, value in pairs:
+        msg = _group_error(key, value)
+        if msg:
+            return msg
+    if any(a.startswith("-") for a in args):
+        return None  # Hydra's flags (-m, --cfg, ...): Hydra checks them
+    if any("," in v and not v.startswith(("[", "{", "'", '"')) for _, v in pairs):
+        return None  # a sweep: each job is checked when it composes
+    return _compose_error([a for a in args if not (_split(a) or ("",))[0].startswith("hydra")])
