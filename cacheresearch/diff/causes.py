@@ -13,7 +13,8 @@ Causes, checked in this order (the first that applies):
                another order (equal once parsed)
 ``whitespace`` the differing part is equal once runs of whitespace are collapsed and the ends stripped
 ``timestamp``  the differing characters (widened to whole words) look like a date, a time, a UUID, a long hex
-               or decimal id, or a request / session id (``req_...``, ``sess-...``)
+               or decimal id, or a request / session id (``req_...``, ``sess-...``); or a short text was
+               inserted (or removed) that holds one, as a prompt that gains ``Current date: ...`` at the top
 ``content``    anything else (a real change of the text)
 
 The part is found on the rendered tokens: each token carries the label of the request part its first
@@ -43,6 +44,8 @@ VOLATILE = re.compile(
     r"|(req|request|sess|session|trace|msg|run|call|chatcmpl|id)[-_][A-Za-z0-9_-]{4,}"  # prefixed ids
     r"|(Mon|Tue|Wed|Thu|Fri|Sat|Sun)[a-z]*,?\s+\d{1,2}\s+[A-Z][a-z]+|[A-Z][a-z]+\s+\d{1,2},\s+\d{4}"
 )
+#: an inserted (or removed) text up to this long that holds a volatile value is a timestamp, not content
+INSERTED_MAX_CHARS = 80
 _WORD = re.compile(r"[\w:./+-]")
 
 
@@ -70,6 +73,10 @@ def classify_text(a: str, b: str) -> tuple[str, str]:
     s = 0
     while s < min(len(a), len(b)) - p and a[len(a) - 1 - s] == b[len(b) - 1 - s]:
         s += 1
+    ins = b[p:len(b) - s] if p + s == len(a) else a[p:len(a) - s] if p + s == len(b) else None
+    if ins is not None and len(ins.strip()) <= INSERTED_MAX_CHARS and VOLATILE.search(ins):
+        verb = "inserted" if p + s == len(a) else "removed"
+        return "timestamp", f"a volatile value {verb}: {ins.strip()!r}"
     wa, wb = _widen(a, p, len(a) - s), _widen(b, p, len(b) - s)
     hits = [w for w in (wa, wb) if w and VOLATILE.search(w)]
     if hits and all(not w or VOLATILE.search(w) for w in (wa, wb)):
