@@ -63,7 +63,7 @@ __all__ = ["DEFAULTS", "METRICS", "VLLM_METRICS", "Knob", "parse_tune", "usd_per
 
 DEFAULTS = dict(method="cma", population=16, generations=10, search_seed=0, objective="ttft_p99_s", slo={},
                 knobs={}, penalty=100.0, sigma0=0.3, grid_points=5, holdout_seeds=3, holdout_seed=1000,
-                progress=True,
+                progress=True, benchmark=None,
                 cost=dict(gpu_usd_per_hour=2.5, gpus_per_replica=1, pricing=None))
 METHODS = ("cma", "random", "grid")
 
@@ -93,6 +93,17 @@ VLLM_METRICS = {
     "throughput_tps": ("output tokens per second", "tokens/s"),
     "dropped": ("requests not served", "requests"),
 }
+#: The metrics of ``tune.benchmark=llmd`` (experiment=llmd_benchmark's summaries over the non-warm-up stages).
+LLMD_METRICS = {
+    "ttft_p90_s_all": ("client TTFT p90, the report's summary across QPS (successes-weighted mean of stages)", "s"),
+    "ttft_mean_s_all": ("client TTFT mean over the non-warm-up stages", "s"),
+    "output_tokens_per_s_all": ("output tokens per second, mean of the non-warm-up stages", "tokens/s"),
+    "requests_per_s_all": ("requests per second, mean of the non-warm-up stages", "requests/s"),
+    "ttft_p90_s_pooled_all": ("client TTFT p90 of the non-warm-up stages' requests pooled", "s"),
+}
+#: The knobs ``tune.benchmark=llmd`` tunes: the precise EPP file's scorer weights (x 100).
+LLMD_KNOBS = {"gie_prefix_w_pct": "prefix-cache-scorer", "gie_kv_w_pct": "kv-cache-scorer",
+              "gie_queue_w_pct": "queue-scorer"}
 _MS = {"ttft_p50_s": "ttft_p50_ms", "ttft_p90_s": "ttft_p90_ms", "ttft_p99_s": "ttft_p99_ms",
        "ttft_mean_s": "ttft_mean_ms", "tpot_mean_s": "tpot_mean_ms", "e2e_p50_s": "e2e_p50_ms",
        "e2e_p90_s": "e2e_p90_ms", "e2e_p99_s": "e2e_p99_ms"}
@@ -165,7 +176,7 @@ def _declared(name: str):
         return "float", 0.0, (INF - 1) / 1000, None
     d = KNOB_DECLS.get(name)
     if d is None:
-        raise StudyError(f"{key}: unknown knob; tunable: {sorted(list(_CONFIG_KEYS) + list(KNOB_DECLS))}")
+        raise StudyError(f"{key}: unknown knob; tunable: {sorted(set(_CONFIG_KEYS) | set(KNOB_DECLS))}")
     if d.kind == "view":
         return "cat", None, None, tuple(d.choices)
     if d.kind == "bool":
@@ -222,6 +233,7 @@ def _knob(name: str, spec, variants: dict) -> Knob:
 # ------------------------------------------------------------------------------ the configuration
 @dataclass(frozen=True)
 class TuneSpec:
+    benchmark: str | None
     method: str
     population: int
     generations: int
@@ -294,7 +306,11 @@ def parse_tune(cfg) -> TuneSpec:
         v = t[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise StudyError(f"tune.{k} must be an integer >= {lo}, got {v!r}")
-    produced = dict(METRICS, **(VLLM_METRICS if _scheduler(cfg) == "vllm" else {}))
+    if t["benchmark"] not in (None, "llmd"):
+        raise StudyError(f"tune.benchmark={t['benchmark']!r}: null (the composed workload and fleet) or llmd "
+                         "(experiment=llmd_benchmark's precise arm: its EPP scorer weights)")
+    produced = (dict(LLMD_METRICS) if t["benchmark"] == "llmd"
+                else dict(METRICS, **(VLLM_METRICS if _scheduler(cfg) == "vllm" else {})))
     obj = t["objective"]
     obj = {obj: 1.0} if isinstance(obj, str) else obj
     if not isinstance(obj, dict) or not obj:
@@ -309,6 +325,11 @@ def parse_tune(cfg) -> TuneSpec:
         raise StudyError("tune.knobs: give at least one knob ({NAME: {low: X, high: Y}} or {NAME: {values: [...]}})")
     variants = _variants(cfg)
     ks = [_knob(str(n), s, variants) for n, s in knobs.items()]
+    if t["benchmark"] == "llmd":
+        for k in ks:
+            if k.name not in LLMD_KNOBS:
+                raise StudyError(f"tune.knobs.{k.name}: tune.benchmark=llmd tunes the EPP scorer weights "
+                                 f"{sorted(LLMD_KNOBS)} only")
     pricing = t["cost"]["pricing"]
     if pricing is not None and pricing not in PRICING_PRESETS:
         raise StudyError(f"tune.cost.pricing={pricing!r}: choose one of {sorted(PRICING_PRESETS)} or null")
@@ -322,7 +343,7 @@ def parse_tune(cfg) -> TuneSpec:
     h0 = t["holdout_seed"]
     if isinstance(h0, bool) or not isinstance(h0, int) or h0 < 0:
         raise StudyError(f"tune.holdout_seed must be an integer >= 0, got {h0!r}")
-    return TuneSpec(t["method"], t["population"], t["generations"], int(t["search_seed"]),
+    return TuneSpec(t["benchmark"], t["method"], t["population"], t["generations"], int(t["search_seed"]),
                     {m: float(w) for m, w in obj.items()}, _slo(t["slo"] or {}, produced), ks, float(t["penalty"]),
                     float(t["sigma0"]), t["grid_points"], [h0 + i for i in range(t["holdout_seeds"])],
                     bool(t["progress"]), t["cost"])
@@ -581,51 +602,154 @@ def _log(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
+def _engine_eval(cfg, eng: _Engine, vals: list, seeds: list, pad: bool = True):
+    """Generator: one engine call for candidates ``vals`` on ``seeds``; returns ({metric: [n]} per seed list, cells)."""
+    params = [_params(cfg, eng.base, v) for v in vals]
+    cells, real = eng.cells(params, seeds, pad=pad)
+    m = yield cells
+    reps = [int(p.replicas) for p in params]
+    if pad:
+        return _metrics_of(m, real, len(params), seeds, eng, reps), len(cells.params)
+    per = [_metrics_of(m, {(i, 0): real[(i, j)] for i in range(len(params))}, len(params), [s], eng, reps)
+           for j, s in enumerate(seeds)]
+    return {k: np.stack([d[k] for d in per], axis=1) for k in per[0]}, len(cells.params)
+
+
+def _epp_file(weights: dict, out_dir) -> str:
+    """The bundled precise EPP file with the scorer weights of ``weights`` (knob -> pct) written to ``out_dir``."""
+    import yaml  # noqa: PLC0415
+
+    from cacheresearch.studies.llmd_benchmark import BUNDLED, BUNDLED_EPP  # noqa: PLC0415
+
+    doc = yaml.safe_load((BUNDLED / BUNDLED_EPP["precise"]).read_text())
+    plugins = doc["schedulingProfiles"][0]["plugins"]
+    for knob, ref in LLMD_KNOBS.items():
+        if knob in weights:
+            for pl in plugins:
+                if pl.get("pluginRef") == ref:
+                    pl["weight"] = float(weights[knob]) / 100.0
+    text = yaml.safe_dump(doc, sort_keys=False)
+    import hashlib  # noqa: PLC0415
+
+    path = f"{out_dir}/epp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _llmd_eval(cfg, vals: list, seed: int, published: bool = False):
+    """Generator: the llm-d benchmark (experiment=llmd_benchmark) with one arm per candidate (the precise EPP file
+    with the candidate's weights) in one engine call; returns ({metric: [n, 1]}, ttft_p90_s [n, stage])."""
+    import tempfile  # noqa: PLC0415
+
+    from cacheresearch.studies.llmd_benchmark import BUNDLED, BUNDLED_EPP, llmd_benchmark_study  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as d:
+        epp = {f"c{i}": _epp_file(v, d) for i, v in enumerate(vals)}
+        if published:
+            epp["published"] = str(BUNDLED / BUNDLED_EPP["precise"])
+        c = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else dict(cfg)
+        c["llmd"] = dict(c.get("llmd") or {}, epp=epp, seed=int(seed))
+        c["kind"] = "llmd_benchmark"
+        ds = yield from llmd_benchmark_study(OmegaConf.create(c))
+    met = {k: ds[k].values[:, None].astype(float) for k in LLMD_METRICS}
+    return met, ds.ttft_p90_s.values.astype(float), ds.stage_rate.values
+
+
 def tune_study(cfg):
     """The study: one engine call per generation, then one for the winner on the holdout seeds."""
     t0 = time.perf_counter()
     spec = parse_tune(cfg)
-    eng = _Engine(cfg, spec)
+    llmd = spec.benchmark == "llmd"
+    eng = None if llmd else _Engine(cfg, spec)
+    seeds = B.seeds(cfg)
     search = _Search(spec)
     G = search.generations
-    hist = {k: [] for k in ("u", "values", "metrics", "obj", "viol", "cons", "pen")}
-    best, cells_run = None, 0
+    hist = {k: [] for k in ("u", "values", "metrics", "obj", "viol", "cons", "pen", "stage")}
+    best, cells_run, extra = None, 0, {}
     for g in range(G):
         u = search.ask(g)
         vals = [{k.name: k.decode(x) for k, x in zip(spec.knobs, row)} for row in u]
-        params = [_params(cfg, eng.base, v) for v in vals]
-        cells, real = eng.cells(params, eng.seeds)
-        cells_run += len(cells.params)
-        m = yield cells
-        reps = [int(p.replicas) for p in params]
-        met = _metrics_of(m, real, len(params), eng.seeds, eng, reps)
+        if llmd:
+            met, stage, rates = yield from _llmd_eval(cfg, vals, seeds[0], published=g == 0)
+            if g == 0:  # the published weights, in sample (not a candidate)
+                extra.update(published={k: v[-1] for k, v in met.items()}, published_stage=stage[-1], rates=rates)
+                met, stage = {k: v[:-1] for k, v in met.items()}, stage[:-1]
+            hist["stage"].append(stage)
+            met = {k: v.mean(axis=1) for k, v in met.items()}
+            cells_run += len(vals) + (g == 0)
+        else:
+            met, n = yield from _engine_eval(cfg, eng, vals, eng.seeds)
+            cells_run += n
         obj, viol, cons, pen = _score(spec, met)
         search.tell(pen)
         for k, v in (("u", u), ("values", vals), ("metrics", met), ("obj", obj), ("viol", viol), ("cons", cons),
                      ("pen", pen)):
             hist[k].append(v)
-        for i in range(len(params)):
+        for i in range(len(vals)):
             key = (viol[i] > 0, obj[i] if viol[i] == 0 else pen[i])
             if np.isfinite(key[1]) and (best is None or key < best[0]):
                 best = (key, g, i)
         if spec.progress:
             b = "none yet" if best is None else (f"{hist['obj'][best[1]][best[2]]:.6g}"
                                                  + (" (infeasible)" if best[0][0] else ""))
-            _log(f"tune: generation {g + 1}/{G} ({len(params)} candidates, {int((viol == 0).sum())} feasible): "
+            _log(f"tune: generation {g + 1}/{G} ({len(vals)} candidates, {int((viol == 0).sum())} feasible): "
                  f"best so far {b}")
     if best is None:
         raise StudyError("tune: no candidate gave a finite objective (check tune.objective and the workload)")
     _, bg, bi = best
     hold = None
-    if spec.holdout:
-        bp = _params(cfg, eng.base, hist["values"][bg][bi])
-        cells, real = eng.cells([bp], spec.holdout, pad=False)
-        cells_run += len(cells.params)
-        m = yield cells
-        per = [_metrics_of(m, {(0, 0): real[(0, j)]}, 1, [s], eng, [int(bp.replicas)])
-               for j, s in enumerate(spec.holdout)]
-        hold = {k: np.asarray([d[k][0] for d in per]) for k in per[0]}
-    return _dataset(cfg, spec, eng, hist, (bg, bi), hold, cells_run, t0)
+    if spec.holdout and llmd:
+        per, pub = [], []
+        for s in spec.holdout:  # the benchmark takes one seed per run: winner and published side by side
+            met, stage, _ = yield from _llmd_eval(cfg, [hist["values"][bg][bi]], s, published=True)
+            per.append({k: v[0] for k, v in met.items()})
+            pub.append({k: v[1] for k, v in met.items()})
+            extra.setdefault("holdout_stage", []).append(stage[0])
+            extra.setdefault("holdout_published_stage", []).append(stage[1])
+            cells_run += 2
+        hold = {k: np.concatenate([d[k] for d in per]) for k in per[0]}
+        extra["holdout_published"] = {k: np.concatenate([d[k] for d in pub]) for k in pub[0]}
+    elif spec.holdout:
+        met, n = yield from _engine_eval(cfg, eng, [hist["values"][bg][bi]], spec.holdout, pad=False)
+        cells_run += n
+        hold = {k: v[0] for k, v in met.items()}
+    ds = _dataset(cfg, spec, seeds, hist, (bg, bi), hold, cells_run, t0)
+    if llmd:
+        _llmd_vars(ds, spec, hist, (bg, bi), extra)
+    return ds
+
+
+def _llmd_vars(ds, spec, hist, best, extra):
+    """The llm-d benchmark's per-stage TTFT p90 of the best and of the published weights, and their summaries."""
+    bg, bi = best
+    ds.coords["stage"] = np.arange(len(extra["rates"]))
+    ds["stage_rate"] = (("stage",), np.asarray(extra["rates"], float))
+    ds["best_stage_ttft_p90_s"] = (("stage",), hist["stage"][bg][bi])
+    ds["published_stage_ttft_p90_s"] = (("stage",), extra["published_stage"])
+    names = list(ds.metric.values)
+    ds["published_metric_value"] = (("metric",), np.asarray([float(extra["published"][n][0]) for n in names]))
+    ds["published_objective"] = ((), float(sum(w * extra["published"][m][0] for m, w in spec.objective.items())))
+    docs = {"stage_rate": ("stage's request rate", "requests/s"),
+            "best_stage_ttft_p90_s": ("client TTFT p90 per stage, the best weights (in sample)", "s"),
+            "published_stage_ttft_p90_s": ("client TTFT p90 per stage, the published weights (in sample)", "s"),
+            "published_metric_value": ("the published weights' metrics (in sample)", "1"),
+            "published_objective": ("the published weights' objective (in sample)",
+                                    ds.objective.attrs.get("units", "1")),
+            "holdout_stage_ttft_p90_s": ("client TTFT p90 per stage, the best weights, fresh seeds", "s"),
+            "holdout_published_stage_ttft_p90_s": ("client TTFT p90 per stage, the published weights, fresh seeds",
+                                                   "s"),
+            "holdout_published_objective": ("the published weights' objective, mean over the fresh seeds",
+                                            ds.objective.attrs.get("units", "1")),
+            "stage": ("stage of the benchmark", "1")}
+    if "holdout_stage" in extra:
+        ds["holdout_stage_ttft_p90_s"] = (("holdout_seed", "stage"), np.stack(extra["holdout_stage"]))
+        ds["holdout_published_stage_ttft_p90_s"] = (("holdout_seed", "stage"),
+                                                    np.stack(extra["holdout_published_stage"]))
+        hp = extra["holdout_published"]
+        ds["holdout_published_objective"] = ((), float(np.mean(sum(w * hp[m] for m, w in spec.objective.items()))))
+    B.doc(ds, docs)
+    ds["stage"].attrs.update(long_name=docs["stage"][0], units="1")
 
 
 # ------------------------------------------------------------------------------ the dataset
@@ -638,7 +762,7 @@ def overrides_of(cfg, values: dict) -> str:
     return " ".join(out)
 
 
-def _dataset(cfg, spec: TuneSpec, eng: _Engine, hist: dict, best: tuple, hold, cells_run: int, t0: float):
+def _dataset(cfg, spec: TuneSpec, seeds: list, hist: dict, best: tuple, hold, cells_run: int, t0: float):
     G, P, K = len(hist["obj"]), spec.population, len(spec.knobs)
     names = list(hist["metrics"][0])
 
@@ -697,17 +821,21 @@ def _dataset(cfg, spec: TuneSpec, eng: _Engine, hist: dict, best: tuple, hold, c
     ds.attrs.update(B.common_attrs(cfg, "tune", t0, dict(
         method=spec.method, population=P, generations=G, search_seed=spec.search_seed,
         objective_terms=json.dumps(spec.objective), slo=json.dumps([list(s) for s in spec.slo]),
-        seeds=json.dumps(eng.seeds), knobs=json.dumps([dict(name=k.name, kind=k.kind, low=k.low, high=k.high,
+        seeds=json.dumps(seeds), benchmark=str(spec.benchmark or ""),
+        knobs=json.dumps([dict(name=k.name, kind=k.kind, low=k.low, high=k.high,
                                                              values=list(k.values), log=k.log)
                                                         for k in spec.knobs], default=str),
-        best_config=json.dumps(bvals, default=str), best_overrides=overrides_of(cfg, bvals),
+        best_config=json.dumps(bvals, default=str),
+        best_overrides=(overrides_of(cfg, bvals) if spec.benchmark is None else "the precise EPP file's weights: "
+                        + ", ".join(f"{LLMD_KNOBS[k]} {v / 100:g}" for k, v in bvals.items())),
         grid_points_total=int(len(_Search(spec).points)) if spec.method == "grid" else -1)))
     return ds
 
 
 def _document(ds: xr.Dataset, spec: TuneSpec):
     one = next(iter(spec.objective))
-    ou = (dict(METRICS, **VLLM_METRICS)[one][1] if len(spec.objective) == 1 and spec.objective[one] == 1.0 else "1")
+    units = dict(METRICS, **VLLM_METRICS, **LLMD_METRICS)
+    ou = units[one][1] if len(spec.objective) == 1 and spec.objective[one] == 1.0 else "1"
     terms = " + ".join(f"{w:g} x {m}" for m, w in spec.objective.items())
     docs = {
         "knob_value": ("candidate's knob value (a categorical knob: the index into its values, attrs knobs)", "1"),
@@ -744,7 +872,7 @@ def _document(ds: xr.Dataset, spec: TuneSpec):
     for c in ("generation", "candidate", "knob", "constraint", "metric", "holdout_seed"):
         if c in ds.coords:
             ds[c].attrs.update(long_name=docs[c][0], units=docs[c][1])
-    units = dict(METRICS, **VLLM_METRICS)
+    units = dict(METRICS, **VLLM_METRICS, **LLMD_METRICS)
     ds.attrs["metric_units"] = json.dumps({m: units[m][1] for m in ds["metric"].values.tolist()})
 
 
@@ -771,7 +899,7 @@ def summarize_tune(ds: xr.Dataset) -> str:
         f"best objective {float(ds.best_objective):.6g}" + ("" if int(ds.best_feasible) else " (INFEASIBLE)")
         + f" at generation {int(ds.best_generation) + 1}, candidate {int(ds.best_candidate)}",
         f"best configuration: {_knob_text(ds, ds.best_knob_value.values)}",
-        f"as command-line overrides: {a['best_overrides']}",
+        (f"as command-line overrides: {a['best_overrides']}" if not a.get("benchmark") else a["best_overrides"]),
     ]
     if "holdout_objective" in ds:
         lines.append(f"out of sample ({ds.sizes['holdout_seed']} fresh seeds "
@@ -782,7 +910,23 @@ def summarize_tune(ds: xr.Dataset) -> str:
     for j, m in enumerate(ds.metric.values):
         ho = f"{float(ds.holdout_metric_value[:, j].mean()):.4g}" if "holdout_metric_value" in ds else "-"
         rows.append([str(m), f"{float(ds.best_metric_value[j]):.4g}", ho])
-    lines += ["", "the best candidate's metrics:", B.table(rows), "", "best so far by generation:"]
+    lines += ["", "the best candidate's metrics:", B.table(rows)]
+    if "best_stage_ttft_p90_s" in ds:
+        lines += ["", f"published weights: objective {float(ds.published_objective):.6g} in sample"
+                  + (f", {float(ds.holdout_published_objective):.6g} on the fresh seeds"
+                     if "holdout_published_objective" in ds else ""),
+                  "client TTFT p90 per stage (s):"]
+        rows = [["stage", "QPS", "tuned", "published"] + (["tuned, fresh", "published, fresh"]
+                                                          if "holdout_stage_ttft_p90_s" in ds else [])]
+        for j in range(ds.sizes["stage"]):
+            r = [str(j), f"{float(ds.stage_rate[j]):g}", f"{float(ds.best_stage_ttft_p90_s[j]):.3f}",
+                 f"{float(ds.published_stage_ttft_p90_s[j]):.3f}"]
+            if "holdout_stage_ttft_p90_s" in ds:
+                r += [f"{float(ds.holdout_stage_ttft_p90_s[:, j].mean()):.3f}",
+                      f"{float(ds.holdout_published_stage_ttft_p90_s[:, j].mean()):.3f}"]
+            rows.append(r)
+        lines.append(B.table(rows))
+    lines += ["", "best so far by generation:"]
     bs = ds.best_so_far.values
     ev = ds.evaluations_so_far.values
     lines.append("  " + "; ".join(f"{g + 1}: {v:.4g} ({e} evals)" for g, (v, e) in enumerate(zip(bs, ev))))
