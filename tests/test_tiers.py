@@ -3,6 +3,8 @@ with every lower tier at capacity 0 it is the existing engine bit for bit; hand-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -187,3 +189,77 @@ def test_bad_modes_and_router():
         make_config(gpu_blocks=1, load_mode="never")
     with pytest.raises(TierError, match=r"^router"):
         make_config(gpu_blocks=1, router="kv_cost")
+
+
+# ------------------------------------------------------------------------------ experiment=tiers
+FIXTURE_AGENT = Path(__file__).resolve().parent / "fixtures" / "mini_agent.jsonl"
+SMALL = ["experiment=tiers", f"study.trace.path={FIXTURE_AGENT}", "study.gpu_blocks=60",
+         "study.design.n_tenants=12", "study.design.prefix_tokens=640", "study.design.n_requests=150",
+         "study.design.rate_per_s=4.0", "study.design.replicas=3", "study.agent.replicas=2",
+         "grid.cpu_capacity_blocks=[0,1.0,200]", "grid.cpu_gbps=[2.0,50.0]", "grid.router=[random,tier_scorer]"]
+
+
+@pytest.fixture(scope="module")
+def small_tiers():
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+
+    cfg = compose_config(SMALL)
+    return cfg, run_study(cfg)
+
+
+def test_tiers_study_dataset(small_tiers):
+    from cacheresearch.studies import plot, summarize  # noqa: PLC0415
+
+    _, ds = small_tiers
+    for v in ("token_hit_rate", "hit_rate_by_tier", "ttft_p50_s", "ttft_p99_s"):
+        assert v in ds
+    assert ds.hit_rate_by_tier.dims[-1] == "tier" and list(ds.tier.values) == ["gpu", "cpu", "pool", "disk"]
+    for v in ds.data_vars:
+        assert ds[v].attrs.get("units") and ds[v].attrs.get("long_name"), v
+    assert ds.cpu_capacity_blocks.sel(workload="design").values.tolist() == [0, 60, 200]
+    np.testing.assert_allclose(ds.hit_rate_by_tier.sum("tier"), ds.token_hit_rate, rtol=1e-12)
+    # no cpu tier: nothing from it; bandwidth does not change hits under a load-free router
+    assert float(ds.hit_rate_by_tier.sel(cpu_capacity="0", tier="cpu").max()) == 0.0
+    r = ds.token_hit_rate.sel(router="random")
+    np.testing.assert_array_equal(r.sel(cpu_gbps=2.0), r.sel(cpu_gbps=50.0))
+    assert "net $/day" in summarize(ds) and "global-pool" in summarize(ds)
+    assert plot(ds) is not None
+
+
+def test_tiers_study_cell_equals_reference(small_tiers):
+    """One cell of the dataset recomputed by the plain-Python reference on the same workload and tiers."""
+    from cacheresearch.studies.base import study_cfg  # noqa: PLC0415
+    from cacheresearch.studies.tiers import DEFAULTS, tier_workload  # noqa: PLC0415
+
+    cfg, ds = small_tiers
+    c = study_cfg(cfg, DEFAULTS)
+    for name, router in (("agent", "random"), ("design", "tier_scorer")):
+        w, R = tier_workload(name, c)
+        bt = int(w.block_tokens)
+        cell = make_config(gpu_blocks=60, replicas=R, router=router, block_bytes=tier_block_bytes("llama3_8b", bt),
+                           tiers=dict(cpu=dict(capacity_blocks=200, read_gbps=2.0, write_gbps=2.0)),
+                           prefix_blocks=640 // 16 if name == "design" else 1)
+        ref = reference(w, cell, 0)
+        got = ds.sel(workload=name, router=router, cpu_capacity="200", cpu_gbps=2.0)
+        assert float(got.token_hit_rate) == pytest.approx(ref["hit_tokens"].sum() / w.input_tokens.sum(), rel=1e-12)
+        s = np.sort(ref["ttft_ms"])
+        assert float(got.ttft_p50_s) == s[-(-50 * len(s) // 100) - 1] / 1000
+
+
+@pytest.mark.parametrize("override,key", [
+    ("grid.cpu_gbps=[0.0]", "grid.cpu_gbps"),
+    ("grid.cpu_capacity_blocks=[-1]", "grid.cpu_capacity_blocks"),
+    ("study.trace.path=/nonexistent/trace.jsonl", "study.trace.path"),
+    ("grid.cpu_capacity_blocks=[100000000]", "tiers.cpu.capacity_blocks"),
+])
+def test_tiers_study_bad_input_names_the_key(override, key):
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+    from cacheresearch.studies.base import StudyError  # noqa: PLC0415
+
+    cfg = compose_config(SMALL + ["study.workloads=[design]" if "trace" not in override else "study.workloads=[agent]",
+                                  override])
+    with pytest.raises(StudyError) as e:
+        run_study(cfg)
+    assert key in str(e.value) and "\n" not in str(e.value)

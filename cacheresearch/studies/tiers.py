@@ -37,7 +37,7 @@ from cacheresearch.tiers.engine import dense_keys
 from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.trace import load_mooncake
 
-__all__ = ["tiers_study", "summarize", "plot", "STUDIES", "DEFAULTS"]
+__all__ = ["tiers_study", "tier_workload", "summarize", "plot", "STUDIES", "DEFAULTS"]
 
 DEFAULTS = dict(
     workloads=["design", "agent"],
@@ -86,7 +86,7 @@ def _grid(cfg) -> dict:
     return g
 
 
-def _workload(name: str, c: dict):
+def tier_workload(name: str, c: dict):
     if name == "design":
         d = dict(c["design"])
         R = int(d.pop("replicas"))
@@ -115,6 +115,66 @@ def _prefill_ms(unc, tps):
     return (unc // tps) * 1000 + ((unc % tps) * 1000 + tps - 1) // tps
 
 
+LAYOUTS = ["gpu_only", "local_cpu", "shared_pool"]
+POOL_ROUTERS = ["random", "tier_scorer"]
+DOCS = {
+    "token_hit_rate": ("prompt tokens served from any tier over all prompt tokens", "1"),
+    "hit_rate_by_tier": ("prompt tokens served from each tier over all prompt tokens", "1"),
+    "ttft_p50_s": ("median time to first token (nearest rank)", "s"),
+    "ttft_p99_s": ("99th percentile time to first token (nearest rank)", "s"),
+    "replica_busy_hours": ("replica hours of prefill and (serial) KV loading", "h"),
+    "net_usd_per_day": ("GPU dollars of prefill saved against the smallest cpu tier, less its DRAM, per day",
+                        "USD/day"),
+    "cpu_capacity_blocks": ("cpu tier capacity per replica (grid.cpu_capacity_blocks)", "blocks"),
+    "gpu_blocks": ("gpu tier capacity per replica (kv_blocks of the model and GPU presets)", "blocks"),
+    "block_bytes": ("bytes of one KV block in a lower tier", "bytes"),
+    "n_requests": ("requests in the workload", "1"),
+    "span_hours": ("first to last arrival", "h"),
+    "pool_token_hit_rate": ("token hit rate: gpu only, a local cpu tier, or a shared pool of the same DRAM", "1"),
+    "pool_ttft_p50_s": ("median TTFT: gpu only, a local cpu tier, or a shared pool of the same DRAM", "s"),
+    "pool_hit_rate_by_tier": ("prompt tokens served from each tier, pool question", "1"),
+}
+
+
+def _configs(c, caps, gbps, routers, common, R):
+    """The grid's configurations (and their (capacity, bandwidth, router) cells), then the pool question's."""
+    cells, cfgs, pool_cfgs = [], [], []
+    try:
+        for ci, cap in enumerate(caps):
+            for gi, bw in enumerate(gbps):
+                for ri, rt in enumerate(routers):
+                    tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw))
+                    cfgs.append(make_config(router=rt, tiers=tiers, **common))
+                    cells.append((ci, gi, ri))
+        dram = c["pool"]["dram_blocks_per_replica"]
+        dram = max(caps) if dram is None else int(dram)
+        pbw = float(c["pool"]["read_gbps"])
+        for lay in LAYOUTS:
+            for rt in POOL_ROUTERS:
+                tiers = {}
+                if lay == "local_cpu":
+                    tiers = dict(cpu=dict(capacity_blocks=dram, read_gbps=max(gbps), write_gbps=max(gbps)))
+                elif lay == "shared_pool":
+                    tiers = dict(pool=dict(capacity_blocks=dram * R, read_gbps=pbw, write_gbps=pbw,
+                                           latency_us=float(c["pool"]["latency_us"])))
+                pool_cfgs.append(make_config(router=rt, tiers=tiers, **common))
+    except TierError as e:
+        raise StudyError(str(e)) from None
+    return cells, cfgs, pool_cfgs
+
+
+def _tier_tokens(r, bt, inp):
+    """Hit tokens by tier over all input tokens: each tier's blocks x block tokens, the cut at the input length
+    (a last partial block) taken from the deepest tier of the run."""
+    ht = r.hit_tier.astype(np.int64) * bt
+    over = ht.sum(axis=1) - r.hit_tokens
+    for t in range(ht.shape[1] - 1, -1, -1):
+        cut = np.minimum(over, ht[:, t])
+        ht[:, t] -= cut
+        over -= cut
+    return ht.sum(axis=0) / inp
+
+
 def tiers_study(cfg):
     t0 = time.perf_counter()
     c = B.study_cfg(cfg, DEFAULTS)
@@ -130,14 +190,13 @@ def tiers_study(cfg):
     usd_day = np.full(shape, np.nan)
     cap_blocks = np.zeros((W, Cn), np.int64)
     gpu_of, bb_of, nreq, hours = [], [], [], []
-    layouts = ["gpu_only", "local_cpu", "shared_pool"]
-    prouters = ["random", "tier_scorer"]
+    layouts, prouters = LAYOUTS, POOL_ROUTERS
     pool_thr, pool_p50 = (np.full((W, 3, 2), np.nan) for _ in range(2))
     pool_tier = np.full((W, 3, 2, T), np.nan)
     timing = {}
     for wi, name in enumerate(c["workloads"]):
         tw = time.perf_counter()
-        w, R = _workload(name, c)
+        w, R = tier_workload(name, c)
         bt = int(w.block_tokens)
         bb = tier_block_bytes(c["model"], bt)
         gpu_blocks = (int(c["gpu_blocks"]) if c["gpu_blocks"] is not None else
@@ -154,49 +213,16 @@ def tiers_study(cfg):
                       decode_us_per_token=int(c["decode_us_per_token"]), tier_weights_pct=tuple(c["tier_weights_pct"]),
                       # prefix_hash keys: the tenant prefix (design), the session's first block (agent)
                       prefix_blocks=max(int(c["design"]["prefix_tokens"]) // bt, 1) if name == "design" else 1)
-        cells, cfgs = [], []
-        try:
-            for ci, cap in enumerate(caps):
-                for gi, bw in enumerate(gbps):
-                    for ri, rt in enumerate(routers):
-                        tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw))
-                        cfgs.append(make_config(router=rt, tiers=tiers, **common))
-                        cells.append((ci, gi, ri))
-            dram = c["pool"]["dram_blocks_per_replica"]
-            dram = max(caps) if dram is None else int(dram)
-            pool_cfgs = []
-            for li, lay in enumerate(layouts):
-                for pi, rt in enumerate(prouters):
-                    tiers = {}
-                    if lay == "local_cpu":
-                        tiers = dict(cpu=dict(capacity_blocks=dram, read_gbps=max(gbps), write_gbps=max(gbps)))
-                    elif lay == "shared_pool":
-                        tiers = dict(pool=dict(capacity_blocks=dram * R, read_gbps=float(c["pool"]["read_gbps"]),
-                                               write_gbps=float(c["pool"]["read_gbps"]),
-                                               latency_us=float(c["pool"]["latency_us"])))
-                    pool_cfgs.append(make_config(router=rt, tiers=tiers, **common))
-        except TierError as e:
-            raise StudyError(str(e)) from None
+        cells, cfgs, pool_cfgs = _configs(c, caps, gbps, routers, common, R)
         res = run_tiers(w, cfgs + pool_cfgs, [0] * (len(cfgs) + len(pool_cfgs)), dense=dense)
         inp = max(int(w.input_tokens.sum()), 1)
         span_h = max(float(w.arrival_ms[-1] - w.arrival_ms[0]) / 3.6e6, 1e-9) if w.n_requests else 1e-9
         hours.append(span_h)
 
-        def tier_tokens(r):
-            # tokens by tier: hit tokens split over the tiers in block order (the cap at input length falls on
-            # the deepest tier of the run)
-            ht = r.hit_tier.astype(np.int64) * bt
-            over = ht.sum(axis=1) - r.hit_tokens
-            for t in range(T - 1, -1, -1):
-                cut = np.minimum(over, ht[:, t])
-                ht[:, t] -= cut
-                over -= cut
-            return ht.sum(axis=0) / inp
-
         for (ci, gi, ri), r in zip(cells, res[: len(cells)]):
             s = np.sort(r.ttft_ms)
             thr[wi, ci, gi, ri] = r.hit_tokens.sum() / inp
-            by_tier[wi, ci, gi, ri] = tier_tokens(r)
+            by_tier[wi, ci, gi, ri] = _tier_tokens(r, bt, inp)
             p50[wi, ci, gi, ri], p99[wi, ci, gi, ri] = _pct(s, 50), _pct(s, 99)
             unc = w.input_tokens - r.hit_tokens
             busy = _prefill_ms(unc, int(c["prefill_tps"])).sum()
@@ -214,7 +240,7 @@ def tiers_study(cfg):
             li, pi = divmod(k, 2)
             pool_thr[wi, li, pi] = r.hit_tokens.sum() / inp
             pool_p50[wi, li, pi] = _pct(np.sort(r.ttft_ms), 50)
-            pool_tier[wi, li, pi] = tier_tokens(r)
+            pool_tier[wi, li, pi] = _tier_tokens(r, bt, inp)
         timing[name] = time.perf_counter() - tw
     dims = ("workload", "cpu_capacity", "cpu_gbps", "router")
     ds = xr.Dataset(
@@ -237,23 +263,7 @@ def tiers_study(cfg):
         coords={"workload": list(c["workloads"]), "cpu_capacity": [str(x) for x in caps_spec], "cpu_gbps": gbps,
                 "router": routers, "tier": list(TIER_NAMES), "layout": layouts, "pool_router": prouters},
     )
-    B.doc(ds, {
-        "token_hit_rate": ("prompt tokens served from any tier over all prompt tokens", "1"),
-        "hit_rate_by_tier": ("prompt tokens served from each tier over all prompt tokens", "1"),
-        "ttft_p50_s": ("median time to first token (nearest rank)", "s"),
-        "ttft_p99_s": ("99th percentile time to first token (nearest rank)", "s"),
-        "replica_busy_hours": ("replica hours of prefill and (serial) KV loading", "h"),
-        "net_usd_per_day": ("GPU dollars of prefill saved against the smallest cpu tier, less its DRAM, per day",
-                            "USD/day"),
-        "cpu_capacity_blocks": ("cpu tier capacity per replica (grid.cpu_capacity_blocks)", "blocks"),
-        "gpu_blocks": ("gpu tier capacity per replica (kv_blocks of the model and GPU presets)", "blocks"),
-        "block_bytes": ("bytes of one KV block in a lower tier", "bytes"),
-        "n_requests": ("requests in the workload", "1"),
-        "span_hours": ("first to last arrival", "h"),
-        "pool_token_hit_rate": ("token hit rate: gpu only, a local cpu tier, or a shared pool of the same DRAM", "1"),
-        "pool_ttft_p50_s": ("median TTFT: gpu only, a local cpu tier, or a shared pool of the same DRAM", "s"),
-        "pool_hit_rate_by_tier": ("prompt tokens served from each tier, pool question", "1"),
-    })
+    B.doc(ds, DOCS)
     ds["cpu_gbps"].attrs.update(long_name="cpu tier read and write bandwidth", units="GB/s")
     ds.attrs.update(B.common_attrs(cfg, "tiers", t0, dict(
         model=str(c["model"]), gpu=str(c["gpu"]), offload=str(c["offload"]), load_mode=str(c["load_mode"]),

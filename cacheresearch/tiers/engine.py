@@ -100,26 +100,62 @@ def _tier_of(pres, rowof, r, k):
     return -1
 
 
+@_J
+def _route(pres, rowof, keys, e0, n, q, score, b0, R, rcode, w, pw, lw, T):
+    """``least_loaded`` (3) or ``tier_scorer`` (4): the fleet's rules, ties by rotation from ``b0``."""
+    o = (b0 * R) >> 32
+    if rcode == 3:
+        best = -1
+        for d in range(R):
+            rr = (o + d) % R
+            if best < 0 or q[rr] < q[best]:
+                best = rr
+        return best
+    for rr in range(R):
+        m = 0
+        for j in range(n):
+            t = _tier_of(pres, rowof, rr, keys[e0 + j])
+            if t < 0:
+                break
+            m += w[t]
+        m = m // 100
+        ps = (m * 1024) // n if n > 0 else 0
+        ls = (512 * (T - min(q[rr], T))) // T
+        score[rr] = pw * ps + lw * ls
+    best = -1
+    for d in range(R):
+        rr = (o + d) % R
+        if best < 0 or score[rr] > score[best]:
+            best = rr
+    return best
+
+
+@_J
+def _load_ms(ht_row, bbytes, mbps, lat_ns):
+    """ceil(sum over lower tiers with hits of (ceil(bytes * 1000 / MB/s) + latency ns) / 1e6)."""
+    load_ns = 0
+    for t in range(1, 4):
+        ht = ht_row[t]
+        if ht > 0:
+            x = ht * bbytes * 1000
+            load_ns += (x + mbps[t - 1] - 1) // mbps[t - 1] + lat_ns[t - 1]
+    return (load_ns + 999_999) // 1_000_000
+
+
 @numba.njit(cache=True, nogil=True)
 def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
             write_through, overlap, rcode, pw, lw, T, w, tps, dus, maxn):
     N = arrival.shape[0]
     # rows: gpu r -> r; then each present lower tier (pool: one row shared by every replica)
     rowof = np.full((4, R), -1, np.int64)
-    nrows = 0
-    for r in range(R):
-        rowof[0, r] = nrows
-        nrows += 1
+    rowof[0] = np.arange(R)
+    nrows = R
     for t in range(1, 4):
         if caps[t - 1] > 0:
-            if t == 2:
-                for r in range(R):
-                    rowof[t, r] = nrows
-                nrows += 1
-            else:
-                for r in range(R):
-                    rowof[t, r] = nrows
-                    nrows += 1
+            shared = t == 2
+            for r in range(R):
+                rowof[t, r] = nrows if shared else nrows + r
+            nrows += 1 if shared else R
     nxt = np.full((nrows, K), -1, np.int32)
     prv = np.full((nrows, K), -1, np.int32)
     pres = np.zeros((nrows, K), np.int8)
@@ -152,35 +188,7 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
                 ptr[r] += 1
             q[r] = cnt[r] - ptr[r]
         # 2-3. route
-        if rcode == 0:
-            r = route[i]
-        else:
-            o = (bits0[i] * R) >> 32
-            if rcode == 3:
-                best = -1
-                for d in range(R):
-                    rr = (o + d) % R
-                    if best < 0 or q[rr] < q[best]:
-                        best = rr
-                r = best
-            else:
-                for rr in range(R):
-                    m = 0
-                    for j in range(n):
-                        t = _tier_of(pres, rowof, rr, keys[e0 + j])
-                        if t < 0:
-                            break
-                        m += w[t]
-                    m = m // 100
-                    ps = (m * 1024) // n if n > 0 else 0
-                    ls = (512 * (T - min(q[rr], T))) // T
-                    score[rr] = pw * ps + lw * ls
-                best = -1
-                for d in range(R):
-                    rr = (o + d) % R
-                    if best < 0 or score[rr] > score[best]:
-                        best = rr
-                r = best
+        r = route[i] if rcode == 0 else _route(pres, rowof, keys, e0, n, q, score, bits0[i], R, rcode, w, pw, lw, T)
         o_rep[i] = r
         # 4. lookup
         h = 0
@@ -230,13 +238,7 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
                     vic[x] = vic2[x]
                 nv = nv2
         # 9. time
-        load_ns = 0
-        for t in range(1, 4):
-            ht = o_ht[i, t]
-            if ht > 0:
-                x = ht * bbytes * 1000
-                load_ns += (x + mbps[t - 1] - 1) // mbps[t - 1] + lat_ns[t - 1]
-        load = (load_ns + 999_999) // 1_000_000
+        load = _load_ms(o_ht[i], bbytes, mbps, lat_ns)
         unc = inp[i] - o_tok[i]
         prefill = (unc // tps) * 1000 + ((unc % tps) * 1000 + tps - 1) // tps
         decode = (outp[i] // 1000) * dus + ((outp[i] % 1000) * dus + 999) // 1000
