@@ -21,6 +21,7 @@ import jax
 import xarray as xr
 
 from cacheresearch.core.run import BackendError, MemoryError_
+from cacheresearch.shell import cf
 from cacheresearch.shell.chunks import ChunkError, ChunkStore, run_grid, write_atomic
 from cacheresearch.studies.base import Study, StudyError
 
@@ -108,7 +109,7 @@ def run_study(study: Study, cfg, *, store_of=None, max_batch=None, launch: dict 
     if r.calls:
         ds.attrs["simulate_time_s"] = float(info["simulate_s"])
     ds.attrs.setdefault("wall_time_s", float(time.perf_counter() - t0))
-    return ds
+    return cf.complete(ds)  # long_name / units a study left out (CF)
 
 
 def chunk_stores(root, config: dict, version: str, *, resume: str, log=_log):

@@ -52,7 +52,7 @@ def variables_of(ds) -> dict:
     out = {}
     for v in [*ds.data_vars, *ds.coords]:
         a = ds[v].attrs
-        out[str(v)] = {"dims": [str(d) for d in ds[v].dims],
+        out[str(v)] = {"dims": [str(d) for d in ds[v].dims], "label": ds[v].dtype.kind in "OSU",
                        **{k: str(a[k]) for k in ("long_name", "units") if k in a}}
     return out
 
