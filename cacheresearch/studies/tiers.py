@@ -58,7 +58,7 @@ DEFAULTS = dict(
     gpu_usd_per_hour=2.50,  # assumption: an H100 hour, on-demand class
     dram_usd_per_gb_hour=0.0005,  # assumption: server DRAM amortised (about $4/GB over 3 years + power, hosting)
 )
-GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[5.0, 25.0, 50.0],
+GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[1.0, 5.0, 25.0, 50.0],
             router=["random", "prefix_hash", "least_loaded", "tier_scorer"])
 
 
@@ -330,7 +330,7 @@ def plot(ds):
         a.legend(fontsize=7)
         a = axs[i, 1]
         for rt in d.router.values:
-            for g, ls in zip(d.cpu_gbps.values, ("--", "-.", "-")):
+            for g, ls in zip(d.cpu_gbps.values, (":", "--", "-.", "-")):
                 a.plot(x, d.ttft_p50_s.sel(router=rt, cpu_gbps=g), ls, marker=".",
                        label=f"{rt} {g:g} GB/s" if rt == d.router.values[0] or g == bw else None)
         a.set(title=f"{w}: TTFT p50 by cpu bandwidth", xlabel="cpu tier per replica (blocks)", ylabel="s",
@@ -350,9 +350,9 @@ def plot(ds):
                 a.annotate(f"{float(d.pool_ttft_p50_s.sel(pool_router=pr).values[k]):.2f}s",
                            (xs[k] + (j - 0.5) * 0.38, bottom[k]), ha="center", va="bottom", fontsize=7)
         a.set_xticks(xs, lay)
-        a.set(title=f"{w}: shared pool vs local tiers vs affinity (left random, right tier_scorer; TTFT p50)",
-              ylabel="token hit rate")
-        a.title.set_fontsize(8)
+        a.set(title=f"{w}: pool vs local tiers vs affinity\n(left bar random, right tier_scorer; labels TTFT p50)",
+              ylabel="token hit rate", ylim=(0, 1.12))
+        a.title.set_fontsize(9)
         a.legend(fontsize=6)
     return f
 
