@@ -29,7 +29,7 @@ ATTRS: dict[str, tuple[str, str | None]] = {
     "plan": ("TTL plan", None),
     "policy": ("eviction policy", None),
     "position": ("where the volatile token sits", None),
-    "prefix": ("prefix group (a tenant or a trace root; rest: all others)", None),
+    "prefix": ("prefix group (a tenant or a trace root; rest: all others)", "1"),  # "1" where it is an index
     "pricing": ("pricing preset", None),
     "router": ("router (rule, preset or variant)", None),
     "salt": ("cache salt", None),
@@ -39,7 +39,7 @@ ATTRS: dict[str, tuple[str, str | None]] = {
     "workload": ("workload", None),
     "best_uniform": ("the single option that is cheapest over all prefixes", None),
     "arm": ("benchmark arm (scheduler configuration)", None),
-    "stage": ("load stage", None),
+    "stage": ("load stage", "1"),  # the stage index
     # quantities
     "base_per_mtok": ("base input price", "USD/Mtok"),
     "block_accesses": ("block accesses of the trace's stream (leaf-first)", "blocks"),

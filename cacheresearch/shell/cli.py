@@ -54,7 +54,7 @@ def _show(args: list[str]) -> int:
 
 
 def _sweep(args: list[str]) -> int:
-    from cacheresearch.shell.schema import check_overrides  # noqa: PLC0415
+    from cacheresearch.shell.overrides import check_overrides  # noqa: PLC0415
 
     msg = check_overrides(args)
     if msg:
