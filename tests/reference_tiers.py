@@ -8,7 +8,8 @@ Semantics (the contract, ``experiments/tiers.md``), per request ``i`` at ``now``
    gpu, its cpu, the shared pool, its disk), each block counted in the first tier holding it;
 3. route: ``random`` / ``round_robin`` / ``prefix_hash`` from the given fixed routes; ``least_loaded`` the
    fleet reference's rule; ``tier_scorer`` the fleet reference's ``weighted_scorers`` with the match
-   ``sum_t w_t h_t // 100``;
+   ``sum_t w_t h_t // 100``; ``tier_kv_cost`` its ``kv_cost`` (temperature 0) with that match (and
+   ``active_blocks[r]`` = blocks of the requests in flight on ``r``);
 4. lookup on ``r``: ``h`` = that leading run, ``h_t`` its blocks by tier; ``hit_tokens = min(h * B, input)``;
 5. read refresh: the blocks hit in a lower LRU tier are touched there (reverse prompt order);
 6. gpu: the request's blocks touched leaf-first (reverse order) and LRU evicted down to capacity: the
@@ -91,26 +92,28 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
     written = np.zeros(4, np.int64)
     w = list(cfg.tier_weights_pct)
     kn = dict(prefix_weight_pct=cfg.prefix_weight_pct, load_weight_pct=cfg.load_weight_pct,
-              queue_threshold=cfg.queue_threshold)
+              queue_threshold=cfg.queue_threshold, overlap_weight_pct=cfg.overlap_weight_pct, temperature=0.0)
     for i in range(N):
         keys = [int(k) for k in workload.request_keys(i)]
         n = len(keys)
         now = int(workload.arrival_ms[i])
         inp, outp = int(workload.input_tokens[i]), int(workload.output_tokens[i])
-        queue = [sum(1 for f in finishes[r] if f > now) for r in range(R)]
+        queue = [sum(1 for f, _ in finishes[r] if f > now) for r in range(R)]
+        active = [sum(nb for f, nb in finishes[r] if f > now) for r in range(R)]
         if cfg.router in ("random", "round_robin", "prefix_hash"):
             r = int(fixed_route[i]) if fixed_route is not None else 0
         else:
-            if cfg.router == "tier_scorer":
+            if cfg.router in ("tier_scorer", "tier_kv_cost"):
                 m = []
                 for rr in range(R):
                     wh = lookup(rr, keys)
-                    m.append(sum(w[t] for t in wh) // 100)
-                rule = "weighted_scorers"
+                    m.append(min(sum(w[t] for t in wh) // 100, n) if cfg.router == "tier_kv_cost"
+                             else sum(w[t] for t in wh) // 100)
+                rule = "weighted_scorers" if cfg.router == "tier_scorer" else "kv_cost"
             else:
                 m, rule = [0] * R, "least_loaded"
             r = route_one(rule, i=i, n=n, prefix_key=0, bits=[int(bits0[i]), 0, 0, 0], R=R, match=m, queue=queue,
-                          active_blocks=[0] * R, tree_size=[0] * R, ring=None, kn=kn)
+                          active_blocks=active, tree_size=[0] * R, ring=None, kn=kn)
         out["replica"][i] = r
         where = lookup(r, keys)
         h = len(where)
@@ -166,7 +169,7 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
         out["ttft_ms"][i] = ttft
         out["load_ms"][i] = load
         busy[r] = finish
-        finishes[r].append(finish)
+        finishes[r].append((finish, n))
     out["written_blocks"] = written
     out["final_gpu"] = [list(g.keys()) for g in gpu]
     out["final_lower"] = {LOWER[ti]: [list(s.keys()) for s in low[ti]] for ti in range(3)}

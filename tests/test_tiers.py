@@ -44,7 +44,7 @@ TIER = st.fixed_dictionaries(dict(capacity_blocks=st.sampled_from([0, 0, 1, 3, 8
                                   latency_us=st.sampled_from([0.0, 10.0, 2000.0])))
 CONFIG = st.fixed_dictionaries(dict(
     gpu_blocks=st.integers(0, 40), cpu=TIER, pool=TIER, disk=TIER, replicas=st.integers(1, 3),
-    router=st.sampled_from(["random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer"]),
+    router=st.sampled_from(["random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost"]),
     offload=st.sampled_from(["evict", "write_through"]), load_mode=st.sampled_from(["serial", "overlap"]),
     prefill_tps=st.sampled_from([500, 20_000]), prefix_blocks=st.integers(1, 4),
     tier_weights_pct=st.tuples(*[st.integers(0, 150)] * 4)))
@@ -77,22 +77,25 @@ def test_engine_equals_reference_on_tenants():
                                                   pool=dict(capacity_blocks=30, policy="fifo"),
                                                   disk=dict(capacity_blocks=25)),
                         replicas=3, router=r, offload=o, load_mode=m, block_bytes=131_072 * 16, prefill_tps=2000)
-            for r in ("random", "prefix_hash", "least_loaded", "tier_scorer")
+            for r in ("random", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost")
             for o, m in (("evict", "serial"), ("write_through", "overlap"))]
     assert_equal_to_reference(w, cfgs, [3] * len(cfgs))
 
 
-@pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "weighted_scorers"])
+@pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "weighted_scorers",
+                                    "kv_cost"])
 def test_untiered_is_the_existing_engine_bitwise(router):
     """Every lower tier at capacity 0: replica, hit blocks and TTFT are the fcfs engine's, request by request
-    (tier_scorer with weights (100, x, x, x) is weighted_scorers on the precise view)."""
+    (tier_scorer / tier_kv_cost with weights (100, x, x, x) are weighted_scorers / kv_cost on the precise view)."""
     w = tenants(seed=2, rate_per_s=8.0)
     extra = dict(prefix_weight_pct=200, load_weight_pct=100) if router == "weighted_scorers" else {}
+    if router == "kv_cost":
+        extra = dict(overlap_weight_pct=150)
     P, C = [], []
     for cap, R in ((20, 3), (0, 2), (500, 1)):
         P.append(make_params("lru", capacity_blocks=cap, replicas=R, router=router, prefix_blocks=5, prefill_tps=2000,
                              decode_us_per_token=250, **extra))
-        tr = "tier_scorer" if router == "weighted_scorers" else router
+        tr = {"weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost"}.get(router, router)
         C.append(make_config(gpu_blocks=cap, replicas=R, router=tr,
                              prefix_blocks=5, prefill_tps=2000, decode_us_per_token=250,
                              tier_weights_pct=(100, 7, 9, 11), **extra))

@@ -22,7 +22,9 @@ from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 
 __all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE"]
 
-ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4}
+ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
+               "tier_kv_cost": 5}
+_C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
 
 
@@ -101,8 +103,21 @@ def _tier_of(pres, rowof, r, k):
 
 
 @_J
-def _route(pres, rowof, keys, e0, n, q, score, b0, R, rcode, w, pw, lw, T):
-    """``least_loaded`` (3) or ``tier_scorer`` (4): the fleet's rules, ties by rotation from ``b0``."""
+def _match(pres, rowof, keys, e0, n, rr, w):
+    """The tier-weighted leading-run match on replica ``rr``: ``sum_t w_t h_t // 100``."""
+    m = 0
+    for j in range(n):
+        t = _tier_of(pres, rowof, rr, keys[e0 + j])
+        if t < 0:
+            break
+        m += w[t]
+    return m // 100
+
+
+@_J
+def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow):
+    """``least_loaded`` (3), ``tier_scorer`` (4) or ``tier_kv_cost`` (5): the fleet's rules (ties by rotation
+    from ``b0``) on the tier-weighted match."""
     o = (b0 * R) >> 32
     if rcode == 3:
         best = -1
@@ -112,16 +127,14 @@ def _route(pres, rowof, keys, e0, n, q, score, b0, R, rcode, w, pw, lw, T):
                 best = rr
         return best
     for rr in range(R):
-        m = 0
-        for j in range(n):
-            t = _tier_of(pres, rowof, rr, keys[e0 + j])
-            if t < 0:
-                break
-            m += w[t]
-        m = m // 100
-        ps = (m * 1024) // n if n > 0 else 0
-        ls = (512 * (T - min(q[rr], T))) // T
-        score[rr] = pw * ps + lw * ls
+        m = _match(pres, rowof, keys, e0, n, rr, w)
+        if rcode == 4:
+            ps = (m * 1024) // n if n > 0 else 0
+            ls = (512 * (T - min(q[rr], T))) // T
+            score[rr] = pw * ps + lw * ls
+        else:  # lowest cost wins: store its negation
+            left = min(max(n - m, 0), _C30)
+            score[rr] = -(min(ow * left, _C30) + min(100 * min(act[rr], _C30), _C30))
     best = -1
     for d in range(R):
         rr = (o + d) % R
@@ -142,9 +155,16 @@ def _load_ms(ht_row, bbytes, mbps, lat_ns):
     return (load_ns + 999_999) // 1_000_000
 
 
+@_J
+def _stores(nrows, K):
+    """Empty linked-list stores: next, previous, present [rows, K]; head, tail, size [rows]."""
+    return (np.full((nrows, K), -1, np.int32), np.full((nrows, K), -1, np.int32), np.zeros((nrows, K), np.int8),
+            np.full(nrows, -1, np.int64), np.full(nrows, -1, np.int64), np.zeros(nrows, np.int64))
+
+
 @numba.njit(cache=True, nogil=True)
 def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
-            write_through, overlap, rcode, pw, lw, T, w, tps, dus, maxn):
+            write_through, overlap, rcode, pw, lw, T, ow, w, tps, dus, maxn):
     N = arrival.shape[0]
     # rows: gpu r -> r; then each present lower tier (pool: one row shared by every replica)
     rowof = np.full((4, R), -1, np.int64)
@@ -156,16 +176,13 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
             for r in range(R):
                 rowof[t, r] = nrows if shared else nrows + r
             nrows += 1 if shared else R
-    nxt = np.full((nrows, K), -1, np.int32)
-    prv = np.full((nrows, K), -1, np.int32)
-    pres = np.zeros((nrows, K), np.int8)
-    head = np.full(nrows, -1, np.int64)
-    tail = np.full(nrows, -1, np.int64)
-    size = np.zeros(nrows, np.int64)
+    nxt, prv, pres, head, tail, size = _stores(nrows, K)
     vic = np.zeros(maxn + 1, np.int64)
     vic2 = np.zeros(maxn + 1, np.int64)
     where = np.zeros(maxn + 1, np.int64)
     fin = np.zeros((R, N + 1), np.int64)
+    blk = np.zeros((R, N + 1), np.int64)
+    act = np.zeros(R, np.int64)
     cnt = np.zeros(R, np.int64)
     ptr = np.zeros(R, np.int64)
     busy = np.zeros(R, np.int64)
@@ -185,10 +202,14 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
         # 1. loads: finish times on a replica are non-decreasing (FCFS), so a pointer counts the finished
         for r in range(R):
             while ptr[r] < cnt[r] and fin[r, ptr[r]] <= now:
+                act[r] -= blk[r, ptr[r]]
                 ptr[r] += 1
             q[r] = cnt[r] - ptr[r]
         # 2-3. route
-        r = route[i] if rcode == 0 else _route(pres, rowof, keys, e0, n, q, score, bits0[i], R, rcode, w, pw, lw, T)
+        if rcode == 0:
+            r = route[i]
+        else:
+            r = _route(pres, rowof, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow)
         o_rep[i] = r
         # 4. lookup
         h = 0
@@ -254,6 +275,8 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
         o_load[i] = load
         busy[r] = finish
         fin[r, cnt[r]] = finish
+        blk[r, cnt[r]] = n
+        act[r] += n
         cnt[r] += 1
     return o_rep, o_hit, o_tok, o_ht, o_ttft, o_load, written
 
@@ -295,7 +318,7 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
     maxn = int(workload.n_blocks.max()) if n else 0
 
     def needs_bits(cfg):
-        return cfg.router in ("random", "least_loaded", "tier_scorer") and cfg.replicas > 1
+        return cfg.router in ("random", "least_loaded", "tier_scorer", "tier_kv_cost") and cfg.replicas > 1
 
     # JAX work (PRNG draws, fixed routes) first, in this thread; then the kernels run in threads
     pre = []
@@ -319,6 +342,7 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
                       np.asarray([int(round(t.latency_us * 1000)) for t in tiers], np.int64), int(cfg.block_bytes),
                       cfg.offload == "write_through", cfg.load_mode == "overlap", ROUTER_CODE[cfg.router],
                       int(cfg.prefix_weight_pct), int(cfg.load_weight_pct), int(cfg.queue_threshold),
+                      int(cfg.overlap_weight_pct),
                       np.asarray(cfg.tier_weights_pct, np.int64), int(cfg.prefill_tps),
                       int(cfg.decode_us_per_token), maxn)
         return TierResult(*out)

@@ -37,8 +37,10 @@ OFFLOAD_MODES = ("evict", "write_through")
 LOAD_MODES = ("serial", "overlap")
 #: The routers the tiered engine runs: the load-free ones (decisions from the registered rules), the
 #: queue-reading ``least_loaded``, and ``tier_scorer``: llm-d's precise prefix scorer plus its load scorer
-#: (``weighted_scorers``), the match counted per tier with a weight per tier (``tier_weights_pct``).
-TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer")
+#: (``weighted_scorers``), the match counted per tier with a weight per tier (``tier_weights_pct``);
+#: ``tier_kv_cost``: NVIDIA Dynamo's KV router cost (``kv_cost`` at temperature 0: overlap weight x blocks
+#: left to prefill + the replica's active blocks, lowest wins) with the overlap counted the same way.
+TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost")
 
 
 class TierError(ValueError):
@@ -93,6 +95,7 @@ class TieredConfig:
     prefix_weight_pct: int = 200
     load_weight_pct: int = 100
     queue_threshold: int = 128
+    overlap_weight_pct: int = 100  # tier_kv_cost (Dynamo's overlap weight x 100)
     tier_weights_pct: tuple = (100, 80, 60, 40)  # gpu, cpu, pool, disk (tier_scorer)
     label: str = field(default="", compare=False)
 
@@ -186,7 +189,7 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     for k in ("prefill_tps", "prefix_blocks", "queue_threshold"):
         if k in kw:
             kw[k] = _num(k, kw[k], lo=1, integer=True)
-    for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct"):
+    for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct", "overlap_weight_pct"):
         if k in kw:
             kw[k] = _num(k, kw[k], integer=True)
     return TieredConfig(gpu_blocks=gpu, tiers=specs, replicas=int(replicas), router=router, block_bytes=bb,
