@@ -32,7 +32,7 @@ def _err(msg: str) -> int:
 def _list() -> int:
     from cacheresearch.shell import guide  # noqa: PLC0415
 
-    exps = guide.experiments()
+    exps = guide.experiments(defaults=False)
     w = max(len(e.name) for e in exps)
     for e in exps:
         print(f"{e.name.ljust(w)}  {e.description}")

@@ -106,8 +106,9 @@ def _variables() -> dict:
     return json.loads(VARIABLES_FILE.read_text(encoding="utf-8")) if VARIABLES_FILE.is_file() else {}
 
 
-def experiment(name: str, *, variables: dict | None = None) -> Experiment:
-    """The experiment ``name`` (an :class:`UnknownExperiment` error lists the others)."""
+def experiment(name: str, *, variables: dict | None = None, defaults: bool = True) -> Experiment:
+    """The experiment ``name`` (an :class:`UnknownExperiment` error lists the others); ``defaults=False``
+    leaves out the study's typed defaults (no import of the studies: what ``cacheresearch list`` needs)."""
     path = CONFIG_DIR / "experiment" / f"{name}.yaml"
     if not path.is_file():
         raise UnknownExperiment(f"unknown experiment {name!r}; choose one of {names()}")
@@ -119,7 +120,7 @@ def experiment(name: str, *, variables: dict | None = None) -> Experiment:
         if isinstance(d, dict):
             for k, v in d.items():
                 groups[k.replace("override ", "").strip().lstrip("/")] = v
-    study = _flat(_study_defaults(kind))
+    study = _flat(_study_defaults(kind)) if defaults else {}
     study.update(_flat(raw.get("study") or {}))
     settings = {k: v for k, v in _flat({k: v for k, v in raw.items() if k not in _META}).items()}
     var = (_variables() if variables is None else variables).get(name, {})
@@ -133,9 +134,9 @@ def names() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 
 
-def experiments() -> list[Experiment]:
+def experiments(*, defaults: bool = True) -> list[Experiment]:
     v = _variables()
-    return [experiment(n, variables=v) for n in names()]
+    return [experiment(n, variables=v, defaults=defaults) for n in names()]
 
 
 # ------------------------------------------------------------------------------ text
