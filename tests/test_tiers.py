@@ -266,3 +266,19 @@ def test_tiers_study_bad_input_names_the_key(override, key):
     with pytest.raises(StudyError) as e:
         run_study(cfg)
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tiers_study_extra_lower_tiers(small_tiers):
+    """study.lower puts a disk tier behind every grid cell: hits only grow, the disk serves some, and the
+    offloaded bytes are reported against the cpu write bandwidth."""
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+
+    _, base = small_tiers
+    ds = run_study(compose_config(SMALL + ["study.workloads=[agent]", "study.lower={disk: {capacity_blocks: 5000}}"]))
+    a = base.sel(workload="agent")
+    d = ds.sel(workload="agent")
+    assert (d.token_hit_rate.values >= a.token_hit_rate.values - 1e-12).all()
+    assert float(d.hit_rate_by_tier.sel(tier="disk").max()) > 0
+    assert float(a.cpu_write_utilisation.sel(cpu_capacity="0").max()) == 0.0
+    assert float(a.cpu_write_utilisation.max()) > 0

@@ -50,6 +50,7 @@ DEFAULTS = dict(
     offload="evict",
     load_mode="serial",
     tier_weights_pct=[100, 80, 60, 40],
+    lower={},  # extra lower tiers in every grid cell: {pool: {capacity_blocks: ..}, disk: {..}} (tiers.* keys)
     design=dict(n_tenants=200, prefix_tokens=10_000, query_tokens=200, output_tokens=200, hot_share=0.5,
                 n_requests=2500, rate_per_s=12.0, block_tokens=16, replicas=8),
     agent=dict(replicas=4, block_tokens=64),
@@ -123,6 +124,8 @@ DOCS = {
     "ttft_p50_s": ("median time to first token (nearest rank)", "s"),
     "ttft_p99_s": ("99th percentile time to first token (nearest rank)", "s"),
     "replica_busy_hours": ("replica hours of prefill and (serial) KV loading", "h"),
+    "cpu_write_utilisation": ("bytes offloaded to the cpu tiers / (write bandwidth x replicas x span): above 1 "
+                              "the offload cannot keep up", "1"),
     "net_usd_per_day": ("GPU dollars of prefill saved against the smallest cpu tier, less its DRAM, per day",
                         "USD/day"),
     "cpu_capacity_blocks": ("cpu tier capacity per replica (grid.cpu_capacity_blocks)", "blocks"),
@@ -139,11 +142,14 @@ DOCS = {
 def _configs(c, caps, gbps, routers, common, R):
     """The grid's configurations (and their (capacity, bandwidth, router) cells), then the pool question's."""
     cells, cfgs, pool_cfgs = [], [], []
+    lower = {k: dict(v) for k, v in (c["lower"] or {}).items()}  # pool / disk in every grid cell
+    if "cpu" in lower:
+        raise StudyError("study.lower.cpu: the cpu tier is the grid's (grid.cpu_capacity_blocks, grid.cpu_gbps)")
     try:
         for ci, cap in enumerate(caps):
             for gi, bw in enumerate(gbps):
                 for ri, rt in enumerate(routers):
-                    tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw))
+                    tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw), **lower)
                     cfgs.append(make_config(router=rt, tiers=tiers, **common))
                     cells.append((ci, gi, ri))
         dram = c["pool"]["dram_blocks_per_replica"]
@@ -185,7 +191,7 @@ def tiers_study(cfg):
     caps_spec = g["cpu_capacity_blocks"]
     W, Cn, Gn, Rn, T = len(c["workloads"]), len(caps_spec), len(gbps), len(routers), len(TIER_NAMES)
     shape = (W, Cn, Gn, Rn)
-    thr, p50, p99, busy_h = (np.full(shape, np.nan) for _ in range(4))
+    thr, p50, p99, busy_h, wutil = (np.full(shape, np.nan) for _ in range(5))
     by_tier = np.full(shape + (T,), np.nan)
     usd_day = np.full(shape, np.nan)
     cap_blocks = np.zeros((W, Cn), np.int64)
@@ -228,6 +234,7 @@ def tiers_study(cfg):
             busy = _prefill_ms(unc, int(c["prefill_tps"])).sum()
             busy += r.load_ms.sum() if c["load_mode"] == "serial" else 0
             busy_h[wi, ci, gi, ri] = busy / 3.6e6
+            wutil[wi, ci, gi, ri] = r.written_blocks[1] * bb / (gbps[gi] * 1e9 * R * span_h * 3600)
         for ci, cap in enumerate(caps):
             for gi in range(Gn):
                 for ri in range(Rn):
@@ -250,6 +257,7 @@ def tiers_study(cfg):
             "ttft_p50_s": (dims, p50),
             "ttft_p99_s": (dims, p99),
             "replica_busy_hours": (dims, busy_h),
+            "cpu_write_utilisation": (dims, wutil),
             "net_usd_per_day": (dims, usd_day),
             "cpu_capacity_blocks": (("workload", "cpu_capacity"), cap_blocks),
             "gpu_blocks": (("workload",), np.asarray(gpu_of, np.int64)),
@@ -285,14 +293,16 @@ def summarize(ds) -> str:
         lines += ["", f"{w}: {int(d.n_requests)} requests over {float(d.span_hours):.1f} h; gpu tier "
                       f"{int(d.gpu_blocks)} blocks of {int(d.block_bytes) / 2**20:.1f} MiB per replica; "
                       f"cpu at {bw:g} GB/s"]
-        rows = [["router", "cpu blocks", "hit rate", "gpu", "cpu", "TTFT p50", "TTFT p99", "net $/day"]]
+        rows = [["router", "cpu blocks", "hit rate", "gpu", "cpu", "TTFT p50", "TTFT p99", "net $/day",
+                 "cpu write util"]]
         for rt in d.router.values:
             for k in d.cpu_capacity.values:
                 x = d.sel(router=rt, cpu_capacity=k, cpu_gbps=bw)
                 rows.append([rt, int(d.cpu_capacity_blocks.sel(cpu_capacity=k)), B.pct(float(x.token_hit_rate)),
                              B.pct(float(x.hit_rate_by_tier.sel(tier="gpu"))),
                              B.pct(float(x.hit_rate_by_tier.sel(tier="cpu"))), f"{float(x.ttft_p50_s):.3f} s",
-                             f"{float(x.ttft_p99_s):.3f} s", B.usd(float(x.net_usd_per_day))])
+                             f"{float(x.ttft_p99_s):.3f} s", B.usd(float(x.net_usd_per_day)),
+                             B.pct(float(x.cpu_write_utilisation))])
         lines.append(B.table(rows))
         big = d.cpu_capacity.values[-1]
         rows = [["cpu GB/s"] + [f"{rt} p50" for rt in d.router.values]]
