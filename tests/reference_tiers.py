@@ -9,7 +9,8 @@ Semantics (the contract, ``experiments/tiers.md``), per request ``i`` at ``now``
 3. route: ``random`` / ``round_robin`` / ``prefix_hash`` from the given fixed routes; ``least_loaded`` the
    fleet reference's rule; ``tier_scorer`` the fleet reference's ``weighted_scorers`` with the match
    ``sum_t w_t h_t // 100``; ``tier_kv_cost`` its ``kv_cost`` (temperature 0) with that match (and
-   ``active_blocks[r]`` = blocks of the requests in flight on ``r``);
+   ``active_blocks[r]`` = blocks of the requests in flight on ``r``); ``tier_cache_aware`` its
+   ``cache_aware`` (miss to the least loaded) with that match;
 4. lookup on ``r``: ``h`` = that leading run, ``h_t`` its blocks by tier; ``hit_tokens = min(h * B, input)``;
 5. read refresh: the blocks hit in a lower LRU tier are touched there (reverse prompt order);
 6. gpu: the request's blocks touched leaf-first (reverse order) and LRU evicted down to capacity: the
@@ -92,7 +93,9 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
     written = np.zeros(4, np.int64)
     w = list(cfg.tier_weights_pct)
     kn = dict(prefix_weight_pct=cfg.prefix_weight_pct, load_weight_pct=cfg.load_weight_pct,
-              queue_threshold=cfg.queue_threshold, overlap_weight_pct=cfg.overlap_weight_pct, temperature=0.0)
+              queue_threshold=cfg.queue_threshold, overlap_weight_pct=cfg.overlap_weight_pct, temperature=0.0,
+              cache_threshold_pm=cfg.cache_threshold_pm, balance_abs=cfg.balance_abs,
+              balance_rel_pct=cfg.balance_rel_pct, miss_smallest_tree=False)
     for i in range(N):
         keys = [int(k) for k in workload.request_keys(i)]
         n = len(keys)
@@ -103,13 +106,14 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
         if cfg.router in ("random", "round_robin", "prefix_hash"):
             r = int(fixed_route[i]) if fixed_route is not None else 0
         else:
-            if cfg.router in ("tier_scorer", "tier_kv_cost"):
+            if cfg.router in ("tier_scorer", "tier_kv_cost", "tier_cache_aware"):
                 m = []
                 for rr in range(R):
                     wh = lookup(rr, keys)
                     m.append(min(sum(w[t] for t in wh) // 100, n) if cfg.router == "tier_kv_cost"
                              else sum(w[t] for t in wh) // 100)
-                rule = "weighted_scorers" if cfg.router == "tier_scorer" else "kv_cost"
+                rule = {"tier_scorer": "weighted_scorers", "tier_kv_cost": "kv_cost",
+                        "tier_cache_aware": "cache_aware"}[cfg.router]
             else:
                 m, rule = [0] * R, "least_loaded"
             r = route_one(rule, i=i, n=n, prefix_key=0, bits=[int(bits0[i]), 0, 0, 0], R=R, match=m, queue=queue,

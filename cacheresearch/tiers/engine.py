@@ -23,7 +23,7 @@ from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 __all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE"]
 
 ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
-               "tier_kv_cost": 5}
+               "tier_kv_cost": 5, "tier_cache_aware": 6}
 _C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
 
@@ -115,10 +115,34 @@ def _match(pres, rowof, keys, e0, n, rr, w):
 
 
 @_J
-def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow):
-    """``least_loaded`` (3), ``tier_scorer`` (4) or ``tier_kv_cost`` (5): the fleet's rules (ties by rotation
-    from ``b0``) on the tier-weighted match."""
+def _argmin_q(q, R, o):
+    best = -1
+    for d in range(R):
+        rr = (o + d) % R
+        if best < 0 or q[rr] < q[best]:
+            best = rr
+    return best
+
+
+@_J
+def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow, ca):
+    """``least_loaded`` (3), ``tier_scorer`` (4), ``tier_kv_cost`` (5) or ``tier_cache_aware`` (6): the fleet's
+    rules (ties by rotation from ``b0``) on the tier-weighted match. ``ca``: threshold_pm, balance_abs, rel_pct."""
     o = (b0 * R) >> 32
+    if rcode == 6:
+        qmax, qmin = q[:R].max(), q[:R].min()
+        if qmax - qmin > ca[1] and 100 * qmax > ca[2] * qmin:
+            return _argmin_q(q, R, o)
+        best = -1
+        bm = 0
+        for d in range(R):
+            rr = (o + d) % R
+            m = _match(pres, rowof, keys, e0, n, rr, w)
+            if best < 0 or m > bm:
+                best, bm = rr, m
+        if n > 0 and 1000 * bm > ca[0] * n:
+            return best
+        return _argmin_q(q, R, o)
     if rcode == 3:
         best = -1
         for d in range(R):
@@ -164,7 +188,7 @@ def _stores(nrows, K):
 
 @numba.njit(cache=True, nogil=True)
 def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
-            write_through, overlap, rcode, pw, lw, T, ow, w, tps, dus, maxn):
+            write_through, overlap, rcode, pw, lw, T, ow, ca, w, tps, dus, maxn):
     N = arrival.shape[0]
     # rows: gpu r -> r; then each present lower tier (pool: one row shared by every replica)
     rowof = np.full((4, R), -1, np.int64)
@@ -209,7 +233,7 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
         if rcode == 0:
             r = route[i]
         else:
-            r = _route(pres, rowof, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow)
+            r = _route(pres, rowof, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow, ca)
         o_rep[i] = r
         # 4. lookup
         h = 0
@@ -318,7 +342,7 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
     maxn = int(workload.n_blocks.max()) if n else 0
 
     def needs_bits(cfg):
-        return cfg.router in ("random", "least_loaded", "tier_scorer", "tier_kv_cost") and cfg.replicas > 1
+        return cfg.router != "round_robin" and cfg.router != "prefix_hash" and cfg.replicas > 1
 
     # JAX work (PRNG draws, fixed routes) first, in this thread; then the kernels run in threads
     pre = []
@@ -343,6 +367,7 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
                       cfg.offload == "write_through", cfg.load_mode == "overlap", ROUTER_CODE[cfg.router],
                       int(cfg.prefix_weight_pct), int(cfg.load_weight_pct), int(cfg.queue_threshold),
                       int(cfg.overlap_weight_pct),
+                      np.asarray([cfg.cache_threshold_pm, cfg.balance_abs, cfg.balance_rel_pct], np.int64),
                       np.asarray(cfg.tier_weights_pct, np.int64), int(cfg.prefill_tps),
                       int(cfg.decode_us_per_token), maxn)
         return TierResult(*out)

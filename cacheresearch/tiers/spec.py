@@ -39,8 +39,11 @@ LOAD_MODES = ("serial", "overlap")
 #: queue-reading ``least_loaded``, and ``tier_scorer``: llm-d's precise prefix scorer plus its load scorer
 #: (``weighted_scorers``), the match counted per tier with a weight per tier (``tier_weights_pct``);
 #: ``tier_kv_cost``: NVIDIA Dynamo's KV router cost (``kv_cost`` at temperature 0: overlap weight x blocks
-#: left to prefill + the replica's active blocks, lowest wins) with the overlap counted the same way.
-TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost")
+#: left to prefill + the replica's active blocks, lowest wins) with the overlap counted the same way;
+#: ``tier_cache_aware``: SGLang's cache_aware rule (balance by queue when imbalanced, else the best match
+#: above ``cache_threshold_pm``, else the least loaded) on the same match.
+TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost",
+                "tier_cache_aware")
 
 
 class TierError(ValueError):
@@ -96,6 +99,9 @@ class TieredConfig:
     load_weight_pct: int = 100
     queue_threshold: int = 128
     overlap_weight_pct: int = 100  # tier_kv_cost (Dynamo's overlap weight x 100)
+    cache_threshold_pm: int = 300  # tier_cache_aware: SGLang's defaults (match share x 1000, load balance)
+    balance_abs: int = 64
+    balance_rel_pct: int = 150
     tier_weights_pct: tuple = (100, 80, 60, 40)  # gpu, cpu, pool, disk (tier_scorer)
     label: str = field(default="", compare=False)
 
@@ -189,7 +195,8 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     for k in ("prefill_tps", "prefix_blocks", "queue_threshold"):
         if k in kw:
             kw[k] = _num(k, kw[k], lo=1, integer=True)
-    for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct", "overlap_weight_pct"):
+    for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct", "overlap_weight_pct",
+              "cache_threshold_pm", "balance_abs", "balance_rel_pct"):
         if k in kw:
             kw[k] = _num(k, kw[k], integer=True)
     return TieredConfig(gpu_blocks=gpu, tiers=specs, replicas=int(replicas), router=router, block_bytes=bb,
