@@ -3,6 +3,7 @@
 ``python -m cacheresearch.tiers.published microbench``   CPU-tier hit vs GPU hit TTFT by prompt length
 ``python -m cacheresearch.tiers.published pool TRACE``    Mooncake's global pool vs local caches
 ``python -m cacheresearch.tiers.published bench``         the tiered engine against the fcfs engine
+``python -m cacheresearch.tiers.published bench_main``    the main job's grid (its routers the engine runs)
 
 Nothing here is fitted to the published numbers: every input is the publication's own hardware figure or
 a preset named in ``experiments/tiers.md``.
@@ -19,7 +20,7 @@ from cacheresearch.tiers.engine import run_tiers
 from cacheresearch.tiers.spec import make_config
 from cacheresearch.workload.table import Workload
 
-__all__ = ["cpu_hit_load_ms", "pool_vs_local", "bench", "QWEN3_30B_A3B_KV_BYTES_PER_TOKEN"]
+__all__ = ["cpu_hit_load_ms", "pool_vs_local", "bench", "bench_main", "QWEN3_30B_A3B_KV_BYTES_PER_TOKEN"]
 
 #: Qwen3-30B-A3B (and -Coder) config.json: 48 layers x 4 KV heads x head_dim 128, BF16 KV:
 #: 2 x 48 x 4 x 128 x 2 bytes per token (an assumption: read from the published config, not a preset here).
@@ -110,6 +111,61 @@ def bench(n_requests: int = 2500, reps: int = 2):
     return w, out
 
 
+#: The main job's routers (experiment=routing) that the tiered engine runs, as (engine preset, tiered router).
+MAIN_ROUTERS = (("random", "random"), ("least_loaded", "least_loaded"), ("prefix_hash", "prefix_hash"),
+                ("dynamo_kv", "tier_kv_cost"), ("llmd_precise", "tier_scorer"))
+
+
+def bench_main(cpu_blocks: int = 40_000, reps: int = 1):
+    """The main job's grid (experiment=routing: design scenario with load, 8 replicas, prefix 625 blocks, h100_8b)
+    restricted to the routers the tiered engine runs and the stable layout: 5 routers x rates 4 / 16 / 32 x
+    capacities 10,000 / 40,000 = 30 cells. Wall time of the fcfs engine (``simulate_cells``, per request, both
+    backends as the runner picks them), of the tiered engine with no lower tier (checked equal to it: replica,
+    hits, TTFT), and with a cpu tier of ``cpu_blocks`` per replica. Workloads are built once, outside the timing."""
+    from cacheresearch.core.run import simulate_cells  # noqa: PLC0415
+    from cacheresearch.engine import compile_stream, make_params  # noqa: PLC0415
+    from cacheresearch.workload.synthetic import tenant_workload  # noqa: PLC0415
+
+    rates, caps = (4.0, 16.0, 32.0), (10_000, 40_000)
+    ws = [tenant_workload(n_tenants=200, prefix_tokens=10_000, query_tokens=200, output_tokens=200, hot_share=0.5,
+                          rate_per_s=r, duration_s=2500 / r, block_tokens=16, seed=0) for r in rates]
+    streams = [compile_stream(w) for w in ws]
+    P, C, of = [], [], []
+    for si in range(len(ws)):
+        for cap in caps:
+            for preset, tr in MAIN_ROUTERS:
+                P.append(make_params("lru", capacity_blocks=cap, replicas=8, router=preset, prefix_blocks=625,
+                                     latency="h100_8b"))
+                C.append(make_config(gpu_blocks=cap, replicas=8, router=tr, prefix_blocks=625, block_bytes=2**21,
+                                     tier_weights_pct=(100, 80, 60, 40)))
+                of.append(si)
+    of = np.asarray(of)
+    out = {}
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        m, _ = simulate_cells(streams, of, P, np.zeros(len(P)), max_replicas=8, per_request=True, queue_slots=512)
+    out["fcfs engine (simulate_cells)"] = (time.perf_counter() - t0) / reps
+    for label, cpu in (("tiered engine, no lower tier", 0), (f"tiered engine, cpu {cpu_blocks} blocks", cpu_blocks)):
+        cfgs = [c.with_(tiers=tuple(t if t.name != "cpu" else t.__class__(**{**t.__dict__, "capacity_blocks": cpu})
+                                    for t in c.tiers)) for c in C]
+        run_tiers(ws[0], cfgs[:1])  # numba compiled (or loaded from its cache) before timing
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            res = [None] * len(cfgs)
+            for si, w in enumerate(ws):
+                idx = np.flatnonzero(of == si)
+                for g, r in zip(idx, run_tiers(w, [cfgs[g] for g in idx], [0] * len(idx))):
+                    res[g] = r
+        out[label] = (time.perf_counter() - t0) / reps
+        if cpu == 0:
+            for g, r in enumerate(res):
+                n = ws[of[g]].n_requests
+                for f in ("replica", "hit_blocks", "ttft_ms"):
+                    if not np.array_equal(getattr(r, f), np.asarray(getattr(m, f))[g, :n]):
+                        raise AssertionError(f"cell {g}: {f} differs from the fcfs engine")
+    return len(P), out
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     what = argv[0] if argv else "microbench"
@@ -133,8 +189,15 @@ def main(argv=None) -> int:
         print("|---|---|")
         for k, v in out.items():
             print(f"| {k} | {v:.2f} |")
+    elif what == "bench_main":
+        n, out = bench_main()
+        print(f"the main job's grid on the tiered engine's routers: {n} cells (untiered results checked equal)")
+        print("| engine | wall (s) |")
+        print("|---|---|")
+        for k, v in out.items():
+            print(f"| {k} | {v:.2f} |")
     else:
-        print(f"unknown command {what!r}; choose microbench, pool TRACE or bench", file=sys.stderr)
+        print(f"unknown command {what!r}; choose microbench, pool TRACE, bench or bench_main", file=sys.stderr)
         return 2
     return 0
 
