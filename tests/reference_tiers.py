@@ -10,7 +10,8 @@ Semantics (the contract, ``experiments/tiers.md``), per request ``i`` at ``now``
    fleet reference's rule; ``tier_scorer`` the fleet reference's ``weighted_scorers`` with the match
    ``sum_t w_t h_t // 100``; ``tier_kv_cost`` its ``kv_cost`` (temperature 0) with that match (and
    ``active_blocks[r]`` = blocks of the requests in flight on ``r``); ``tier_cache_aware`` its
-   ``cache_aware`` (miss to the least loaded) with that match;
+   ``cache_aware`` (miss to the least loaded) with that match; ``tier_preble`` its ``preble_e2``;
+   ``chwbl`` its ``chwbl`` (no cache read);
 4. lookup on ``r``: ``h`` = that leading run, ``h_t`` its blocks by tier; ``hit_tokens = min(h * B, input)``;
 5. read refresh: the blocks hit in a lower LRU tier are touched there (reverse prompt order);
 6. gpu: the request's blocks touched leaf-first (reverse order) and LRU evicted down to capacity: the
@@ -33,7 +34,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-from reference_fleet import route_one
+from reference_fleet import ring_nodes, route_one
 
 LOWER = ("cpu", "pool", "disk")
 
@@ -95,7 +96,9 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
     kn = dict(prefix_weight_pct=cfg.prefix_weight_pct, load_weight_pct=cfg.load_weight_pct,
               queue_threshold=cfg.queue_threshold, overlap_weight_pct=cfg.overlap_weight_pct, temperature=0.0,
               cache_threshold_pm=cfg.cache_threshold_pm, balance_abs=cfg.balance_abs,
-              balance_rel_pct=cfg.balance_rel_pct, miss_smallest_tree=False)
+              balance_rel_pct=cfg.balance_rel_pct, miss_smallest_tree=False, preble_rel_pct=cfg.preble_rel_pct,
+              preble_abs=cfg.preble_abs, chwbl_c_pct=cfg.chwbl_c_pct)
+    ring = ring_nodes(R, cfg.vnodes) if cfg.router == "chwbl" else None
     for i in range(N):
         keys = [int(k) for k in workload.request_keys(i)]
         n = len(keys)
@@ -106,18 +109,19 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
         if cfg.router in ("random", "round_robin", "prefix_hash"):
             r = int(fixed_route[i]) if fixed_route is not None else 0
         else:
-            if cfg.router in ("tier_scorer", "tier_kv_cost", "tier_cache_aware"):
+            if cfg.router in ("tier_scorer", "tier_kv_cost", "tier_cache_aware", "tier_preble"):
                 m = []
                 for rr in range(R):
                     wh = lookup(rr, keys)
                     m.append(min(sum(w[t] for t in wh) // 100, n) if cfg.router == "tier_kv_cost"
                              else sum(w[t] for t in wh) // 100)
                 rule = {"tier_scorer": "weighted_scorers", "tier_kv_cost": "kv_cost",
-                        "tier_cache_aware": "cache_aware"}[cfg.router]
+                        "tier_cache_aware": "cache_aware", "tier_preble": "preble_e2"}[cfg.router]
             else:
-                m, rule = [0] * R, "least_loaded"
-            r = route_one(rule, i=i, n=n, prefix_key=0, bits=[int(bits0[i]), 0, 0, 0], R=R, match=m, queue=queue,
-                          active_blocks=active, tree_size=[0] * R, ring=None, kn=kn)
+                m, rule = [0] * R, cfg.router
+            pk = keys[min(cfg.prefix_blocks, n) - 1] if n > 0 else 0
+            r = route_one(rule, i=i, n=n, prefix_key=pk, bits=[int(bits0[i]), 0, 0, 0], R=R, match=m, queue=queue,
+                          active_blocks=active, tree_size=[0] * R, ring=ring, kn=kn)
         out["replica"][i] = r
         where = lookup(r, keys)
         h = len(where)

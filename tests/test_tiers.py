@@ -45,7 +45,8 @@ TIER = st.fixed_dictionaries(dict(capacity_blocks=st.sampled_from([0, 0, 1, 3, 8
 CONFIG = st.fixed_dictionaries(dict(
     gpu_blocks=st.integers(0, 40), cpu=TIER, pool=TIER, disk=TIER, replicas=st.integers(1, 3),
     router=st.sampled_from(["random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost",
-                            "tier_cache_aware"]),
+                            "tier_cache_aware", "tier_preble", "chwbl"]),
+    preble_abs=st.sampled_from([0, 8]), vnodes=st.sampled_from([1, 3, 100]),
     balance_abs=st.sampled_from([0, 1, 64]),
     offload=st.sampled_from(["evict", "write_through"]), load_mode=st.sampled_from(["serial", "overlap"]),
     prefill_tps=st.sampled_from([500, 20_000]), prefix_blocks=st.integers(1, 4),
@@ -79,13 +80,14 @@ def test_engine_equals_reference_on_tenants():
                                                   pool=dict(capacity_blocks=30, policy="fifo"),
                                                   disk=dict(capacity_blocks=25)),
                         replicas=3, router=r, offload=o, load_mode=m, block_bytes=131_072 * 16, prefill_tps=2000)
-            for r in ("random", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware")
+            for r in ("random", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware",
+                      "tier_preble", "chwbl")
             for o, m in (("evict", "serial"), ("write_through", "overlap"))]
     assert_equal_to_reference(w, cfgs, [3] * len(cfgs))
 
 
 @pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "weighted_scorers",
-                                    "kv_cost", "cache_aware"])
+                                    "kv_cost", "cache_aware", "preble_e2", "chwbl"])
 def test_untiered_is_the_existing_engine_bitwise(router):
     """Every lower tier at capacity 0: replica, hit blocks and TTFT are the fcfs engine's, request by request
     (tier_scorer / tier_kv_cost with weights (100, x, x, x) are weighted_scorers / kv_cost on the precise view)."""
@@ -95,12 +97,16 @@ def test_untiered_is_the_existing_engine_bitwise(router):
         extra = dict(overlap_weight_pct=150)
     if router == "cache_aware":
         extra = dict(balance_abs=1, cache_threshold_pm=200)
+    if router == "preble_e2":
+        extra = dict(preble_abs=1)
+    if router == "chwbl":
+        extra = dict(chwbl_c_pct=110, vnodes=7)
     P, C = [], []
     for cap, R in ((20, 3), (0, 2), (500, 1)):
         P.append(make_params("lru", capacity_blocks=cap, replicas=R, router=router, prefix_blocks=5, prefill_tps=2000,
                              decode_us_per_token=250, **extra))
-        tr = {"weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware"}.get(
-            router, router)
+        tr = {"weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware",
+              "preble_e2": "tier_preble"}.get(router, router)
         C.append(make_config(gpu_blocks=cap, replicas=R, router=tr,
                              prefix_blocks=5, prefill_tps=2000, decode_us_per_token=250,
                              tier_weights_pct=(100, 7, 9, 11), **extra))

@@ -23,7 +23,7 @@ from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 __all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE"]
 
 ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
-               "tier_kv_cost": 5, "tier_cache_aware": 6}
+               "tier_kv_cost": 5, "tier_cache_aware": 6, "tier_preble": 7, "chwbl": 8}
 _C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
 
@@ -125,10 +125,53 @@ def _argmin_q(q, R, o):
 
 
 @_J
+def _chwbl(q, R, h, ring_pos, ring_r, c_pct):
+    """Consistent hashing with bounded loads: the first ring node at or after ``h`` (wrapping; ring sorted by
+    position, replica, node) whose replica's queue is below ``ceil(c (total + 1) / R)``."""
+    denom = 100 * R
+    cap = (c_pct * (q[:R].sum() + 1) + denom - 1) // denom
+    L = ring_pos.shape[0]
+    start = np.searchsorted(ring_pos, h)
+    for k in range(L):
+        rr = ring_r[(start + k) % L]
+        if q[rr] < cap:
+            return rr
+    return -1
+
+
+@_J
+def _preble(q, act, score, R, o, n, ca):
+    """Preble E2 on the matches in ``score``: rebalance, exploit (longest match, fewest active blocks), explore."""
+    qmax, qmin = q[:R].max(), q[:R].min()
+    if 100 * qmax > ca[3] * qmin and qmax - qmin > ca[4]:
+        return _argmin_q(q, R, o)
+    mstar = score[:R].max()
+    best = -1
+    if mstar > 0 and n - mstar < mstar:
+        for d in range(R):
+            rr = (o + d) % R
+            if score[rr] == mstar and (best < 0 or act[rr] < act[best]):
+                best = rr
+        return best
+    bc = 0
+    for d in range(R):
+        rr = (o + d) % R
+        c = min(act[rr], _C30) + min(n - score[rr], _C30)
+        if best < 0 or c < bc:
+            best, bc = rr, c
+    return best
+
+
+@_J
 def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow, ca):
-    """``least_loaded`` (3), ``tier_scorer`` (4), ``tier_kv_cost`` (5) or ``tier_cache_aware`` (6): the fleet's
-    rules (ties by rotation from ``b0``) on the tier-weighted match. ``ca``: threshold_pm, balance_abs, rel_pct."""
+    """``least_loaded`` (3), ``tier_scorer`` (4), ``tier_kv_cost`` (5), ``tier_cache_aware`` (6) or ``tier_preble``
+    (7): the fleet's rules (ties by rotation from ``b0``) on the tier-weighted match. ``ca``: cache_aware's
+    threshold_pm, balance_abs, rel_pct, then preble's rel_pct, abs."""
     o = (b0 * R) >> 32
+    if rcode == 7:
+        for rr in range(R):
+            score[rr] = _match(pres, rowof, keys, e0, n, rr, w)
+        return _preble(q, act, score, R, o, n, ca)
     if rcode == 6:
         qmax, qmin = q[:R].max(), q[:R].min()
         if qmax - qmin > ca[1] and 100 * qmax > ca[2] * qmin:
@@ -188,7 +231,7 @@ def _stores(nrows, K):
 
 @numba.njit(cache=True, nogil=True)
 def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
-            write_through, overlap, rcode, pw, lw, T, ow, ca, w, tps, dus, maxn):
+            write_through, overlap, rcode, pw, lw, T, ow, ca, w, tps, dus, maxn, hpref, ring_pos, ring_r, c_pct):
     N = arrival.shape[0]
     # rows: gpu r -> r; then each present lower tier (pool: one row shared by every replica)
     rowof = np.full((4, R), -1, np.int64)
@@ -232,6 +275,8 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
         # 2-3. route
         if rcode == 0:
             r = route[i]
+        elif rcode == 8:
+            r = _chwbl(q, R, hpref[i], ring_pos, ring_r, c_pct)
         else:
             r = _route(pres, rowof, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow, ca)
         o_rep[i] = r
@@ -324,6 +369,19 @@ def _fixed(workload, cfg: TieredConfig, bits0):
     return fixed_routes(cfg.router, cfg.replicas, n, prefix_hi=hi, prefix_lo=lo, bits0=b)[0].astype(np.int64)
 
 
+def _ring(workload, cfg: TieredConfig):
+    """chwbl's inputs: each request's point ``mix32(prefix key)`` and the ring (positions ``mix32(r, v)``
+    sorted by (position, replica, node), and their replicas), from the routers' own hash."""
+    from cacheresearch.routers import prefix_hash_u64  # noqa: PLC0415
+
+    nb = workload.n_blocks
+    pos = workload.offsets[:-1] + np.clip(np.minimum(cfg.prefix_blocks, nb) - 1, 0, None)
+    h = np.asarray([prefix_hash_u64(int(workload.keys[p])) if b > 0 else prefix_hash_u64(0)
+                    for p, b in zip(pos, nb)], np.int64)
+    nodes = sorted((prefix_hash_u64((r << 32) | v), r, v) for r in range(cfg.replicas) for v in range(cfg.vnodes))
+    return h, np.asarray([x[0] for x in nodes], np.int64), np.asarray([x[1] for x in nodes], np.int64)
+
+
 def seed_bits(seed: int, n: int) -> np.ndarray:
     """Column 0 of the engine's per-request random words under PRNG seed ``seed`` (uint32 [n])."""
     import jax  # noqa: PLC0415
@@ -352,11 +410,13 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
             bits_of[s] = seed_bits(s, n)
         b0 = bits_of[s].astype(np.int64) if needs_bits(cfg) else np.zeros(n, np.int64)
         route = _fixed(workload, cfg, b0) if ROUTER_CODE[cfg.router] == 0 else np.zeros(n, np.int64)
-        pre.append((b0, route))
+        ring = _ring(workload, cfg) if cfg.router == "chwbl" else (np.zeros(n, np.int64), np.zeros(1, np.int64),
+                                                                   np.zeros(1, np.int64))
+        pre.append((b0, route, ring))
 
     def one(g):
         cfg = configs[g]
-        b0, route = pre[g]
+        b0, route, ring = pre[g]
         tiers = [cfg.tier(t) for t in LOWER_TIERS]
         out = _kernel(arrays["arrival"], arrays["off"], keys, arrays["inp"], arrays["outp"], route, b0,
                       int(cfg.replicas), int(K), int(workload.block_tokens), int(cfg.gpu_blocks),
@@ -367,9 +427,10 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
                       cfg.offload == "write_through", cfg.load_mode == "overlap", ROUTER_CODE[cfg.router],
                       int(cfg.prefix_weight_pct), int(cfg.load_weight_pct), int(cfg.queue_threshold),
                       int(cfg.overlap_weight_pct),
-                      np.asarray([cfg.cache_threshold_pm, cfg.balance_abs, cfg.balance_rel_pct], np.int64),
+                      np.asarray([cfg.cache_threshold_pm, cfg.balance_abs, cfg.balance_rel_pct, cfg.preble_rel_pct,
+                                  cfg.preble_abs], np.int64),
                       np.asarray(cfg.tier_weights_pct, np.int64), int(cfg.prefill_tps),
-                      int(cfg.decode_us_per_token), maxn)
+                      int(cfg.decode_us_per_token), maxn, *ring, int(cfg.chwbl_c_pct))
         return TierResult(*out)
 
     if threads <= 1 or len(configs) <= 1:

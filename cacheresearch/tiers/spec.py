@@ -42,8 +42,11 @@ LOAD_MODES = ("serial", "overlap")
 #: left to prefill + the replica's active blocks, lowest wins) with the overlap counted the same way;
 #: ``tier_cache_aware``: SGLang's cache_aware rule (balance by queue when imbalanced, else the best match
 #: above ``cache_threshold_pm``, else the least loaded) on the same match.
+#: ``tier_preble``: Preble's E2 (exploit the replicas holding the longest match when its tail is shorter,
+#: else explore by load + blocks left; rebalance when imbalanced) on the same match; ``chwbl``:
+#: consistent hashing with bounded loads (KubeAI), which reads no cache.
 TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost",
-                "tier_cache_aware")
+                "tier_cache_aware", "tier_preble", "chwbl")
 
 
 class TierError(ValueError):
@@ -102,6 +105,10 @@ class TieredConfig:
     cache_threshold_pm: int = 300  # tier_cache_aware: SGLang's defaults (match share x 1000, load balance)
     balance_abs: int = 64
     balance_rel_pct: int = 150
+    preble_rel_pct: int = 150  # tier_preble: Preble's rebalance rule (max > 1.5 x min and max - min > 8)
+    preble_abs: int = 8
+    chwbl_c_pct: int = 125  # chwbl: KubeAI's load factor 1.25, 100 ring nodes per replica
+    vnodes: int = 100
     tier_weights_pct: tuple = (100, 80, 60, 40)  # gpu, cpu, pool, disk (tier_scorer)
     label: str = field(default="", compare=False)
 
@@ -189,6 +196,10 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     lm = kw.get("load_mode", "serial")
     if lm not in LOAD_MODES:
         raise TierError(f"{where}load_mode: {lm!r}; choose one of {', '.join(LOAD_MODES)}")
+    if "chwbl_c_pct" in kw:
+        kw["chwbl_c_pct"] = _num("chwbl_c_pct", kw["chwbl_c_pct"], lo=100, integer=True)
+    if "vnodes" in kw:
+        kw["vnodes"] = _num("vnodes", kw["vnodes"], lo=1, integer=True)
     tw = tuple(kw.pop("tier_weights_pct", (100, 80, 60, 40)))
     if len(tw) != 4 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in tw):
         raise TierError(f"{where}tier_weights_pct: four non-negative integers (gpu, cpu, pool, disk), got {tw!r}")
@@ -196,7 +207,7 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
         if k in kw:
             kw[k] = _num(k, kw[k], lo=1, integer=True)
     for k in ("decode_us_per_token", "prefix_weight_pct", "load_weight_pct", "overlap_weight_pct",
-              "cache_threshold_pm", "balance_abs", "balance_rel_pct"):
+              "cache_threshold_pm", "balance_abs", "balance_rel_pct", "preble_rel_pct", "preble_abs"):
         if k in kw:
             kw[k] = _num(k, kw[k], integer=True)
     return TieredConfig(gpu_blocks=gpu, tiers=specs, replicas=int(replicas), router=router, block_bytes=bb,
