@@ -112,14 +112,16 @@ def bench(n_requests: int = 2500, reps: int = 2):
 
 
 #: The main job's routers (experiment=routing) that the tiered engine runs, as (engine preset, tiered router).
-MAIN_ROUTERS = (("random", "random"), ("least_loaded", "least_loaded"), ("prefix_hash", "prefix_hash"),
-                ("dynamo_kv", "tier_kv_cost"), ("llmd_precise", "tier_scorer"))
+MAIN_ROUTERS = (("random", "random", {}), ("least_loaded", "least_loaded", {}), ("prefix_hash", "prefix_hash", {}),
+                ("kubeai_chwbl", "chwbl", {}), ("kubeai_chwbl", "chwbl", dict(chwbl_c_pct=200)),
+                ("dynamo_kv", "tier_kv_cost", {}), ("llmd_precise", "tier_scorer", {}), ("preble", "tier_preble", {}))
 
 
 def bench_main(cpu_blocks: int = 40_000, reps: int = 1):
     """The main job's grid (experiment=routing: design scenario with load, 8 replicas, prefix 625 blocks, h100_8b)
-    restricted to the routers the tiered engine runs and the stable layout: 5 routers x rates 4 / 16 / 32 x
-    capacities 10,000 / 40,000 = 30 cells. Wall time of the fcfs engine (``simulate_cells``, per request, both
+    restricted to the routers the tiered engine runs (all but sglang_cache_aware, whose view is approximate) and
+    the stable layout: 8 routers x rates 4 / 16 / 32 x capacities 10,000 / 40,000 = 48 cells. Wall time of the
+    fcfs engine (``simulate_cells``, per request, both
     backends as the runner picks them), of the tiered engine with no lower tier (checked equal to it: replica,
     hits, TTFT), and with a cpu tier of ``cpu_blocks`` per replica. Workloads are built once, outside the timing."""
     from cacheresearch.core.run import simulate_cells  # noqa: PLC0415
@@ -133,11 +135,11 @@ def bench_main(cpu_blocks: int = 40_000, reps: int = 1):
     P, C, of = [], [], []
     for si in range(len(ws)):
         for cap in caps:
-            for preset, tr in MAIN_ROUTERS:
+            for preset, tr, kn in MAIN_ROUTERS:
                 P.append(make_params("lru", capacity_blocks=cap, replicas=8, router=preset, prefix_blocks=625,
-                                     latency="h100_8b"))
+                                     latency="h100_8b", **kn))
                 C.append(make_config(gpu_blocks=cap, replicas=8, router=tr, prefix_blocks=625, block_bytes=2**21,
-                                     tier_weights_pct=(100, 80, 60, 40)))
+                                     tier_weights_pct=(100, 80, 60, 40), **kn))
                 of.append(si)
     of = np.asarray(of)
     out = {}
