@@ -60,7 +60,8 @@ DEFAULTS = dict(
     dram_usd_per_gb_hour=0.0005,  # assumption: server DRAM amortised (about $4/GB over 3 years + power, hosting)
 )
 GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[1.0, 5.0, 25.0, 50.0],
-            router=["random", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware"])
+            router=["random", "prefix_hash", "chwbl", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware",
+                    "tier_preble"])
 
 
 def _grid(cfg) -> dict:
