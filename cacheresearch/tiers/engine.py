@@ -229,6 +229,57 @@ def _stores(nrows, K):
             np.full(nrows, -1, np.int64), np.full(nrows, -1, np.int64), np.zeros(nrows, np.int64))
 
 
+@_J
+def _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where):
+    """Touch the request's blocks leaf-first (reverse order) in gpu row ``g``: the list then starts
+    ``k_0 .. k_{n-1}``. Fast path, same result: when the blocks held on the gpu are exactly a leading segment
+    ``k_0 .. k_{s-1}`` linked in that order, splice the segment to the front in O(1) and link the new blocks
+    after it, instead of moving each block."""
+    s = 0
+    while s < h and where[s] == 0:
+        s += 1
+    ok = s > 0
+    for j in range(s - 1):
+        if nxt[g, keys[e0 + j]] != keys[e0 + j + 1]:
+            ok = False
+            break
+    if ok:
+        for j in range(s, n):
+            if pres[g, keys[e0 + j]]:
+                ok = False
+                break
+    if not ok:
+        for j in range(n - 1, -1, -1):
+            _touch(nxt, prv, pres, head, tail, size, g, keys[e0 + j], True)
+        return
+    a, b = keys[e0], keys[e0 + s - 1]
+    if prv[g, a] >= 0:  # splice [a .. b] to the front
+        p, q = prv[g, a], nxt[g, b]
+        nxt[g, p] = q
+        if q >= 0:
+            prv[g, q] = p
+        else:
+            tail[g] = p
+        nxt[g, b] = head[g]
+        prv[g, head[g]] = b
+        prv[g, a] = -1
+        head[g] = a
+    last = b
+    for j in range(s, n):  # the new blocks, in order, after the segment
+        k = keys[e0 + j]
+        q = nxt[g, last]
+        nxt[g, last] = k
+        prv[g, k] = last
+        nxt[g, k] = q
+        if q >= 0:
+            prv[g, q] = k
+        else:
+            tail[g] = k
+        pres[g, k] = 1
+        size[g] += 1
+        last = k
+
+
 @numba.njit(cache=True, nogil=True)
 def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
             write_through, overlap, rcode, pw, lw, T, ow, ca, w, tps, dus, maxn, hpref, ring_pos, ring_r, c_pct):
@@ -302,8 +353,7 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
                 _front(nxt, prv, head, tail, row, k)
         # 6. gpu: leaf-first LRU
         g = rowof[0, r]
-        for j in range(n - 1, -1, -1):
-            _touch(nxt, prv, pres, head, tail, size, g, keys[e0 + j], True)
+        _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where)
         nv = _evict(nxt, prv, pres, head, tail, size, g, gpu_cap, vic)
         # 7. offload
         if write_through:
