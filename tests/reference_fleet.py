@@ -40,10 +40,12 @@ meaning (TTL policies: live blocks after each request).
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import numpy as np
 from reference import drop_expired, policy_limits, touch
+from reference_blocks import BLOCK_ORACLES
 
 __all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes"]
 
@@ -255,7 +257,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False,
                     restart_replica=-1, restart_ms=0, gie_prefix_mode=0, gie_prefix_w_pct=100, gie_kv_w_pct=100,
                     gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0, gie_load_threshold=128,
-                    gie_active_w_pct=0) -> dict:
+                    gie_active_w_pct=0, block_knobs=None) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -266,8 +268,11 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
     debugging: ``active_blocks`` and ``tree_size`` ([N, R]), ``instance``, ``start_ms``,
     ``finish_ms``, ``prefill_ms``, ``decode_ms`` (per request).
     """
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+    block = policy in BLOCK_ORACLES  # libCacheSim's per-block policies: one get per block, leaf-first
+    if policy not in POLICIES and not block:
+        raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES + tuple(BLOCK_ORACLES)}")
+    if block and (kv_pressure or restart_replica >= 0):
+        raise ValueError("the per-block oracles run at a fixed capacity with no restart")
     if router not in ROUTERS:
         raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
     if view not in VIEWS:
@@ -292,7 +297,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         raise ValueError("chwbl needs vnodes >= 1")
     N = workload.n_requests
 
-    capacity, ttl_ms = policy_limits(policy, capacity_blocks, ttl_s)
+    capacity, ttl_ms = (int(capacity_blocks), None) if block else policy_limits(policy, capacity_blocks, ttl_s)
 
     if bits is None:
         bits_l = [[0, 0, 0, 0] for _ in range(N)]
@@ -322,7 +327,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
     dus = int(decode_us_per_token)
     lag = int(stale_lag_ms)
 
-    caches = [OrderedDict() for _ in range(R)]  # key -> time, as tests/reference.py
+    caches = ([BLOCK_ORACLES[policy](capacity, **(block_knobs or {})) for _ in range(R)] if block
+              else [OrderedDict() for _ in range(R)])  # key -> time, as tests/reference.py
     written = [set() for _ in range(R)]  # TTL policies: keys ever written (the engine's occupancy)
     index = [[OrderedDict() for _ in range(R)] for _ in range(I)]  # (u, r) -> LRU of keys
     snapshot = None
@@ -362,7 +368,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         out["instance"][i] = u
         # 2. stale sync
         if view == "stale" and (last_sync is None or now - last_sync >= lag):
-            snapshot = [OrderedDict(c) for c in caches]
+            snapshot = [copy.deepcopy(c) if block else OrderedDict(c) for c in caches]
             last_sync = now
         # 3. loads at now
         queue, active = [0] * R, [0] * R
@@ -377,11 +383,13 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         precise = []
         for r in range(R):
             c = caches[r]
-            precise.append(_leading_run(keys, lambda k, c=c: k in c and live(c[k], now)))
+            precise.append(_leading_run(keys, lambda k, c=c: k in c and (block or live(c[k], now))))
         if view == "precise":
             match = list(precise)
         elif view == "approximate":
             match = [_leading_run(keys, lambda k, x=index[u][r]: k in x) for r in range(R)]
+        elif block:
+            match = [_leading_run(keys, lambda k, c=snapshot[r]: k in c) for r in range(R)]
         else:
             match = [_leading_run(keys, lambda k, c=snapshot[r]: k in c and live(c[k], now)) for r in range(R)]
         if view == "approximate":
@@ -413,8 +421,12 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         hit_tok = min(h * bt, inp)
         out["hit_blocks"][i] = h
         out["hit_tokens"][i] = hit_tok
-        touch(cache, keys, policy, now)
-        if capacity is not None:
+        if block:
+            for key in reversed(keys):
+                cache.get(key)
+        else:
+            touch(cache, keys, policy, now)
+        if capacity is not None and not block:
             # kv_pressure: blocks of r's in-flight requests (all instances) are pinned and shrink the cache
             pinned = sum(nb for fin, inst, nb in inflight[r] if fin > now) if kv_pressure else 0
             while len(cache) > max(capacity - pinned, 0):

@@ -16,7 +16,6 @@ from test_stream import long_run_workloads, unchained_workloads
 
 from cacheresearch.backends.numba_policies import block_replay_grid
 from cacheresearch.core.params import make_params
-from cacheresearch.engine import compile_stream, simulate
 from cacheresearch.workload import Workload
 
 POLICIES = tuple(BLOCK_ORACLES)
@@ -68,7 +67,5 @@ def test_refusals_name_their_reason():
                           max_replicas=2)
     with pytest.raises(ValueError, match="not per-block policies"):
         block_replay_grid(w, [make_params("lru", capacity_blocks=2)])
-    with pytest.raises(ValueError, match="numba_policies"):
-        simulate(compile_stream(w), make_params("arc", capacity_blocks=2), jax.random.key(0))
     with pytest.raises(ValueError, match="queue model"):
         block_replay_grid(w, [make_params("fifo", capacity_blocks=2, kv_pressure=True)])

@@ -150,7 +150,8 @@ def test_params_fields_and_dtypes_are_pinned():
     from cacheresearch.core.params import STEP_KNOBS
 
     extra = {k.name for k in REGISTRY.router_knobs() + REGISTRY.shared_knobs("replica") + STEP_KNOBS + BLOCK_KNOBS}
-    assert set(Params._fields) - set(pinned) <= extra
+    derived = {"s3fifo_small", "s3fifo_ghost"}  # S3-FIFO's queue sizes, derived on the host by libCacheSim's rule
+    assert set(Params._fields) - set(pinned) <= extra | derived
     bools = {"leaf_first", "refresh", "local_load", "miss_smallest_tree", "kv_pressure"}
     p = make_params("lru", 10, router="kv_cost")
     for f in pinned:
@@ -174,9 +175,10 @@ def test_every_declared_range_is_enforced():
 
 def test_sweep_schema_keys_come_from_the_declarations():
     from cacheresearch.shell import sweep
+    from cacheresearch.shell.schema import STUDY_GRID_KEYS
 
     grid = [f.name for f in dataclasses.fields(sweep.GridConf)]
-    assert grid == list(sweep.GRID_KEYS)
+    assert grid == list(sweep.GRID_KEYS) + list(STUDY_GRID_KEYS)
     assert set(sweep.KNOB_KEYS) == set(KNOBS) - {"prefix_blocks"} and set(sweep.KNOB_KEYS) <= set(grid)
     assert [f.name for f in dataclasses.fields(sweep.KnobsConf)] == list(sweep.KNOB_KEYS)
 

@@ -41,7 +41,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="view"):
         reference_fleet(w, policy="lru", capacity_blocks=4, view="psychic")
     with pytest.raises(ValueError, match="policy"):
-        reference_fleet(w, policy="fifo", capacity_blocks=4)
+        reference_fleet(w, policy="nosuch", capacity_blocks=4)
     with pytest.raises(ValueError, match="bits"):
         reference_fleet(w, policy="lru", capacity_blocks=4, router="random", bits=np.zeros((2, 3), np.uint32))
     with pytest.raises(ValueError, match="bits"):

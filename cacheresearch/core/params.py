@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.cache.block import BLOCK_KNOBS
+from cacheresearch.cache.block import BLOCK_KNOBS, block_sizes
 from cacheresearch.cache.policies import INF, policy_spec
 from cacheresearch.routers import PRESETS, REGISTRY, Knob, router_id
 
@@ -142,6 +142,9 @@ _FIXED_FIELDS = (
     ("refresh", np.bool_, "hits refresh the TTL clock"),
     ("replicas", np.int32, "active replicas"),
     ("router", np.int32, "router id (cacheresearch.routers.ROUTERS)"),
+    ("s3fifo_small", np.int32, "s3fifo: small queue size in blocks, derived from capacity and s3fifo_small_pm as "
+     "libCacheSim does (a double product, truncated; 0 for other policies)"),
+    ("s3fifo_ghost", np.int32, "s3fifo: ghost size in keys, derived from capacity and s3fifo_ghost_pm likewise"),
 )
 
 #: Every knob declaration by name, in the order of :data:`KNOBS`.
@@ -249,6 +252,7 @@ def make_params(
         for decl in KNOB_DECLS.values():
             if decl.kind == kind:
                 decl.check(k[decl.name])
+    small, ghost, _ = block_sizes(policy, cap, k)
     return Params(
         policy=np.int32(spec.id),
         capacity=np.int32(cap),
@@ -257,6 +261,8 @@ def make_params(
         refresh=np.bool_(spec.refresh_on_hit),
         replicas=np.int32(replicas),
         router=np.int32(router_id(k["router"])),
+        s3fifo_small=np.int32(small),
+        s3fifo_ghost=np.int32(ghost),
         **{f: KNOB_DECLS[f].value(k[f]) for f in Params._fields if f in KNOB_DECLS},
     )
 

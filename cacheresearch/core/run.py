@@ -2,11 +2,11 @@
 
 :func:`simulate_cells` groups the cells by the state shape they need (approximate-index rows only
 for configurations whose router uses the approximate view; as-of-sync fields only for the stale
-view; priority fields only for lfu / length_aware; per-block queues only for s3fifo), and within a
-group by stream: one compiled program per group, a nested vmap over ``[streams, configurations per
-stream]`` in which each stream is passed once (never gathered per configuration). Streams of a group
-are padded to one shape; configurations per stream are padded by repeating the stream's last cell
-(results dropped).
+view; priority fields only for lfu / length_aware; each per-block policy, fifo, sieve, s3fifo, lfu or
+arc, its own program), and within a group by stream: one compiled program per group, a nested vmap
+over ``[streams, configurations per stream]`` in which each stream is passed once (never gathered per
+configuration). Streams of a group are padded to one shape; configurations per stream are padded by
+repeating the stream's last cell (results dropped).
 
 Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program
 above, on any device) or on the numba CPU backend (:mod:`cacheresearch.backends.numba_cache`: the same
@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cacheresearch.backends import numba_cache
-from cacheresearch.cache.policies import PRIORITY_IDS, S3FIFO_ID
+from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID
 from cacheresearch.core.simulate import (
     Metrics,
     Static,
@@ -51,6 +52,7 @@ from cacheresearch.core.simulate import (
     nested_fn,
     serve_stream,
     static_options,
+    with_block_bound,
 )
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
@@ -100,6 +102,7 @@ class GroupPlan:
     s3: bool = False  # s3fifo's per-block queues
     streams_per_call: int = 0  # streams of the group in one call (all of them unless chunked)
     backend: str = "jax"  # jax (the compiled XLA program) or numba (backends/numba_cache.py)
+    block: str = ""  # the per-block policy of the program (cache/blocks.py), or ""
 
     @property
     def n_cells(self) -> int:
@@ -149,7 +152,8 @@ class Plan:
         yn = {True: "yes", False: "no"}
         return [f"  program {i + 1} ({gp.backend}): {gp.n_cells} configurations, {gp.streams_per_call} of "
                 f"{len(gp.streams)} streams x {gp.per_stream} per call, {gp.calls} calls, index rows {yn[gp.index]}, "
-                f"stale fields {yn[gp.stale]}, priority fields {yn[gp.priority]}, s3fifo queues {yn[gp.s3]}, memory "
+                f"stale fields {yn[gp.stale]}, priority fields {yn[gp.priority]}, s3fifo queues {yn[gp.s3]}, per-block "
+                f"policy {gp.block or 'no'}, memory "
                 f"{gp.memory_bytes / 2**20:.0f} MiB" for i, gp in enumerate(self.groups)]
 
 
@@ -194,11 +198,15 @@ def _compiled(st: Static, devices: list, *args):
     return exe
 
 
-def _needs(p) -> tuple[bool, bool, bool, bool]:
-    """(approximate-index rows, stale fields, priority fields, s3fifo queues) a configuration needs."""
+_BLOCK_OF = {POLICIES[n].id: n for n in BLOCK_POLICY_IDS}
+
+
+def _needs(p) -> tuple[bool, bool, bool, bool, str]:
+    """(approximate-index rows, stale fields, priority fields, s3fifo_sosp queues, the per-block policy or "")
+    a configuration needs: each per-block policy is its own program (its state and step, nothing of the others')."""
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
     return (bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"]),
-            int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID)
+            int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID, _BLOCK_OF.get(int(p.policy), ""))
 
 
 def cell_order(params: list, stream_of) -> np.ndarray:
@@ -302,8 +310,9 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
                            "backend only: engine.backend=auto or numba, with numba installed")
     if backend == "jax":
         return "jax", []
-    index, stale, priority, s3 = needs
-    st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3)
+    index, stale, priority, s3, block = needs
+    st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
+                         blocks=(block,) if block else ())
     missing = _numba_module(scheduler).coverage([p], st)
     if backend == "numba" or (closed and not missing):
         return "numba", missing
@@ -420,7 +429,7 @@ def plan_cells(
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     devices = _devices_of(devices)
     D = len(devices)
-    for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3"):
+    for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3", "blocks", "block_q"):
         options.pop(k, None)
     per_device = _device_memory(devices)
     avail = per_device if per_device is not None else available_memory_bytes()
@@ -429,16 +438,18 @@ def plan_cells(
     groups = _group_cells(params, stream_of, backend, devices[0].platform == "cpu", options.get("scheduler", "fcfs"))
     calls: list[Call] = []
     ready = []
-    for (index, stale, priority, s3, kind), by_stream in groups.items():
+    for (index, stale, priority, s3, block, kind), by_stream in groups.items():
         sids = sorted(by_stream)
         cells = [by_stream[s] for s in sids]
         grid = jax.tree.map(lambda *a: np.asarray(a), *[params[g] for cs in cells for g in cs])  # host arrays
         depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
         options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
-                            max_depth=depth, s3=s3, **options)
+                            max_depth=depth, s3=s3, blocks=(block,) if block else (), **options)
         check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
         served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
+        for s_ in sids:  # the per-block lists (lfu: the largest frequency) of every stream of the program
+            st = with_block_bound(served[s_], st)
         for s_ in sids:
             check_stream(served[s_], st, grid)
         gi = len(plan.groups)
@@ -446,13 +457,14 @@ def plan_cells(
             got, per, mem, n_out = _numba_group(served, sids, cells, st, max_batch, budget, D)
             calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
             plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, 1,
-                                         backend="numba"))
+                                         backend="numba", block=block))
             ready.append(([served[s] for s in sids], st, n_out))
             continue
         compiled, stacked, got, per, s_per, mem = _jax_group(served, sids, cells, st, params, seeds, max_batch,
                                                              budget, devices, per_device, avail, memory_fraction)
         calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
-        plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, s_per))
+        plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, s_per,
+                                     block=block))
         ready.append((compiled, stacked, st))
     if log is not None:  # the whole plan, before anything runs
         log(plan.line())

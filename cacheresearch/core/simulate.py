@@ -204,6 +204,43 @@ def _evict_rows(store, *, r, vrow, cap_r, stream, params, st: Static, prio, is_l
     return store
 
 
+def _note_sync(blk, sy, st: Static, first, now, req, params):
+    """The per-block state notes the request of a stale view's sync (its as-of-sync copies date from it)."""
+    if st.stale and st.blocks:
+        did = first & ((~sy.synced) | (now - sy.t >= params.stale_lag_ms))
+        blk = blk._replace(ep=jnp.where(did, req, blk.ep))
+    return blk
+
+
+def _block_views(blk, st: Static, params, stream, base, n, active, mt, mv, tree, is_blk):
+    """The per-block policies' matches and tree sizes, read from their own state: precise (view 0), as of the
+    last sync (view 2), else the router's index rows (``mv``)."""
+    if st.match and st.blocks:
+        bm, bs = block_match(blk, st.blocks, params.policy, stream.block_id, base, n, st.max_replicas, st.stale)
+        bm, bs = jnp.where(active, bm, 0), jnp.where(active, bs, 0)
+        bv = jnp.where(params.view == 0, bm, jnp.where(params.view == 2, bs, mv))
+        mt, mv = jnp.where(is_blk, bm, mt), jnp.where(is_blk, bv, mv)
+    if st.blocks:
+        tree = jnp.where(is_blk, block_occ(blk, st.blocks, params.policy), tree)
+    return mt, mv, tree
+
+
+def _per_block_request(s3, blk, st: Static, params, stream, r, base, n, cap_r, hit, occ_r, real, req, is_s3, is_blk,
+                       knobs):
+    """The policies with per-block state serve the whole request at its last step (their own lookup):
+    s3fifo_sosp's queues, libCacheSim's per-block policies (one get per block)."""
+    if st.s3:
+        s3, hit3 = s3_request(s3, r, stream.block_id, base, n, cap_r, real & is_s3)
+        hit = jnp.where(is_s3, hit3, hit)
+        occ_r = jnp.where(is_s3, s3.occ[r], occ_r)
+    if st.blocks:
+        blk, hitb, _, occb = block_request(blk, st.blocks, params.policy, r, stream.block_id, base, n, cap_r, knobs,
+                                           real & is_blk, req, st.stale)
+        hit = jnp.where(is_blk, hitb, hit)
+        occ_r = jnp.where(is_blk, occb, occ_r)
+    return s3, blk, hit, occ_r
+
+
 def _simulate(stream: Stream, params, key, st: Static):
     if st.scheduler == "vllm":
         from cacheresearch.replica.vllm import simulate_vllm  # noqa: PLC0415
@@ -242,10 +279,7 @@ def _simulate(stream: Stream, params, key, st: Static):
                 & ((req == 0) | (prev < params.restart_ms)))
         store = flush(store, jnp.clip(params.restart_replica, 0, R - 1), base, boot)
         # ---- sync (stale view, before routing); the per-block state notes the request of the sync
-        blk = c.blk
-        if st.stale and st.blocks:
-            did = first & ((~c.sync.synced) | (now - c.sync.t >= params.stale_lag_ms))
-            blk = blk._replace(ep=jnp.where(did, req, blk.ep))
+        blk = _note_sync(c.blk, c.sync, st, first, now, req, params)
         sy = sync(c.sync, first, now, base, store.thr[:R], params.stale_lag_ms) if st.stale else c.sync
         # ---- loads at arrival
         if st.queue:
@@ -258,15 +292,8 @@ def _simulate(stream: Stream, params, key, st: Static):
                            R=R, stale=st.stale, index=st.index, active=active, prio=prio)
         else:
             mt = mv = zR
-        if st.match and st.blocks:  # the per-block policies: matches from their own state
-            bm, bs = block_match(blk, st.blocks, params.policy, stream.block_id, base, jnp.where(first, n, 0), R,
-                                 st.stale)
-            bm, bs = jnp.where(active, bm, 0), jnp.where(active, bs, 0)
-            bv = jnp.where(params.view == 0, bm, jnp.where(params.view == 2, bs, mv))
-            mt, mv = jnp.where(is_blk, bm, mt), jnp.where(is_blk, bv, mv)
-        tree = store.occ[:R]
-        if st.blocks:
-            tree = jnp.where(is_blk, block_occ(blk, st.blocks, params.policy), tree)
+        mt, mv, tree = _block_views(blk, st, params, stream, base, jnp.where(first, n, 0), active, mt, mv,
+                                    store.occ[:R], is_blk)
         if st.index:
             tree = jnp.where(params.view == 1, store.occ[R + u * R + ridx], tree)
         # ---- route
@@ -309,17 +336,9 @@ def _simulate(stream: Stream, params, key, st: Static):
         store = _evict_rows(store, r=r, vrow=vrow, cap_r=cap_r, stream=stream, params=params, st=st, prio=prio,
                             is_lfu=is_lfu, last=last)
         # ---- s3fifo: per-block queues, the whole request at its last step (its own lookup)
-        s3 = c.s3
-        occ_r = store.occ[r]
-        if st.s3:
-            s3, hit3 = s3_request(s3, r, stream.block_id, base, n, cap_r, last & is_s3 & (req < stream.n_requests))
-            hit = jnp.where(is_s3, hit3, hit)
-            occ_r = jnp.where(is_s3, s3.occ[r], occ_r)
-        if st.blocks:  # libCacheSim's per-block policies: lookup and one get per block at the last step
-            blk, hitb, _, occb = block_request(blk, st.blocks, params.policy, r, stream.block_id, base, n, cap_r,
-                                               blk_knobs, last & is_blk & (req < stream.n_requests), req, st.stale)
-            hit = jnp.where(is_blk, hitb, hit)
-            occ_r = jnp.where(is_blk, occb, occ_r)
+        s3, blk, hit, occ_r = _per_block_request(c.s3, blk, st, params, stream, r, base, n, cap_r, hit,
+                                                 store.occ[r], last & (req < stream.n_requests), req, is_s3, is_blk,
+                                                 blk_knobs)
         # ---- metrics
         real = last & (req < stream.n_requests)
         inp = stream.input_tokens[req]
@@ -345,16 +364,10 @@ def _simulate(stream: Stream, params, key, st: Static):
 
 
 def _block_knobs(params):
-    """libCacheSim S3FIFO's (small size, ghost size, promotion threshold) from the capacity and the knobs:
-    ``int(C * ratio)`` (a double product, truncated), computed exactly as ``floor(C * pm / 1000)`` in integers
-    (the two agree for every thousandth ratio at every capacity below 2**24: tests/test_blocks_jax.py)."""
-    C = jnp.clip(params.capacity, 0, 2**31 - 1).astype(jnp.int32)
-
-    def part(pm):
-        pm = pm.astype(jnp.int32)
-        return (C // 1000) * pm + (C % 1000) * pm // 1000
-
-    return part(params.s3fifo_small_pm), part(params.s3fifo_ghost_pm), params.s3fifo_promote.astype(jnp.int32)
+    """libCacheSim S3FIFO's (small size, ghost size, promotion threshold): the sizes are derived on the host by
+    :func:`~cacheresearch.core.params.make_params` (``int(C * ratio)``, a double product, truncated)."""
+    return (params.s3fifo_small.astype(jnp.int32), params.s3fifo_ghost.astype(jnp.int32),
+            params.s3fifo_promote.astype(jnp.int32))
 
 
 def _occupancy(c: Carry, st: Static, params, is_s3):
