@@ -48,6 +48,7 @@ def test_show_a_study_lists_its_typed_defaults(capsys):
     (["sweep", "experiment=economics", "study.bogus=1"], "study.bogus: unknown key; known keys of study"),
     (["sweep", "replica=nope"], "replica=nope: unknown replica option; choose one of ['fcfs', 'vllm'"),
     (["sweep", "seeds=abc"], "seeds: Value 'abc'"),
+    (["docs", "--record", "nope"], "docs --record: unknown experiment 'nope'"),
 ])
 def test_mistakes_are_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2

@@ -40,6 +40,10 @@ ATTRS: dict[str, tuple[str, str | None]] = {
     "best_uniform": ("the single option that is cheapest over all prefixes", None),
     "arm": ("benchmark arm (scheduler configuration)", None),
     "stage": ("load stage", "1"),  # the stage index
+    "cpu_capacity": ("cpu tier capacity as set in grid.cpu_capacity_blocks (blocks, or a float: multiples of "
+                     "the gpu tier)", None),
+    "tier": ("KV cache tier (gpu, cpu, pool, disk)", None),
+    "pool_router": ("router of the global-pool question", None),
     # quantities
     "base_per_mtok": ("base input price", "USD/Mtok"),
     "block_accesses": ("block accesses of the trace's stream (leaf-first)", "blocks"),

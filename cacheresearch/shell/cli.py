@@ -8,7 +8,7 @@
     cacheresearch bench [ARGS..]       # = python -m cacheresearch.bench
     cacheresearch diff A B [ARGS..]    # = python -m cacheresearch.diff
     cacheresearch docs [--check]       # write (or check) docs/experiments/*.md from the configs
-    cacheresearch docs --record        # rerun the small record runs: docs/experiments/variables.json
+    cacheresearch docs --record [NAME ...]  # rerun the small record runs: docs/experiments/variables.json
 
 ``python -m cacheresearch.sweep ...`` and the other module entry points keep working; the subcommands call
 the same functions. A user's mistake is one line on stderr and exit status 2, never a traceback.
@@ -73,9 +73,13 @@ def _docs(args: list[str]) -> int:
     from cacheresearch.shell import guide  # noqa: PLC0415
 
     if "--record" in args:
-        from cacheresearch.shell.record import record  # noqa: PLC0415
+        from cacheresearch.shell.record import RECORD_RUNS, record  # noqa: PLC0415
 
-        record(log=lambda m: print(m, file=sys.stderr))
+        names = [a for a in args if not a.startswith("--")]
+        unknown = [n for n in names if n not in RECORD_RUNS]
+        if unknown:
+            return _err(f"docs --record: unknown experiment {unknown[0]!r}; choose from {sorted(RECORD_RUNS)}")
+        record(names or None, log=lambda m: print(m, file=sys.stderr))
     if "--check" in args:
         stale = [f for f, t in guide.pages().items()
                  if not (guide.DOCS_DIR / f).is_file() or (guide.DOCS_DIR / f).read_text(encoding="utf-8") != t]

@@ -44,6 +44,17 @@ RECORD_RUNS: dict[str, list[str] | None] = {
     "policy_curves": [f"study.traces=[{_FIX / 'mini_mooncake.jsonl'}:512]", "study.points=3", "study.max_requests=60"],
     "volatile": [], "events": [], "granularity": [], "hosted": [], "isolation": [], "audit": [], "layouts": [],
     "llmd_benchmark": [], "llmd_benchmark_37": [],
+    "tune": ["workload.tenant.n_tenants=12", "workload.tenant.prefix_tokens=640", "workload.tenant.query_tokens=64",
+             "workload.tenant.output_tokens=16", "workload.tenant.n_requests=240", "workload.tenant.rate_per_s=40",
+             "fleet.replicas=4", "fleet.prefix_blocks=40", "cache.capacity_blocks=200", "engine.queue_slots=64",
+             "tune.population=4", "tune.generations=2", "tune.holdout_seeds=2", "tune.progress=false",
+             "~tune.knobs.chwbl_c_pct", "tune.knobs.router.values=[random,least_loaded,prefix_hash]",
+             "tune.knobs.capacity_blocks={low:40,high:400,grid:[40,120,400]}"],
+    "tune_llmd": ["llmd.max_requests_per_stage=12", "tune.population=2", "tune.generations=1", "tune.progress=false"],
+    "tiers": [f"study.trace.path={_FIX / 'mini_agent.jsonl'}", "study.gpu_blocks=60", "study.design.n_tenants=12",
+              "study.design.prefix_tokens=640", "study.design.n_requests=150", "study.design.rate_per_s=4.0",
+              "study.design.replicas=3", "study.agent.replicas=2", "grid.cpu_capacity_blocks=[0,1.0,200]",
+              "grid.cpu_gbps=[2.0,50.0]", "grid.router=[random,tier_scorer]"],
 }
 
 
