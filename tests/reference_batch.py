@@ -43,6 +43,7 @@ from collections import OrderedDict, deque
 import numpy as np
 from reference_fleet import ring_nodes, route_one
 from reference_gie_index import GieIndexer
+from reference_vllm import POOL_ORACLES
 
 PS_PER_MS = 10**9
 
@@ -109,8 +110,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
-                    load_refresh_ms=0, load_gauges=0, client_permits=0, **kn):
-    """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals."""
+                    load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
+                    **kn):
+    """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
+    ``policy``: the pool's free-block order (``tests/reference_vllm.py``; ``ttl_ms`` for ``ttl_refresh``,
+    ``pool_knobs`` for a per-block policy's sizes)."""
     R = int(replicas)
     N = int(workload.n_requests)
     B = int(workload.block_tokens)
@@ -118,6 +122,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     n_inst = int(instances)
     seqs = min(int(max_num_seqs), int(max_running))
     reps = [_Replica() for _ in range(R)]
+    for rp in reps:  # the free-block order of a per-block policy (tests/reference_vllm.py); else vLLM's stamps
+        rp.pol = POOL_ORACLES[policy](C, **(pool_knobs or {})) if policy in POOL_ORACLES else None
+        rp.rel = {}  # key -> release time (ps; ttl_refresh)
     index = [[OrderedDict() for _ in range(R)] for _ in range(n_inst)]
     gix = GieIndexer(gie_lru_capacity)  # view gie_estimate: GIE's own index (tests/reference_gie_index.py)
     gie_of = None if gie_hashes is None else [[int(x) for x in gie_hashes.ids[i][: gie_hashes.n[i]]] for i in range(N)]
@@ -157,13 +164,29 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             rp.ref[k] -= 1
             if rp.ref[k] == 0:
                 rp.stamp[k] = rp.ctr + n - 1 - j
+                rp.rel[k] = rp.clock
         rp.ctr += n
+
+    def expire(rp: _Replica, now):
+        """ttl_refresh: free blocks released more than the TTL before ``now`` leave the pool."""
+        if policy == "ttl_refresh":
+            rp.stored -= {k for k in rp.stored if rp.ref.get(k, 0) == 0 and now - rp.rel[k] > int(ttl_ms) * PS_PER_MS}
+
+    def store(rp: _Replica, new):
+        """Newly computed blocks join the pool (a per-block policy takes them deepest first)."""
+        rp.stored.update(new)
+        if rp.pol is not None:
+            for k in reversed(new):
+                rp.pol.insert(k)
 
     def evict(rp: _Replica):
         while len(rp.stored) + rp.work > C:
             cand = [k for k in rp.stored if rp.ref.get(k, 0) == 0]
             assert cand, "nothing evictable"
-            k = min(cand, key=lambda x: rp.stamp[x])
+            if rp.pol is not None:
+                k = rp.pol.victim(lambda x: rp.ref.get(x, 0) > 0)
+            else:
+                k = min(cand, key=lambda x: rp.stamp[x])
             rp.stored.discard(k)
 
     def new_canonical(rp, q_keys, c_new, P):
@@ -184,6 +207,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
 
     def engine_step(rp: _Replica):
         """One engine step; returns whether it preempted."""
+        expire(rp, rp.clock)
         # 1. release
         for q in [q for q in rp.running if q.done]:
             release(rp, q)
@@ -227,8 +251,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         for q, tok, pref, c_new, dwork, _ in plan:
             q.tok, q.pref = tok, pref and tok > 0
             if tok > 0:
-                for k in keys_of[q.i][:keyed(c_new, P_of[q.i])]:
-                    rp.stored.add(k)
+                store(rp, new_canonical(rp, keys_of[q.i], c_new, P_of[q.i]))
                 rp.work += dwork
                 q.c = c_new
         evict(rp)
@@ -260,8 +283,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             rp.waiting.popleft()
             for k in keys:
                 rp.ref[k] = rp.ref.get(k, 0) + 1
-            for k in keys[:keyed(c1, P)]:
-                rp.stored.add(k)
+            if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
+                for k in reversed(keys):
+                    if k in rp.stored:
+                        rp.pol.hit(k)
+            store(rp, new_canonical(rp, keys, c1, P))
             rp.work += a1
             evict(rp)
             q = _Req(i, c1, pt, dprev, h, np_)
@@ -368,6 +394,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         now_t = now * PS_PER_MS
         scrape_at(now, u)
         advance(now_t)
+        for rp in reps:
+            expire(rp, now_t)
         keys = keys_of[i]
         n = len(keys)
         precise = []

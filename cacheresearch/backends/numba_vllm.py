@@ -54,7 +54,7 @@ BIG = 2**31 - 1
 ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
                 "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
 GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
-POLICIES_COVERED = ("lru", "unbounded")
+POLICIES_COVERED = ("lru", "unbounded", "ttl_refresh", "fifo", "sieve", "s3fifo")
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
@@ -109,15 +109,159 @@ def state_bytes(stream: Stream, st) -> int:
     the client's permits a private copy of the request table and the permit holders: counted always)."""
     K = int(np.asarray(stream.run_len).shape[0])
     E = int(np.asarray(stream.log).shape[-2])
+    pool = 0
+    if st.blocks:  # a per-block policy: every block a run of its own, with its policy's links and counts
+        K = max(int(stream.n_distinct), K)
+        E = int(np.asarray(stream.n_blocks).astype(np.int64).sum()) + 1
+        pool = st.max_replicas * K * NB * 8
     R = st.max_replicas
     rows = st.max_instances * R if st.index else 0
     G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
     gie = R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0
     return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
-            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8)
+            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8
+            + pool)
 
 
 # ------------------------------------------------------------------------------ pool
+# the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits
+PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE = range(5)
+NPC = 5
+M_LRU, M_TTL, M_FIFO, M_SIEVE, M_S3 = range(5)  # run-store modes below M_FIFO; per-block modes from it
+#: policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
+POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL, "fifo": M_FIFO, "sieve": M_SIEVE,
+                "s3fifo": M_S3}
+# per block (a run of one block in block mode) [R, NB, K]: list links, list (0 absent, 1 fifo / sieve / small,
+# 2 main, 3 ghost), frequency (sieve: visited), release time (ttl_refresh, ps)
+B_OLD, B_NEW, B_WHERE, B_FREQ, B_TIME = range(5)
+NB = 5
+# per replica [R, NPQ]: lists 1-3 as (head = newest, tail = oldest, count) at 3 (q - 1); s3fifo's evicted-yet flag;
+# sieve's hand
+Q_EV, Q_HAND = 9, 10
+NPQ = 11
+
+
+@njit(cache=True)
+def _lpush(r, q, k, pbl, pq):
+    """Block ``k`` at the head (newest end) of list ``q``."""
+    hq = 3 * (q - 1)
+    head = pq[r, hq]
+    pbl[r, B_OLD, k] = head
+    pbl[r, B_NEW, k] = -1
+    if head >= 0:
+        pbl[r, B_NEW, head] = k
+    else:
+        pq[r, hq + 1] = k
+    pq[r, hq] = k
+    pq[r, hq + 2] += 1
+    pbl[r, B_WHERE, k] = q
+
+
+@njit(cache=True)
+def _lunlink(r, k, pbl, pq):
+    """Block ``k`` out of its list."""
+    hq = 3 * (pbl[r, B_WHERE, k] - 1)
+    o, n = pbl[r, B_OLD, k], pbl[r, B_NEW, k]
+    if n >= 0:
+        pbl[r, B_OLD, n] = o
+    else:
+        pq[r, hq] = o
+    if o >= 0:
+        pbl[r, B_NEW, o] = n
+    else:
+        pq[r, hq + 1] = n
+    pq[r, hq + 2] -= 1
+    pbl[r, B_WHERE, k] = 0
+
+
+@njit(cache=True)
+def _admit_block(r, k, pbl, pq, pc):
+    """A block enters the pool's policy (computed): fifo and sieve at the head (sieve unvisited); s3fifo
+    into main when its key is a ghost (the key leaves the ghost) or, before anything was evicted, once small
+    holds its share, else into small; frequency 0."""
+    mode = pc[PC_MODE]
+    pbl[r, B_FREQ, k] = 0
+    if mode != M_S3:
+        _lpush(r, 1, k, pbl, pq)
+    elif pbl[r, B_WHERE, k] == 3:
+        _lunlink(r, k, pbl, pq)
+        _lpush(r, 2, k, pbl, pq)
+    elif pq[r, Q_EV] == 0 and pq[r, 2] >= pc[PC_SMALL]:
+        _lpush(r, 2, k, pbl, pq)
+    else:
+        _lpush(r, 1, k, pbl, pq)
+
+
+@njit(cache=True)
+def _hit_block(r, k, pbl, pc):
+    """A cached block reused by an admitted request: sieve marks it visited, s3fifo adds 1 to its frequency."""
+    if pc[PC_MODE] == M_SIEVE:
+        pbl[r, B_FREQ, k] = 1
+    elif pc[PC_MODE] == M_S3:
+        pbl[r, B_FREQ, k] += 1
+
+
+@njit(cache=True)
+def _victim_s3(r, cap, pref, pbl, pq, pc):
+    """libCacheSim S3FIFO's eviction, a pinned block counting as one in use: small's oldest moves to main
+    (frequency 0) when pinned or hit ``promote`` times, else leaves (its key to the ghost); main's oldest is
+    reinserted when pinned (frequency kept) or hit (``min(f, 3) - 1``), else leaves. Main is skipped when
+    every block in it is pinned."""
+    pq[r, Q_EV] = 1
+    cs = pc[PC_SMALL]
+    while True:
+        if pq[r, 5] > cap - cs or pq[r, 2] == 0:
+            run_pinned = 0
+            while pq[r, 5] > 0 and run_pinned < pq[r, 5]:
+                t = pq[r, 4]
+                _lunlink(r, t, pbl, pq)
+                if pref[r, t] > 0:
+                    _lpush(r, 2, t, pbl, pq)
+                    run_pinned += 1
+                elif pbl[r, B_FREQ, t] >= 1:
+                    _lpush(r, 2, t, pbl, pq)
+                    pbl[r, B_FREQ, t] = min(pbl[r, B_FREQ, t], 3) - 1
+                    run_pinned = 0
+                else:
+                    return t
+        while pq[r, 2] > 0:
+            t = pq[r, 1]
+            _lunlink(r, t, pbl, pq)
+            if pref[r, t] > 0 or pbl[r, B_FREQ, t] >= pc[PC_PROMOTE]:
+                _lpush(r, 2, t, pbl, pq)
+                pbl[r, B_FREQ, t] = 0
+            else:
+                if pc[PC_GHOST] > 0:
+                    while pq[r, 8] + 1 > pc[PC_GHOST]:
+                        _lunlink(r, pq[r, 7], pbl, pq)
+                    _lpush(r, 3, t, pbl, pq)
+                return t
+
+
+@njit(cache=True)
+def _victim(r, cap, pref, pbl, pq, pc):
+    """The per-block policy's next victim, unlinked (the caller checked that an unpinned cached block exists).
+    A pinned block cannot be freed: fifo moves it to the head, sieve's hand passes it (its bit kept)."""
+    mode = pc[PC_MODE]
+    if mode == M_S3:
+        return _victim_s3(r, cap, pref, pbl, pq, pc)
+    if mode == M_FIFO:
+        while True:
+            t = pq[r, 1]
+            _lunlink(r, t, pbl, pq)
+            if pref[r, t] == 0:
+                return t
+            _lpush(r, 1, t, pbl, pq)
+    o = pq[r, 1] if pq[r, Q_HAND] < 0 else pq[r, Q_HAND]  # sieve: from the hand toward the head, wrapping
+    while pref[r, o] > 0 or pbl[r, B_FREQ, o] > 0:
+        if pref[r, o] == 0:
+            pbl[r, B_FREQ, o] = 0
+        o = pq[r, 1] if pbl[r, B_NEW, o] < 0 else pbl[r, B_NEW, o]
+    pq[r, Q_HAND] = pbl[r, B_NEW, o]
+    _lunlink(r, o, pbl, pq)
+    return o
+
+
 @njit(cache=True)
 def _cdiv(a, b):
     return (a + b - 1) // b
@@ -146,19 +290,19 @@ def _lead(srow, log0, e0, p):
 
 
 @njit(cache=True)
-def _valid(r, j, ps, pref, pst, frun, fst):
+def _valid(r, j, ps, pref, pst, frun, fst, pbl, pq, pc):
     run = frun[r, j]
     return pref[r, run] == 0 and ps[r, run] > 0 and pst[r, run] == fst[r, j]
 
 
 @njit(cache=True)
-def _push(r, run, stamp, rs, ps, pref, pst, frun, fst):
+def _push(r, run, stamp, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Append a run to the free queue (stamps arrive in increasing order); compact when full."""
     L = frun.shape[1]
     if rs[r, FCNT] == L:
         k = 0
         for j in range(rs[r, FPTR], rs[r, FCNT]):
-            if _valid(r, j, ps, pref, pst, frun, fst):
+            if _valid(r, j, ps, pref, pst, frun, fst, pbl, pq, pc):
                 frun[r, k] = frun[r, j]
                 fst[r, k] = fst[r, j]
                 k += 1
@@ -171,9 +315,10 @@ def _push(r, run, stamp, rs, ps, pref, pst, frun, fst):
 
 
 @njit(cache=True)
-def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst):
+def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Release request ``h``'s pins (replica.pool.release): runs whose last pin goes get free-queue stamps
-    ``ctr + n - j0 - m`` (tail first) and enter the free queue in that order."""
+    ``ctr + n - j0 - m`` (tail first) and enter the free queue in that order (their release time kept for
+    ``ttl_refresh``); a per-block policy keeps its own order (:func:`_victim`), so nothing is queued."""
     n, p, e0, off = rq[h, QNB], rq[h, QNR], rq[h, QE0], rq[h, QOFF]
     ctr = rs[r, CTR]
     for q in range(p - 1, -1, -1):
@@ -183,20 +328,48 @@ def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst):
             stamp = ctr + n - j0 - m
             pst[r, run] = stamp
             rs[r, PINNED] -= ps[r, run]
-            if ps[r, run] > 0:
-                _push(r, run, stamp, rs, ps, pref, pst, frun, fst)
+            if pc[PC_MODE] == M_TTL:
+                pbl[r, B_TIME, run] = rs[r, CLOCK]
+            if ps[r, run] > 0 and pc[PC_MODE] < M_FIFO:
+                _push(r, run, stamp, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, CTR] = ctr + n
 
 
 @njit(cache=True)
-def _evict(r, cap, rs, ps, pref, pst, frun, fst):
-    """Evict unpinned cached blocks, lowest free-queue stamp first, until ``cached + work <= cap``; True
-    when nothing evictable was left (replica.pool.evict_lru's ``stuck``)."""
+def _expire(r, now, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """``ttl_refresh``: free runs released more than the TTL before ``now`` (ps) leave the pool. Release times
+    grow along the free queue (stamps are handed out in time order), so they are its first valid entries."""
+    if pc[PC_MODE] != M_TTL:
+        return
+    while rs[r, FPTR] < rs[r, FCNT]:
+        j = rs[r, FPTR]
+        if _valid(r, j, ps, pref, pst, frun, fst, pbl, pq, pc):
+            run = frun[r, j]
+            if now - pbl[r, B_TIME, run] <= pc[PC_TTL]:
+                return
+            rs[r, CACHED] -= ps[r, run]
+            ps[r, run] = 0
+        rs[r, FPTR] = j + 1
+
+
+@njit(cache=True)
+def _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """Evict unpinned cached blocks until ``cached + work <= cap``: lowest free-queue stamp first (vLLM's
+    LRU), or a per-block policy's victims (:func:`_victim`); True when nothing evictable was left
+    (replica.pool.evict_lru's ``stuck``)."""
+    if pc[PC_MODE] >= M_FIFO:
+        while rs[r, CACHED] + rs[r, WORK] > cap:
+            if rs[r, CACHED] - rs[r, PINNED] <= 0:
+                return True
+            v = _victim(r, cap, pref, pbl, pq, pc)
+            ps[r, v] = 0
+            rs[r, CACHED] -= 1
+        return False
     while rs[r, CACHED] + rs[r, WORK] > cap:
         j = rs[r, FPTR]
         if j >= rs[r, FCNT]:
             return True
-        if _valid(r, j, ps, pref, pst, frun, fst):
+        if _valid(r, j, ps, pref, pst, frun, fst, pbl, pq, pc):
             run = frun[r, j]
             e = min(rs[r, CACHED] + rs[r, WORK] - cap, ps[r, run])
             ps[r, run] -= e
@@ -209,14 +382,18 @@ def _evict(r, cap, rs, ps, pref, pst, frun, fst):
 
 
 @njit(cache=True)
-def _extend(r, h, target_blocks, rq, log0, rs, ps):
-    """Stored heads of ``h``'s runs grow to its first ``target_blocks`` prompt blocks (pinned runs)."""
+def _extend(r, h, target_blocks, rq, log0, rs, ps, pbl, pq, pc):
+    """Stored heads of ``h``'s runs grow to its first ``target_blocks`` prompt blocks (pinned runs); under a
+    per-block policy each new block enters it, deepest first (:func:`_admit_block`)."""
     p, e0, off = rq[h, QNR], rq[h, QE0], rq[h, QOFF]
-    for q in range(p):
+    for k in range(p):
+        q = p - 1 - k
         run, m, j0 = log0[e0 + q, 0], log0[e0 + q, 1], log0[e0 + q, 2] - off
         t = min(max(target_blocks - j0, 0), m)
         if t > ps[r, run]:
             g = t - ps[r, run]
+            if pc[PC_MODE] >= M_FIFO:
+                _admit_block(r, run, pbl, pq, pc)
             ps[r, run] = t
             rs[r, CACHED] += g
             rs[r, PINNED] += g
@@ -235,13 +412,13 @@ def _new_blocks(r, h, target_blocks, rq, log0, ps):
 
 # ------------------------------------------------------------------------------ one engine step
 @njit(cache=True)
-def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst):
+def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 1: release the requests that finished at the previous step; compact the slots in order."""
     k = 0
     for i in range(rs[r, NRUN]):
         if sl[r, i, SDONE] != 0:
             h = sl[r, i, SREQ]
-            _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst)
+            _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
             c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
             rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
             rs[r, LREQ] -= 1
@@ -256,10 +433,10 @@ def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst):
 
 
 @njit(cache=True)
-def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst):
+def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Preempt the latest admitted request (slot ``L``) by recompute: to the front of the waiting ring."""
     h = sl[r, L, SREQ]
-    _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst)
+    _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, WORK] -= a_old
     if rs[r, WCOUNT] < Q:
         hd = (rs[r, WHEAD] - 1) % Q
@@ -274,7 +451,7 @@ def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst):
 
 
 @njit(cache=True)
-def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst):
+def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 2: the running batch in admission order (the token budget handed out in order), preempting
     the latest admitted while the pool cannot hold the allocations; then the pool grows and evicts.
     Returns (preempted, stuck)."""
@@ -308,7 +485,7 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
         if not viol:
             break
         nk -= 1
-        _preempt(r, nk, Q, rs, sl, wq, tmp[nk, 2], rq, log0, ps, pref, pst, frun, fst)
+        _preempt(r, nk, Q, rs, sl, wq, tmp[nk, 2], rq, log0, ps, pref, pst, frun, fst, pbl, pq, pc)
     ring_n = min(nrun - nk, Q - wc0)
     for i in range(nk, nrun - ring_n):  # preempted after the ring filled: dropped
         rs[r, LREQ] -= 1
@@ -317,18 +494,18 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
         tok = tmp[i, 0]
         if tok > 0:
             h = sl[r, i, SREQ]
-            _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps)
+            _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps, pbl, pq, pc)
             rs[r, WORK] += tmp[i, 3] - tmp[i, 2]
         sl[r, i, SC] = tmp[i, 1]
         sl[r, i, STOK] = tok
         sl[r, i, SPREF] = 1 if (tmp[i, 5] != 0 and tok > 0) else 0
-    stuck = _evict(r, cap, rs, ps, pref, pst, frun, fst)
+    stuck = _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, NRUN] = nk
     return nk < nrun, stuck
 
 
 @njit(cache=True)
-def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst):
+def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 3: admit waiting requests FCFS while the budget, max_num_seqs and the pool allow; their
     prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected."""
     cap = pi[CAP]
@@ -368,9 +545,13 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             if pref[r, run] == 0:
                 rs[r, PINNED] += ps[r, run]
             pref[r, run] += 1
-        _extend(r, h, k1, rq, log0, rs, ps)
+        if pc[PC_MODE] >= M_FIFO:  # every cached block the request reuses is a hit of the policy, deepest first
+            for q in range(p - 1, -1, -1):
+                if ps[r, log0[e0 + q, 0]] > 0:
+                    _hit_block(r, log0[e0 + q, 0], pbl, pc)
+        _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
         rs[r, WORK] += a1
-        if _evict(r, cap, rs, ps, pref, pst, frun, fst):
+        if _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             rs[r, STUCK] = 1
         k = rs[r, NRUN]
         sl[r, k, SREQ], sl[r, k, SC], sl[r, k, SPT], sl[r, k, SD], sl[r, k, SD0] = h, c1, pt, dprev, dprev
@@ -463,14 +644,16 @@ def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
 
 
 @njit(cache=True)
-def _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin, hitb, npre):
-    """One engine step of replica ``r`` (replica.vllm.replica_step)."""
-    _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst)
-    preempted, stuck = _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst)
+def _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc, ttft, fin,
+          hitb, npre):
+    """One engine step of replica ``r`` (replica.vllm.replica_step); ``ttl_refresh`` expires first."""
+    _expire(r, rs[r, CLOCK], rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+    _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
+    preempted, stuck = _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc)
     if stuck:
         rs[r, STUCK] = 1
     if not preempted:
-        _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst)
+        _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc)
     _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre)
 
 
@@ -494,7 +677,7 @@ def _stretch_blocks(r, dn, n, bt, rq, sl):
 
 
 @njit(cache=True)
-def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, fin, hitb, npre):
+def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin, hitb, npre):
     """The decode-only steps of replica ``r`` up to its next event, at once (replica.vllm._decode_stretch);
     False (nothing changes) where no stretch applies."""
     nrun = rs[r, NRUN]
@@ -531,8 +714,11 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
     used0 = rs[r, PINNED] + rs[r, WORK]
     pw, pkv = (rs[r, WCOUNT], used0 + _stretch_blocks(r, dn, n - 1, bt, rq, sl)) if n >= 2 else (-1, 0)
     rs[r, WORK] += _stretch_blocks(r, dn, n, bt, rq, sl)
-    if _evict(r, pi[CAP], rs, ps, pref, pst, frun, fst):
+    if _evict(r, pi[CAP], rs, ps, pref, pst, frun, fst, pbl, pq, pc):
         rs[r, STUCK] = 1
+    # ttl_refresh: as of the last step's start, as step by step (the expired runs lead the free queue, so
+    # evicting before expiring leaves the same pool)
+    _expire(r, rs[r, CLOCK] + _stretch_total(lin, cps, ctx0, dn, n - 1), rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     used = rs[r, PINNED] + rs[r, WORK]
     rs[r, CLOCK] += T
     Tf = _f32ms(T)
@@ -557,15 +743,18 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
 
 
 @njit(cache=True)
-def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
+             ttft, fin,
              hitb, npre):
     """Every replica's steps that start at or before ``now_t``: a decode-only stretch where one applies,
     else one engine step (replicas are independent between arrivals)."""
     for r in range(nrep):
         while (rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0) and rs[r, CLOCK] <= now_t:
             rs[r, EVENTS] += 1  # one event: a decode-only stretch or one engine step (metrics.core.Metrics)
-            if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, fin, hitb, npre):
-                _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+            if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin,
+                            hitb, npre):
+                _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
+                      ttft, fin,
                       hitb, npre)
 
 
@@ -791,7 +980,8 @@ def _gie_add(ids, n, r, cap, gpres, gst, gs, glog):
 
 
 @njit(cache=True)
-def _scrape(t_ms, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
+def _scrape(t_ms, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl,
+            pq, pc,
             ttft, fin, hitb, npre, scr, sq, skv, a):
     """replica.vllm._scrape: with ``load_refresh_ms = P > 0``, at the first arrival (at ``t_ms``) past a new
     multiple of ``P`` the pods run up to that tick and their waiting requests and KV blocks in use are kept."""
@@ -801,7 +991,8 @@ def _scrape(t_ms, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq,
     tick = (t_ms // P) * P
     if tick <= scr[0]:
         return
-    _advance(tick * PS_MS, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
+    _advance(tick * PS_MS, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl,
+             pq, pc, ttft,
              fin, hitb, npre)
     _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, sq, a)
     for r in range(nrep):
@@ -813,25 +1004,29 @@ def _scrape(t_ms, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq,
 
 # ------------------------------------------------------------------------------ the client's permits
 @njit(cache=True)
-def _run_to(x, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+def _run_to(x, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq,
+            pc, ttft, fin,
             hitb, npre, scr, sq, skv, a):
     """The pods up to ``x`` (ps), the load scrape of the last tick by then taken first (as at an arrival)."""
     _scrape(x // PS_MS, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst,
+            pbl, pq, pc,
             ttft, fin, hitb, npre, scr, sq, skv, a)
-    _advance(x, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin, hitb,
+    _advance(x, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc, ttft,
+             fin, hitb,
              npre)
 
 
 @njit(cache=True)
 def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref,
-                 pst, frun, fst, ttft, fin, hitb, npre, scr, sq, skv, a):
+                 pst, frun, fst, pbl, pq, pc, ttft, fin, hitb, npre, scr, sq, skv, a):
     """inference-perf's permits (``client_permits = NP``; replica.vllm docs): request ``i``, scheduled at
     ``arr_t``, takes a permit in send order, at ``max(arr_t, the previous send)`` when fewer than ``NP``
     earlier requests hold one, else at the first whole ms at or after the next finish; it holds it to its
     finish. Returns the send (ps, whole ms). Requests that will never finish (dropped, rejected) give theirs
     back when no pod has work left."""
     t = max(arr_t, fm[1])
-    _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft, fin,
+    _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq,
+            pc, ttft, fin,
             hitb, npre, scr, sq, skv, a)
     while True:
         j, fmin, cmin = 0, T_BIG, T_BIG
@@ -856,7 +1051,8 @@ def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, 
             break
         else:
             t = max(t, cmin)
-        _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft,
+        _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl,
+                pq, pc, ttft,
                 fin, hitb, npre, scr, sq, skv, a)
     fl[fm[0]] = i
     fm[0] += 1
@@ -990,10 +1186,14 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
 
 
 @njit(cache=True)
-def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, gh, gn, GI, ttft,
-         fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
+def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, bits, ring, L, E, gh, gn, GI,
+         ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
+    pbl = np.zeros((R, NB, K if pc[PC_MODE] != M_LRU else 1), np.int64)  # the policy's per-block state
+    pq = np.full((R, NPQ), -1, np.int64)
+    for x in (2, 5, 8, Q_EV):
+        pq[:, x] = 0
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
     frun, fst = np.zeros((R, L), np.int32), np.zeros((R, L), np.int32)
     rs = np.zeros((R, NRS), np.int64)
@@ -1028,16 +1228,19 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         u = i % ninst
         if NP > 0:
             now_t = _client_send(i, rq[i, QARR] * PS_MS, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0,
-                                 rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g], fin[g], hitb[g], npre[g], scr,
-                                 sq, skv, a)
+                                 rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc, ttft[g], fin[g], hitb[g],
+                                 npre[g], scr, sq, skv, a)
             rq[i, QARR] = now_t // PS_MS
             snd[g, i] = rq[i, QARR]
         else:
             now_t = rq[i, QARR] * PS_MS
         _scrape(rq[i, QARR], u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun,
-                fst, ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
-        _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
+                fst, pbl, pq, pc, ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
+        _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq,
+                 pc, ttft[g],
                  fin[g], hitb[g], npre[g])
+        for x in range(nrep):  # ttl_refresh: the pools as of the arrival
+            _expire(x, now_t, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
         for x in range(nrep):  # the KV and waiting integrals at this arrival (per-stage time means)
             kat[g, i, 0] += fs[x, 0]
             kat[g, i, 1] += fs[x, 1]
@@ -1076,14 +1279,15 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             _index_learn(u * R + r, i, pi[ICAP], rq, log0, ist, ix, ixl)
         _enqueue(i, r, now_t, Q, rq, rs, wq)
     end_t = np.int64(T_LIM)  # a typed int64, not a literal: one compiled _advance serves both calls
-    _advance(end_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, ttft[g],
+    _advance(end_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
+             ttft[g],
              fin[g], hitb[g], npre[g])
     rs_out[g] = rs
     fs_out[g] = fs
 
 
 @njit(parallel=True, cache=True)
-def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, bits, ring, L, E, gh, gn, GI):
+def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, bits, ring, L, E, gh, gn, GI):
     G, N = pi.shape[0], rq.shape[0]
     ttft, fin = np.full((G, N), -1, np.int64), np.full((G, N), -1, np.int64)
     hitb, npre, repof = np.zeros((G, N), np.int64), np.zeros((G, N), np.int64), np.zeros((G, N), np.int64)
@@ -1093,8 +1297,8 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
     snd = np.zeros((G, N), np.int64)  # the sends (ms) under the client's permits (client_permits > 0)
     for g in prange(G):  # the prange index is typed both int64 and uint64: pass one type, one compiled _one
-        _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], bits, ring, L, E,
-             gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd)
+        _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], pc[g], bits, ring,
+             L, E, gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd)
     return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd
 
 
@@ -1146,29 +1350,86 @@ def _ceil_ms(t):
     return np.where(t >= 0, -(-t // PS_MS), -1)
 
 
+def _pool_config(P: dict) -> np.ndarray:
+    """The pool's policy per configuration ``[G, NPC]``: mode, TTL in ps, s3fifo's sizes and threshold."""
+    names = {v.id: k for k, v in POLICIES.items()}
+    G = P["policy"].shape[0]
+    pc = np.zeros((G, NPC), np.int64)
+    pc[:, PC_MODE] = [POLICY_MODES[names[int(x)]] for x in P["policy"]]
+    pc[:, PC_TTL] = P["ttl_ms"].astype(np.int64) * PS_MS
+    pc[:, PC_SMALL] = P["s3fifo_small"]
+    pc[:, PC_GHOST] = P["s3fifo_ghost"]
+    pc[:, PC_PROMOTE] = P["s3fifo_promote"]
+    small = (pc[:, PC_MODE] == M_S3) & (pc[:, PC_SMALL] < 2)
+    if small.any():
+        raise ValueError("s3fifo on the vllm pool needs a small queue of at least 2 blocks (s3fifo_small_pm x "
+                         "capacity): libCacheSim admits no block as large as small, and a computed block cannot "
+                         "stay out of the pool")
+    return pc
+
+
+def _block_log(stream: Stream, n: int):
+    """The stream with every block a run of its own (per-block policies): entries ``(block id, 1, position)``
+    at each block's position, so request ``i``'s entries start at its offset; (log0, K = the id space)."""
+    from cacheresearch.core.stream import with_block_ids  # noqa: PLC0415
+
+    s = with_block_ids(stream)
+    S = int(np.asarray(s.n_blocks)[:n].astype(np.int64).sum())
+    off = np.asarray(s.offset)[:n].astype(np.int64)
+    nb = np.asarray(s.n_blocks)[:n].astype(np.int64)
+    pos = np.arange(S, dtype=np.int64)
+    if S and not np.array_equal(off, np.concatenate([[0], np.cumsum(nb)[:-1]])):
+        raise ValueError("the per-block pool needs a stream whose requests' blocks are consecutive")
+    U = max(s.n_distinct, 1)
+    log0 = np.zeros((S + 1, 3), np.int64)
+    log0[:S, 0] = np.asarray(s.block_id)[:S]
+    log0[:S, 1] = 1
+    log0[:S, 2] = pos
+    log0[S] = (U, 0, 0)
+    return log0, U
+
+
 def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | None = None) -> Metrics:
     """Configurations ``params`` (PRNG ``keys``) over one unpadded stream under the static options ``st``
     (``scheduler="vllm"``): the JAX replica's unfinalized :class:`Metrics` (ratio fields NaN; pass them to
     :func:`~cacheresearch.metrics.core.finalize`), leading axis [G]; per-request arrays have ``n_out``
-    entries (default: the stream's requests), padded as the JAX program pads them."""
-    from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
-
+    entries (default: the stream's requests), padded as the JAX program pads them. Configurations with a
+    per-block policy run on the stream with every block a run of its own (:func:`_block_log`), the others on
+    its runs; the results come back in the order given."""
     P = _fields(params)
     G = P["policy"].shape[0]
     missing = coverage([type("P", (), {f: P[f][g] for f in P})() for g in range(G)], st)
     if missing:
         raise ValueError(f"the numba vllm backend does not model {'; '.join(missing)}")
+    pc = _pool_config(P)
+    per_block = pc[:, PC_MODE] >= M_FIFO
+    if per_block.all() or not per_block.any():
+        return _run_part(stream, P, pc, keys, st, n_out, bool(per_block.all()))
+    parts = [np.nonzero(~per_block)[0], np.nonzero(per_block)[0]]
+    ms = [_run_part(stream, {f: v[ix] for f, v in P.items()}, pc[ix], [keys[int(g)] for g in ix], st, n_out, b)
+          for ix, b in zip(parts, (False, True))]
+    order = np.argsort(np.concatenate(parts), kind="stable")
+    return Metrics(*(np.concatenate([np.asarray(a), np.asarray(b)])[order] for a, b in zip(*ms)))
+
+
+def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool) -> Metrics:
+    from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
+
     n = int(stream.n_requests)
     host = {k: np.asarray(getattr(stream, k))[:n].astype(np.int64) for k in
             ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs", "entry0")}
+    if per_block:
+        log0, K = _block_log(stream, n)
+        host["n_runs"], host["entry0"] = host["n_blocks"], host["offset"]
+    else:
+        log0 = np.ascontiguousarray(np.asarray(stream.log[0]).astype(np.int64))
+        run_len = np.asarray(stream.run_len)
+        K = int(run_len.shape[0])
+        ent = log0[:-1]
+        if np.any(ent[:, 0] >= K) or np.any(run_len[np.minimum(ent[:, 0], K - 1)] != ent[:, 1]):
+            raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True) (whole runs)")
     rq = np.stack([host[k] for k in ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs",
                                      "entry0")], axis=1)
-    log0 = np.ascontiguousarray(np.asarray(stream.log[0]).astype(np.int64))
-    run_len = np.asarray(stream.run_len)
-    K = int(run_len.shape[0])
-    ent = log0[:-1]
-    if np.any(ent[:, 0] >= K) or np.any(run_len[np.minimum(ent[:, 0], K - 1)] != ent[:, 1]):
-        raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True) (whole runs)")
     pkey = np.stack([np.asarray(stream.key_hi), np.asarray(stream.key_lo)], axis=1).astype(np.int64)
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas
@@ -1176,7 +1437,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     gh, gn, GI = _gie_arrays(stream, P, n)
     out = _kernel(rq, log0, pkey, K, int(stream.block_tokens), R, st.max_running, st.queue_slots,
                   st.max_instances, st.max_running, bool(st.stale), bool(st.index), bool(st.match),
-                  _config_matrix(P), bits, ring, 2 * K + 16, int(log0.shape[0]), gh, gn, GI)
+                  _config_matrix(P), np.ascontiguousarray(pc), bits, ring, 2 * K + 16, int(log0.shape[0]), gh, gn, GI)
     return _metrics(stream, P, st, out, n, n if n_out is None else int(n_out))
 
 

@@ -653,8 +653,21 @@ def _block_names(blocks) -> tuple:
 #: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; core/queue.py) and ``vllm``
 #: (continuous batching over one KV pool per replica; core/batch.py).
 SCHEDULERS = ("fcfs", "vllm")
-#: Cache policies the vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
+#: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
 VLLM_POLICIES = ("lru", "unbounded")
+#: ... and the numba vllm backend's (backends/numba_vllm.py): the free-block order as any of these.
+VLLM_NUMBA_POLICIES = VLLM_POLICIES + ("ttl_refresh", "fifo", "sieve", "s3fifo")
+#: Why the vllm pool refuses the others (one line each).
+VLLM_REFUSED = {
+    "lru_plain": "vLLM frees a request's blocks tail first, so its LRU is leaf-first (lru)",
+    "ttl_fixed": "a fixed expiry counts from a block's write, and chunked prefill writes one run's blocks over "
+                 "several steps while the pool keeps one time per run (ttl_refresh counts from the release)",
+    "lfu": "its frequency buckets are not kept in the vllm pool (fifo, sieve, s3fifo are)",
+    "arc": "its ghost lists and adaptive target are not kept in the vllm pool (fifo, sieve, s3fifo are)",
+    "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
+    "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
+    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); the vllm pool takes libCacheSim's s3fifo",
+}
 
 
 def default_window() -> int:
@@ -663,7 +676,7 @@ def default_window() -> int:
     return 16 if jax.default_backend() == "cpu" else 256
 
 
-def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
+def check_bounds(params, max_replicas: int, st: Static | None = None, backend: str = "jax") -> None:
     """Raise if a configuration does not fit the static bounds (never clip silently): more replicas
     than ``max_replicas``; with the static options ``st``, more router instances or vnodes than their
     bounds, or a router/view whose state the options leave out (``match``, ``index``, ``stale``).
@@ -736,10 +749,15 @@ def check_bounds(params, max_replicas: int, st: Static | None = None) -> None:
     if s3.any() and not st.s3:
         raise ValueError("policy s3fifo_sosp needs s3=True")
     if st.scheduler == "vllm":
-        pol = {int(x) for x in np.asarray(params.policy).reshape(-1)}
-        okp = {POLICIES[n].id for n in VLLM_POLICIES}
-        if pol - okp:
-            raise ValueError(f"the vllm replica's pool is vLLM's leaf-first LRU: policies {list(VLLM_POLICIES)} only")
+        names = {p.id: n for n, p in POLICIES.items()}
+        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_NUMBA_POLICIES))
+        if bad:
+            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {VLLM_REFUSED.get(bad[0], 'not a pool order')}; "
+                             f"the vllm pool takes {list(VLLM_NUMBA_POLICIES)}")
+        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_POLICIES))
+        if bad and backend != "numba":
+            raise ValueError(f"policies {bad} on the JAX vllm replica: its pool is vLLM's leaf-first LRU over runs (no "
+                             "per-block lists, no release clock); run them on engine.backend=numba (or auto on a CPU)")
         if not st.queue:
             raise ValueError("the vllm replica needs queue=True")
         if np.any(np.asarray(params.max_num_seqs) > st.max_running):

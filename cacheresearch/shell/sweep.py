@@ -535,11 +535,15 @@ def _params_of(cell: dict, cfg=None):
         step = None
         if cfg is not None and _scheduler(cfg) == "vllm":
             step = str(cfg.replica.step_model) if cfg.replica.step_model is not None else DEFAULT_STEP_PRESET
-        return make_params(
+        p = make_params(
             cell["policy"], capacity_blocks=cell["capacity_blocks"], ttl_s=cell["ttl_s"],
             replicas=cell["replicas"], router=name, prefix_blocks=cell["prefix_blocks"], latency=latency,
             step_model=step, **knobs,
         )
+        if step is not None and cell["capacity_blocks"] is not None and policy_spec(cell["policy"]).uses_ttl:
+            # the vllm replica's pool is GPU memory whatever the policy: a TTL policy keeps the KV capacity
+            p = p._replace(capacity=np.int32(int(cell["capacity_blocks"])))
+        return p
     except ValueError as e:
         raise SweepError(f"configuration {cell}: {e}") from None
 
