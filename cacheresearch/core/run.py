@@ -446,7 +446,7 @@ def plan_cells(
         options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
                             max_depth=depth, s3=s3, blocks=(block,) if block else (), **options)
-        check_bounds(grid, max_replicas, st)  # the one scope check, whichever backend runs the program
+        check_bounds(grid, max_replicas, st, backend=kind)  # the one scope check, for the backend that runs it
         served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
         for s_ in sids:  # the per-block lists (lfu: the largest frequency) of every stream of the program
             st = with_block_bound(served[s_], st)
