@@ -113,3 +113,36 @@ def test_small_s3fifo_queue_is_refused():
     s = compile_stream(w, stateful_singletons=True)
     with pytest.raises(ValueError, match="s3fifo on the vllm pool needs a small queue"):
         _run(s, [_params("s3fifo", 15, router="round_robin")], [jax.random.key(0)], R=1, blocks=("s3fifo",))
+
+
+def test_jax_vllm_replica_refuses_the_numba_pool_orders():
+    from cacheresearch.core.simulate import simulate
+
+    w = _workload(2, 4)
+    s = compile_stream(w, stateful_singletons=True)
+    for policy in ("s3fifo", "ttl_refresh"):
+        with pytest.raises(ValueError, match=r"on the JAX vllm replica: .*engine.backend=numba") as e:
+            simulate(s, _params(policy, 80), jax.random.key(0), scheduler="vllm")
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("policy, why", [("lfu", "frequency buckets"), ("ttl_fixed", "chunked prefill"),
+                                         ("lru_plain", "tail first")])
+def test_refused_pool_orders_name_the_reason(policy, why):
+    from cacheresearch.core.simulate import check_bounds
+
+    p = _params(policy, 80) if policy != "ttl_fixed" else make_params(policy, ttl_s=1)
+    st_ = static_options(p, scheduler="vllm", max_running=6)
+    with pytest.raises(ValueError, match=why) as e:
+        check_bounds(p, 1, st_, backend="numba")
+    assert "\n" not in str(e.value) and f"policy {policy!r} on the vllm replica" in str(e.value)
+
+
+def test_sweep_keeps_the_pool_capacity_for_a_ttl_policy():
+    from cacheresearch.shell.sweep import _params_of, compose_config
+
+    cfg = compose_config(["experiment=routing", "replica=vllm"])
+    cell = dict(policy="ttl_refresh", capacity_blocks=1234, ttl_s=300, replicas=8, router="least_loaded",
+                prefix_blocks=None)
+    assert int(_params_of(cell, cfg).capacity) == 1234
+    assert int(_params_of(dict(cell, policy="unbounded"), cfg).capacity) == 2**31 - 1
