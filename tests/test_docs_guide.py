@@ -94,3 +94,19 @@ def test_the_step_label_check_can_fail(tmp_path):
     clean.write_text("Measured on 2026-12-05 at 3ea47db.\n")
     bad = _labels_in_docs(tmp_path, [named, page, clean])
     assert bad == ["results/cpu-2core-2026-12-03-stop32-quick.json: 'stop32'", "page.md:3: 'this stop'"], bad
+
+
+BENCH_FILE = re.compile(r"`(?:benchmarks/results/)?((?:\.\.\.)?[\w.-]*?(?:cpu-2core|h200|policies-cpu)?[\w.-]*\.json)`")
+
+
+def test_bench_files_named_in_the_docs_exist():
+    """Every bench file README, CHANGELOG and docs/ name is in benchmarks/results/ (a `...-NAME.json` shorthand
+    names the file ending so), so a rename cannot leave a stale name behind."""
+    have = [p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")]
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")]
+    named = {m.group(1) for p in files for m in BENCH_FILE.finditer(p.read_text(encoding="utf-8"))
+             if re.search(r"(cpu-2core|h200|policies-cpu|quick|sweep64|vllm)", m.group(1))}
+    assert named, "no bench file named in README / CHANGELOG / docs"
+    missing = sorted(n for n in named if not any(h == n or (n.startswith("...") and h.endswith(n[3:]))
+                                                 for h in have))
+    assert not missing, missing
