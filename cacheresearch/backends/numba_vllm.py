@@ -16,6 +16,14 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   the release counter disjoint from every other run's, so lowest-stamp-first is the order the runs
   were released in (tail first within a request); the pointer skips entries whose run was pinned
   again, restamped or emptied (amortised O(1) per evicted run, where the JAX pool scans all runs);
+* the pool's free-block order as any policy of :data:`POLICY_MODES` (the JAX pool keeps vLLM's LRU only):
+  ``ttl_refresh`` is that free queue with free runs released more than the TTL before a step or an
+  arrival leaving the pool (their release times grow along the queue, so they lead it); the per-block
+  policies ``fifo``, ``sieve``, ``s3fifo`` (libCacheSim's rules) run on the stream with every block a run
+  of its own (:func:`_block_log`), every cached block in the policy's lists: a computed block enters them,
+  an admitted request's cached blocks are its hits, and the eviction's victim is never pinned (fifo moves
+  a pinned block to the head, sieve's hand passes it, s3fifo moves it to / keeps it in main);
+  ``tests/reference_vllm.py`` states the rules and ``tests/test_vllm_policies.py`` checks them;
 * the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
   index per instance and replica, the store's lazy pointer), ``stale`` and ``gie_estimate`` views,
   ``local_load``, the load scrape every ``load_refresh_ms`` (:func:`_scrape`) and vLLM's published gauges
