@@ -14,7 +14,7 @@ from test_engine import HYP, tree_workloads
 
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
-from cacheresearch.tiers import TierError, make_config, run_tiers, tier_block_bytes
+from cacheresearch.tiers import TIER_POLICIES, TIER_VIEWS, TierError, make_config, run_tiers, tier_block_bytes
 from cacheresearch.tiers.engine import _fixed, seed_bits
 from cacheresearch.workload import Workload
 from cacheresearch.workload.synthetic import tenant_workload
@@ -39,7 +39,7 @@ def assert_equal_to_reference(w, cfgs, seeds):
 
 
 TIER = st.fixed_dictionaries(dict(capacity_blocks=st.sampled_from([0, 0, 1, 3, 8, 30]),
-                                  policy=st.sampled_from(["lru", "fifo"]),
+                                  policy=st.sampled_from(list(TIER_POLICIES)),
                                   read_gbps=st.sampled_from([0.5, 3.0, 50.0]),
                                   latency_us=st.sampled_from([0.0, 10.0, 2000.0])))
 CONFIG = st.fixed_dictionaries(dict(
@@ -50,7 +50,9 @@ CONFIG = st.fixed_dictionaries(dict(
     balance_abs=st.sampled_from([0, 1, 64]),
     offload=st.sampled_from(["evict", "write_through"]), load_mode=st.sampled_from(["serial", "overlap"]),
     prefill_tps=st.sampled_from([500, 20_000]), prefix_blocks=st.integers(1, 4),
-    tier_weights_pct=st.tuples(*[st.integers(0, 150)] * 4)))
+    tier_weights_pct=st.tuples(*[st.integers(0, 150)] * 4), gpu_policy=st.sampled_from(list(TIER_POLICIES)),
+    view=st.sampled_from(list(TIER_VIEWS)), stale_lag_ms=st.sampled_from([0, 300, 5000]),
+    index_capacity=st.sampled_from([1, 4, 2**31 - 1])))
 
 
 def build(c):
@@ -59,7 +61,7 @@ def build(c):
     return make_config(tiers=tiers, block_bytes=131_072 * 16, decode_us_per_token=250, **c)
 
 
-@settings(HYP, max_examples=25)
+@settings(HYP, max_examples=40)
 @given(w=tree_workloads(), cfgs=st.lists(CONFIG, min_size=1, max_size=3), seed=st.integers(0, 3))
 def test_engine_equals_reference(w, cfgs, seed):
     cfgs = [build(c) for c in cfgs]

@@ -80,6 +80,30 @@ def outputs(G, N, R):
             np.zeros((G, R), np.int32), np.zeros((G, R), np.int32), np.zeros(G, np.int64))
 
 
+@numba.njit(**_JIT)
+def serve_fifo(w_, ring_, s, ids, a, n, C, M):
+    """One request's gets (leaf-first) on a FIFO replica: ring ``ring_`` of ``M`` slots, scalars ``s`` (next
+    slot, count); a hit changes nothing, a miss evicts the oldest if full. Returns the gets that hit."""
+    pos, cnt = s[0], s[1]
+    hits = 0
+    for j in range(a + n - 1, a - 1, -1):
+        k = ids[j]
+        if w_[k] == 1:
+            hits += 1
+            continue
+        if C < 1:
+            continue
+        if cnt >= C:  # cnt == C <= U: the ring is full and pos is the oldest slot
+            w_[ring_[pos]] = 0
+            cnt -= 1
+        ring_[pos] = k
+        w_[k] = 1
+        pos = pos + 1 if pos + 1 < M else 0
+        cnt += 1
+    s[0], s[1] = pos, cnt
+    return hits
+
+
 @numba.njit(parallel=True, cache=True)
 def run_fifo(ids, off, nb, inp, bt, rep, cap, R, U):
     """libCacheSim FIFO: a ring per replica; a hit changes nothing; a miss evicts the oldest if full."""
@@ -93,30 +117,41 @@ def run_fifo(ids, off, nb, inp, bt, rep, cap, R, U):
         st = np.zeros((R, 2), np.int64)  # next slot, count
         for i in range(N):
             r = rep[g, i]
-            w_, ring_ = where[r], ring[r]
             a, n = off[i], nb[i]
-            h = lead(w_, ids, a, n, 1)
-            pos, cnt = st[r, 0], st[r, 1]
-            hits = 0
-            for j in range(a + n - 1, a - 1, -1):
-                k = ids[j]
-                if w_[k] == 1:
-                    hits += 1
-                    continue
-                if C < 1:
-                    continue
-                if cnt >= C:  # cnt == C <= U: the ring is full and pos is the oldest slot
-                    w_[ring_[pos]] = 0
-                    cnt -= 1
-                ring_[pos] = k
-                w_[k] = 1
-                pos = pos + 1 if pos + 1 < M else 0
-                cnt += 1
-            st[r, 0], st[r, 1] = pos, cnt
-            account(g, i, r, h, hits, cnt, inp, bt, hb, ht, rh, mocc, nreq, bh)
+            h = lead(where[r], ids, a, n, 1)
+            hits = serve_fifo(where[r], ring[r], st[r], ids, a, n, C, M)
+            account(g, i, r, h, hits, st[r, 1], inp, bt, hb, ht, rh, mocc, nreq, bh)
         for r in range(R):
             occ_out[g, r] = st[r, 1]
     return hb, ht, rh, occ_out, mocc, nreq, bh
+
+
+@numba.njit(**_JIT)
+def serve_sieve(o_, n_, w_, v_, s, ids, a, n, C):
+    """One request's gets on a Sieve replica (scalars ``s``: head, tail, count, hand); the gets that hit."""
+    head, tail, cnt, hand = s[0], s[1], s[2], s[3]
+    hits = 0
+    for j in range(a + n - 1, a - 1, -1):
+        k = ids[j]
+        if w_[k] == 1:
+            v_[k] = 1
+            hits += 1
+            continue
+        if C < 1:
+            continue
+        while cnt + 1 > C:
+            o = tail if hand < 0 else hand
+            while v_[o] > 0:
+                v_[o] = 0
+                o = tail if n_[o] < 0 else n_[o]
+            hand = n_[o]
+            head, tail = unlink(o_, n_, w_, head, tail, o)
+            cnt -= 1
+        v_[k] = 0
+        head, tail = push(o_, n_, w_, head, tail, 1, k)
+        cnt += 1
+    s[0], s[1], s[2], s[3] = head, tail, cnt, hand
+    return hits
 
 
 @numba.njit(parallel=True, cache=True)
@@ -134,32 +169,10 @@ def run_sieve(ids, off, nb, inp, bt, rep, cap, R, U):
         st[:, 2] = 0
         for i in range(N):
             r = rep[g, i]
-            o_, n_, w_, v_ = older[r], newer[r], where[r], vis[r]
             a, n = off[i], nb[i]
-            h = lead(w_, ids, a, n, 1)
-            head, tail, cnt, hand = st[r, 0], st[r, 1], st[r, 2], st[r, 3]
-            hits = 0
-            for j in range(a + n - 1, a - 1, -1):
-                k = ids[j]
-                if w_[k] == 1:
-                    v_[k] = 1
-                    hits += 1
-                    continue
-                if C < 1:
-                    continue
-                while cnt + 1 > C:
-                    o = tail if hand < 0 else hand
-                    while v_[o] > 0:
-                        v_[o] = 0
-                        o = tail if n_[o] < 0 else n_[o]
-                    hand = n_[o]
-                    head, tail = unlink(o_, n_, w_, head, tail, o)
-                    cnt -= 1
-                v_[k] = 0
-                head, tail = push(o_, n_, w_, head, tail, 1, k)
-                cnt += 1
-            st[r, 0], st[r, 1], st[r, 2], st[r, 3] = head, tail, cnt, hand
-            account(g, i, r, h, hits, cnt, inp, bt, hb, ht, rh, mocc, nreq, bh)
+            h = lead(where[r], ids, a, n, 1)
+            hits = serve_sieve(older[r], newer[r], where[r], vis[r], st[r], ids, a, n, C)
+            account(g, i, r, h, hits, st[r, 2], inp, bt, hb, ht, rh, mocc, nreq, bh)
         for r in range(R):
             occ_out[g, r] = st[r, 2]
     return hb, ht, rh, occ_out, mocc, nreq, bh
@@ -220,6 +233,21 @@ def s3_miss(o_, n_, w_, f_, s, k, C, cs, cm, cg, th):
     s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9] = h1, t1, c1, h2, t2, c2, h3, t3, c3, ev
 
 
+@numba.njit(**_JIT)
+def serve_s3fifo(o_, n_, w_, f_, s, ids, a, n, C, cs, cm, cg, th):
+    """One request's gets on an S3FIFO replica (:func:`s3_miss`'s scalars ``s``); the gets that hit."""
+    hits = 0
+    for j in range(a + n - 1, a - 1, -1):
+        k = ids[j]
+        w = w_[k]
+        if w == 1 or w == 2:
+            f_[k] += 1
+            hits += 1
+        else:
+            s3_miss(o_, n_, w_, f_, s, k, C, cs, cm, cg, th)
+    return hits
+
+
 @numba.njit(parallel=True, cache=True)
 def run_s3fifo(ids, off, nb, inp, bt, rep, cap, R, U, cS, cG, thr):
     """libCacheSim S3FIFO: small, main and ghost FIFOs; a hit adds 1 to the block's frequency."""
@@ -237,22 +265,45 @@ def run_s3fifo(ids, off, nb, inp, bt, rep, cap, R, U, cS, cG, thr):
             st[:, x] = 0
         for i in range(N):
             r = rep[g, i]
-            o_, n_, w_, f_, s = older[r], newer[r], where[r], freq[r], st[r]
             a, n = off[i], nb[i]
-            h = lead(w_, ids, a, n, 2)
-            hits = 0
-            for j in range(a + n - 1, a - 1, -1):
-                k = ids[j]
-                w = w_[k]
-                if w == 1 or w == 2:
-                    f_[k] += 1
-                    hits += 1
-                else:
-                    s3_miss(o_, n_, w_, f_, s, k, C, cs, cm, cg, th)
-            account(g, i, r, h, hits, s[2] + s[5], inp, bt, hb, ht, rh, mocc, nreq, bh)
+            h = lead(where[r], ids, a, n, 2)
+            hits = serve_s3fifo(older[r], newer[r], where[r], freq[r], st[r], ids, a, n, C, cs, cm, cg, th)
+            account(g, i, r, h, hits, st[r, 2] + st[r, 5], inp, bt, hb, ht, rh, mocc, nreq, bh)
         for r in range(R):
             occ_out[g, r] = st[r, 2] + st[r, 5]
     return hb, ht, rh, occ_out, mocc, nreq, bh
+
+
+@numba.njit(**_JIT)
+def serve_lfu(o_, n_, w_, hd, tl, ct, s, ids, a, n, C):
+    """One request's gets on an LFU replica (buckets ``hd``, ``tl``, ``ct``; scalars ``s``: stored blocks,
+    lowest frequency); the gets that hit."""
+    tot, m = s[0], s[1]
+    hits = 0
+    for j in range(a + n - 1, a - 1, -1):
+        k = ids[j]
+        f = w_[k]
+        if f > 0:
+            hd[f], tl[f] = unlink(o_, n_, w_, hd[f], tl[f], k)
+            ct[f] -= 1
+            hd[f + 1], tl[f + 1] = push(o_, n_, w_, hd[f + 1], tl[f + 1], f + 1, k)
+            ct[f + 1] += 1
+            hits += 1
+            continue
+        if C < 1:
+            continue
+        if tot + 1 > C:
+            while ct[m] == 0:
+                m += 1
+            hd[m], tl[m] = unlink(o_, n_, w_, hd[m], tl[m], tl[m])
+            ct[m] -= 1
+            tot -= 1
+        hd[1], tl[1] = push(o_, n_, w_, hd[1], tl[1], 1, k)
+        ct[1] += 1
+        tot += 1
+        m = 1
+    s[0], s[1] = tot, m
+    return hits
 
 
 @numba.njit(parallel=True, cache=True)
@@ -273,35 +324,10 @@ def run_lfu(ids, off, nb, inp, bt, rep, cap, R, U, L):
         st[:, 1] = 1
         for i in range(N):
             r = rep[g, i]
-            o_, n_, w_, hd, tl, ct = older[r], newer[r], where[r], bhead[r], btail[r], bcnt[r]
             a, n = off[i], nb[i]
-            h = lead(w_, ids, a, n, L)
-            tot, m = st[r, 0], st[r, 1]
-            hits = 0
-            for j in range(a + n - 1, a - 1, -1):
-                k = ids[j]
-                f = w_[k]
-                if f > 0:
-                    hd[f], tl[f] = unlink(o_, n_, w_, hd[f], tl[f], k)
-                    ct[f] -= 1
-                    hd[f + 1], tl[f + 1] = push(o_, n_, w_, hd[f + 1], tl[f + 1], f + 1, k)
-                    ct[f + 1] += 1
-                    hits += 1
-                    continue
-                if C < 1:
-                    continue
-                if tot + 1 > C:
-                    while ct[m] == 0:
-                        m += 1
-                    hd[m], tl[m] = unlink(o_, n_, w_, hd[m], tl[m], tl[m])
-                    ct[m] -= 1
-                    tot -= 1
-                hd[1], tl[1] = push(o_, n_, w_, hd[1], tl[1], 1, k)
-                ct[1] += 1
-                tot += 1
-                m = 1
-            st[r, 0], st[r, 1] = tot, m
-            account(g, i, r, h, hits, tot, inp, bt, hb, ht, rh, mocc, nreq, bh)
+            h = lead(where[r], ids, a, n, L)
+            hits = serve_lfu(older[r], newer[r], where[r], bhead[r], btail[r], bcnt[r], st[r], ids, a, n, C)
+            account(g, i, r, h, hits, st[r, 0], inp, bt, hb, ht, rh, mocc, nreq, bh)
         for r in range(R):
             occ_out[g, r] = st[r, 0]
     return hb, ht, rh, occ_out, mocc, nreq, bh
@@ -374,6 +400,19 @@ def arc_get(o_, n_, w_, s, pr, k, C):
     pr[0] = p
 
 
+@numba.njit(**_JIT)
+def serve_arc(o_, n_, w_, s, pr, ids, a, n, C):
+    """One request's gets on an ARC replica (:func:`arc_get`'s scalars); the gets that hit."""
+    hits = 0
+    for j in range(a + n - 1, a - 1, -1):
+        k = ids[j]
+        w = w_[k]
+        if w == 1 or w == 2:
+            hits += 1
+        arc_get(o_, n_, w_, s, pr, k, C)
+    return hits
+
+
 @numba.njit(parallel=True, cache=True)
 def run_arc(ids, off, nb, inp, bt, rep, cap, R, U):
     """libCacheSim ARC: T1, T2, ghosts B1, B2 and the adaptive target ``p`` (float64, as its double)."""
@@ -390,17 +429,10 @@ def run_arc(ids, off, nb, inp, bt, rep, cap, R, U):
         p = np.zeros((R, 1), np.float64)
         for i in range(N):
             r = rep[g, i]
-            o_, n_, w_, s, pr = older[r], newer[r], where[r], st[r], p[r]
             a, n = off[i], nb[i]
-            h = lead(w_, ids, a, n, 2)
-            hits = 0
-            for j in range(a + n - 1, a - 1, -1):
-                k = ids[j]
-                w = w_[k]
-                if w == 1 or w == 2:
-                    hits += 1
-                arc_get(o_, n_, w_, s, pr, k, C)
-            account(g, i, r, h, hits, s[2] + s[5], inp, bt, hb, ht, rh, mocc, nreq, bh)
+            h = lead(where[r], ids, a, n, 2)
+            hits = serve_arc(older[r], newer[r], where[r], st[r], p[r], ids, a, n, C)
+            account(g, i, r, h, hits, st[r, 2] + st[r, 5], inp, bt, hb, ht, rh, mocc, nreq, bh)
         for r in range(R):
             occ_out[g, r] = st[r, 2] + st[r, 5]
     return hb, ht, rh, occ_out, mocc, nreq, bh

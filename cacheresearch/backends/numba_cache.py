@@ -330,10 +330,19 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     :func:`~cacheresearch.metrics.core.finalize`), leading axis [G]. Per-request arrays have
     ``n_out`` entries (default: the stream's requests; entries past them are 0)."""
     P = _fields(params)
+    rep, nrep, out = _run_kernel(stream, P, keys, st)
+    return assemble(stream, P, st, rep, nrep, out, n_out)
+
+
+def assemble(stream: Stream, P: dict, st, rep, nrep, out, n_out: int | None = None) -> Metrics:
+    """:func:`run_stream`'s Metrics from a kernel's outputs (this backend's and
+    :mod:`cacheresearch.backends.numba_blocks`'): replicas ``rep`` [G, N], active replicas ``nrep`` [G],
+    ``out`` = (hit blocks [G, N], TTFT [G, N], per-request view matches [G, N, R], totals [G, 8],
+    per-replica [G, 5, R])."""
+    hb, ttft, mreq, ints, per_r = out
     G = P["policy"].shape[0]
     R = st.max_replicas
     n = int(stream.n_requests)
-    rep, nrep, (hb, ttft, mreq, ints, per_r) = _run_kernel(stream, P, keys, st)
     inp = np.asarray(stream.input_tokens)[:n].astype(np.int64)
     arr = np.asarray(stream.arrival_ms)[:n].astype(np.int64)
     bt = int(stream.block_tokens)

@@ -285,8 +285,8 @@ class CellRunner:
         stream, st, n_out = self._ready[call.group]
         cells = call.cells
         keys = jax.vmap(jax.random.key)(jnp.asarray(self._seeds[np.asarray(cells, np.int64)]))  # one call, [G] keys
-        m = _numba_module(st.scheduler).run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys,
-                                                   st, n_out=n_out)
+        mod = _numba_module(st.scheduler, bool(st.blocks))
+        m = mod.run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys, st, n_out=n_out)
         return cells, finalize(m, st)
 
 
@@ -313,14 +313,19 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     index, stale, priority, s3, block = needs
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
                          blocks=(block,) if block else ())
-    missing = _numba_module(scheduler).coverage([p], st)
+    missing = _numba_module(scheduler, bool(block)).coverage([p], st)
     if backend == "numba" or (closed and not missing):
         return "numba", missing
     return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
 
 
-def _numba_module(scheduler: str):
-    """The numba backend of a replica model: backends/numba_cache.py (fcfs), backends/numba_vllm.py (vllm)."""
+def _numba_module(scheduler: str, blocks: bool = False):
+    """The numba backend of a replica model: backends/numba_cache.py (fcfs), backends/numba_blocks.py (fcfs with a
+    per-block policy), backends/numba_vllm.py (vllm)."""
+    if blocks and scheduler == "fcfs":
+        from cacheresearch.backends import numba_blocks  # noqa: PLC0415 - imports numba itself
+
+        return numba_blocks
     if scheduler == "vllm":
         from cacheresearch.backends import numba_vllm  # noqa: PLC0415 - imports numba itself
 
@@ -349,7 +354,9 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router (gie included; kv_cost "
                   "at temperature 0) on every view, with the load scrape"
                   if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
-                  "and the routers that read neither load nor cache")
+                  "and the routers that read neither load nor cache, and with the per-block policies "
+                  f"{list(BLOCK_POLICY_IDS)} and every router (kv_cost at temperature 0) on the precise, "
+                  "approximate and stale views")
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
                            "backend=auto (the JAX engine for the rest) or backend=jax")
     return groups
@@ -383,8 +390,8 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
     R = st.max_replicas
 
     def mem(per):
-        if st.scheduler == "vllm":
-            state = max(_numba_module("vllm").state_bytes(streams[s], st) for s in sids)
+        if st.scheduler == "vllm" or st.blocks:
+            state = max(_numba_module(st.scheduler, bool(st.blocks)).state_bytes(streams[s], st) for s in sids)
         else:
             state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
         out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0

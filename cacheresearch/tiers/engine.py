@@ -1,16 +1,25 @@
-"""The tiered fleet as compiled loops (numba): per-block linked-list stores, one per (tier, owner).
+"""The tiered fleet as compiled loops (numba): per-block linked-list stores, one row per (tier, owner).
 
 Semantics: :mod:`cacheresearch.tiers` (and ``tests/reference_tiers.py``, the plain-Python oracle this
-kernel equals request by request). Every store is a doubly linked list over dense key ids (``nxt`` /
-``prv`` / ``pres`` rows of ``K`` entries, head = most recent), so a touch, an insert and an eviction are
-O(1) and a request costs O(blocks x tiers) (plus O(replicas x matched blocks) for ``tier_scorer``).
-With every lower tier at capacity 0 the gpu rows are the fleet's leaf-first LRU and the timing is the
-fcfs replica's integer formulas, so the results are the existing engine's bit for bit
-(``tests/test_tiers.py``). Configurations run in threads (the kernel releases the GIL).
+kernel equals request by request). Every row is a doubly linked list over dense key ids (``nxt`` /
+``prv`` / ``pres`` rows of ``K`` entries, head = most recent) run by the row's policy: ``lru`` (the
+engine's leaf-first LRU: touches, then evict to capacity) and ``fifo`` on the lists themselves, the other
+per-block policies (``sieve``, ``s3fifo``, ``lfu``, ``arc``: libCacheSim's ``get``) through
+:mod:`~cacheresearch.tiers.policies`, with their own per-block arrays; ``pres`` (stored, not a ghost)
+is kept for every row and is what lookups and routers read. A touch, an insert and an eviction are O(1),
+a request O(blocks x tiers) (plus O(replicas x matched blocks) for the tier routers).
+
+Router views: ``precise`` reads ``pres``; ``stale`` reads it as of the last sync (copy on write: the
+first change of a ``(row, key)`` after a sync saves the as-of-sync value, so a sync is O(1));
+``approximate`` reads the router's own index (one more LRU row per replica, ``index_capacity``, touched
+with every routed request). With every lower tier at capacity 0 the gpu rows are the fleet's cache of
+the same policy and the timing is the fcfs replica's integer formulas, so the results are the existing
+engine's bit for bit (``tests/test_tiers.py``). Configurations run in threads (the kernel releases the GIL).
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -18,14 +27,25 @@ import numba
 import numpy as np
 
 from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
+from cacheresearch.tiers.policies import BLOCK_CODES, block_get, block_stored, init_scalars, s3fifo_sizes
 from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 
-__all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE"]
+__all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE", "POLICY_CODE", "VIEW_CODE"]
 
 ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
                "tier_kv_cost": 5, "tier_cache_aware": 6, "tier_preble": 7, "chwbl": 8}
+POLICY_CODE = {"lru": 0, "fifo": 1, **BLOCK_CODES}
+VIEW_CODE = {"precise": 0, "stale": 1, "approximate": 2}
 _C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
+
+#: One configuration's stores. Rows: ``nxt``, ``prv`` (int32), ``pres`` (int8) [rows, K]; ``head``, ``tail``,
+#: ``size``, ``code``, ``cap``, ``prow`` (its row in the per-block arrays, -1 for lru / fifo), ``cs``, ``cg``
+#: (S3-FIFO's small and ghost sizes) [rows]. Per-block rows: ``wh``, ``ax`` (int32 [P, K]), ``st`` (int64
+#: [P, 12]), ``pp`` (float64 [P, 1]), ``bh``, ``bt``, ``bc`` (lfu's buckets, int32 [P, L]). Stale view:
+#: ``se`` (the epoch of the saved value, int32), ``sv`` (the value as of the sync, int8) [rows, K], ``ep``
+#: (current epoch, stale on) [2].
+Stores = namedtuple("Stores", "nxt prv pres head tail size code cap prow cs cg wh ax st pp bh bt bc se sv ep")
 
 
 class TierResult(NamedTuple):
@@ -41,73 +61,157 @@ class TierResult(NamedTuple):
 
 
 @_J
-def _unlink(nxt, prv, head, tail, row, k):
-    p = prv[row, k]
-    q = nxt[row, k]
+def _setp(S, row, k, v):
+    """Set ``pres[row, k]``; under the stale view, first save the as-of-sync value (once per epoch)."""
+    if S.ep[1] != 0 and S.se[row, k] != S.ep[0]:
+        S.sv[row, k] = S.pres[row, k]
+        S.se[row, k] = S.ep[0]
+    S.pres[row, k] = v
+
+
+@_J
+def _held(S, row, k, snap):
+    if snap and S.se[row, k] == S.ep[0]:
+        return S.sv[row, k] != 0
+    return S.pres[row, k] != 0
+
+
+@_J
+def _unlink(S, row, k):
+    p = S.prv[row, k]
+    q = S.nxt[row, k]
     if p >= 0:
-        nxt[row, p] = q
+        S.nxt[row, p] = q
     else:
-        head[row] = q
+        S.head[row] = q
     if q >= 0:
-        prv[row, q] = p
+        S.prv[row, q] = p
     else:
-        tail[row] = p
+        S.tail[row] = p
 
 
 @_J
-def _front(nxt, prv, head, tail, row, k):
-    h = head[row]
-    prv[row, k] = -1
-    nxt[row, k] = h
+def _front(S, row, k):
+    h = S.head[row]
+    S.prv[row, k] = -1
+    S.nxt[row, k] = h
     if h >= 0:
-        prv[row, h] = k
+        S.prv[row, h] = k
     else:
-        tail[row] = k
-    head[row] = k
+        S.tail[row] = k
+    S.head[row] = k
 
 
 @_J
-def _touch(nxt, prv, pres, head, tail, size, row, k, lru):
-    if pres[row, k]:
+def _touch(S, row, k, lru):
+    if S.pres[row, k]:
         if lru:
-            _unlink(nxt, prv, head, tail, row, k)
-            _front(nxt, prv, head, tail, row, k)
+            _unlink(S, row, k)
+            _front(S, row, k)
     else:
-        pres[row, k] = 1
-        size[row] += 1
-        _front(nxt, prv, head, tail, row, k)
+        _setp(S, row, k, 1)
+        S.size[row] += 1
+        _front(S, row, k)
 
 
 @_J
-def _evict(nxt, prv, pres, head, tail, size, row, cap, vic):
+def _pop_tail(S, row):
+    k = S.tail[row]
+    _unlink(S, row, k)
+    _setp(S, row, k, 0)
+    S.size[row] -= 1
+    return k
+
+
+@_J
+def _evict(S, row, cap, vic):
     """Evict from the LRU end down to ``cap``; victims into ``vic`` in eviction order; returns how many."""
     nv = 0
-    while size[row] > cap:
-        k = tail[row]
-        _unlink(nxt, prv, head, tail, row, k)
-        pres[row, k] = 0
-        size[row] -= 1
-        vic[nv] = k
+    while S.size[row] > cap:
+        vic[nv] = _pop_tail(S, row)
         nv += 1
     return nv
 
 
 @_J
-def _tier_of(pres, rowof, r, k):
-    """The first tier holding ``k`` for replica ``r`` (-1: none)."""
+def _get(S, row, k):
+    """libCacheSim's ``get`` of ``k`` on a ``fifo`` or per-block row; returns the evicted block or -1."""
+    C = S.cap[row]
+    code = S.code[row]
+    if code == 1:
+        if S.pres[row, k] or C < 1:
+            return -1
+        v = -1
+        while S.size[row] + 1 > C:
+            v = _pop_tail(S, row)
+        _setp(S, row, k, 1)
+        S.size[row] += 1
+        _front(S, row, k)
+        return v
+    p = S.prow[row]
+    w_ = S.wh[p]
+    v = block_get(code, S.nxt[row], S.prv[row], w_, S.ax[p], S.st[p], S.pp[p], S.bh[p], S.bt[p], S.bc[p], k, C,
+                  S.cs[row], S.cg[row])
+    if v >= 0:
+        _setp(S, row, v, 0)
+    st = 1 if block_stored(code, w_[k]) else 0
+    if st != S.pres[row, k]:
+        _setp(S, row, k, st)
+    return v
+
+
+@_J
+def _write(S, row, buf, m, vic):
+    """Write ``buf[:m]`` in order into ``row`` (lru: touches, then evict to capacity; else one get each);
+    the victims into ``vic`` in eviction order; returns how many."""
+    if S.code[row] == 0:
+        for x in range(m):
+            _touch(S, row, buf[x], True)
+        return _evict(S, row, S.cap[row], vic)
+    nv = 0
+    for x in range(m):
+        v = _get(S, row, buf[x])
+        if v >= 0:
+            vic[nv] = v
+            nv += 1
+    return nv
+
+
+@_J
+def _refresh(S, row, k):
+    """A read hit of ``k`` in a lower tier: lru moves it to the front, fifo changes nothing, the per-block
+    policies take it as a get (a hit: no eviction)."""
+    c = S.code[row]
+    if c == 0:
+        _unlink(S, row, k)
+        _front(S, row, k)
+    elif c >= 2:
+        _get(S, row, k)
+
+
+@_J
+def _tier_of(S, rowof, r, k, snap):
+    """The first tier holding ``k`` for replica ``r`` (-1: none); ``snap``: as of the last sync."""
     for t in range(4):
         row = rowof[t, r]
-        if row >= 0 and pres[row, k]:
+        if row >= 0 and _held(S, row, k, snap):
             return t
     return -1
 
 
 @_J
-def _match(pres, rowof, keys, e0, n, rr, w):
-    """The tier-weighted leading-run match on replica ``rr``: ``sum_t w_t h_t // 100``."""
+def _match(S, rowof, keys, e0, n, rr, w, vw):
+    """The router's tier-weighted leading-run match on replica ``rr``: ``sum_t w_t h_t // 100`` in view
+    ``vw[0]`` (precise, stale); ``approximate``: the index row ``vw[1] + rr``'s run at the gpu weight."""
+    if vw[0] == 2:
+        row = vw[1] + rr
+        h = 0
+        while h < n and S.pres[row, keys[e0 + h]]:
+            h += 1
+        return (w[0] * h) // 100
     m = 0
     for j in range(n):
-        t = _tier_of(pres, rowof, rr, keys[e0 + j])
+        t = _tier_of(S, rowof, rr, keys[e0 + j], vw[0] == 1)
         if t < 0:
             break
         m += w[t]
@@ -163,14 +267,14 @@ def _preble(q, act, score, R, o, n, ca):
 
 
 @_J
-def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow, ca):
+def _route(S, rowof, vw, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow, ca):
     """``least_loaded`` (3), ``tier_scorer`` (4), ``tier_kv_cost`` (5), ``tier_cache_aware`` (6) or ``tier_preble``
-    (7): the fleet's rules (ties by rotation from ``b0``) on the tier-weighted match. ``ca``: cache_aware's
-    threshold_pm, balance_abs, rel_pct, then preble's rel_pct, abs."""
+    (7): the fleet's rules (ties by rotation from ``b0``) on the tier-weighted match in the view ``vw``.
+    ``ca``: cache_aware's threshold_pm, balance_abs, rel_pct, then preble's rel_pct, abs."""
     o = (b0 * R) >> 32
     if rcode == 7:
         for rr in range(R):
-            score[rr] = _match(pres, rowof, keys, e0, n, rr, w)
+            score[rr] = _match(S, rowof, keys, e0, n, rr, w, vw)
         return _preble(q, act, score, R, o, n, ca)
     if rcode == 6:
         qmax, qmin = q[:R].max(), q[:R].min()
@@ -180,7 +284,7 @@ def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, 
         bm = 0
         for d in range(R):
             rr = (o + d) % R
-            m = _match(pres, rowof, keys, e0, n, rr, w)
+            m = _match(S, rowof, keys, e0, n, rr, w, vw)
             if best < 0 or m > bm:
                 best, bm = rr, m
         if n > 0 and 1000 * bm > ca[0] * n:
@@ -194,7 +298,7 @@ def _route(pres, rowof, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, 
                 best = rr
         return best
     for rr in range(R):
-        m = _match(pres, rowof, keys, e0, n, rr, w)
+        m = _match(S, rowof, keys, e0, n, rr, w, vw)
         if rcode == 4:
             ps = (m * 1024) // n if n > 0 else 0
             ls = (512 * (T - min(q[rr], T))) // T
@@ -223,18 +327,12 @@ def _load_ms(ht_row, bbytes, mbps, lat_ns):
 
 
 @_J
-def _stores(nrows, K):
-    """Empty linked-list stores: next, previous, present [rows, K]; head, tail, size [rows]."""
-    return (np.full((nrows, K), -1, np.int32), np.full((nrows, K), -1, np.int32), np.zeros((nrows, K), np.int8),
-            np.full(nrows, -1, np.int64), np.full(nrows, -1, np.int64), np.zeros(nrows, np.int64))
-
-
-@_J
-def _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where):
-    """Touch the request's blocks leaf-first (reverse order) in gpu row ``g``: the list then starts
+def _gpu_touch(S, g, keys, e0, n, h, where):
+    """Touch the request's blocks leaf-first (reverse order) in lru gpu row ``g``: the list then starts
     ``k_0 .. k_{n-1}``. Fast path, same result: when the blocks held on the gpu are exactly a leading segment
     ``k_0 .. k_{s-1}`` linked in that order, splice the segment to the front in O(1) and link the new blocks
     after it, instead of moving each block."""
+    nxt, prv, head, tail = S.nxt, S.prv, S.head, S.tail
     s = 0
     while s < h and where[s] == 0:
         s += 1
@@ -245,12 +343,12 @@ def _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where):
             break
     if ok:
         for j in range(s, n):
-            if pres[g, keys[e0 + j]]:
+            if S.pres[g, keys[e0 + j]]:
                 ok = False
                 break
     if not ok:
         for j in range(n - 1, -1, -1):
-            _touch(nxt, prv, pres, head, tail, size, g, keys[e0 + j], True)
+            _touch(S, g, keys[e0 + j], True)
         return
     a, b = keys[e0], keys[e0 + s - 1]
     if prv[g, a] >= 0:  # splice [a .. b] to the front
@@ -275,26 +373,76 @@ def _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where):
             prv[g, q] = k
         else:
             tail[g] = k
-        pres[g, k] = 1
-        size[g] += 1
+        _setp(S, g, k, 1)
+        S.size[g] += 1
         last = k
 
 
-@numba.njit(cache=True, nogil=True)
-def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps, lru, mbps, lat_ns, bbytes,
-            write_through, overlap, rcode, pw, lw, T, ow, ca, w, tps, dus, maxn, hpref, ring_pos, ring_r, c_pct):
-    N = arrival.shape[0]
-    # rows: gpu r -> r; then each present lower tier (pool: one row shared by every replica)
-    rowof = np.full((4, R), -1, np.int64)
-    rowof[0] = np.arange(R)
-    nrows = R
+@_J
+def _gpu(S, g, keys, e0, n, h, where, vic):
+    """The request's blocks into gpu row ``g`` leaf-first; its victims into ``vic`` (eviction order)."""
+    if S.code[g] == 0:
+        _gpu_touch(S, g, keys, e0, n, h, where)
+        return _evict(S, g, S.cap[g], vic)
+    nv = 0
+    for j in range(n - 1, -1, -1):
+        v = _get(S, g, keys[e0 + j])
+        if v >= 0:
+            vic[nv] = v
+            nv += 1
+    return nv
+
+
+@_J
+def _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through):
+    """``evict``: the gpu's victims down the present lower tiers (each tier's victims to the next, the last
+    tier's dropped); ``write_through``: the computed blocks (reverse order) into every present lower tier."""
+    if write_through:
+        m = n - h
+        for x in range(m):
+            vic[x] = keys[e0 + n - 1 - x]
+        for t in range(1, 4):
+            row = rowof[t, r]
+            if row >= 0 and m > 0:
+                written[t] += m
+                _write(S, row, vic, m, vic2)
+        return
     for t in range(1, 4):
-        if caps[t - 1] > 0:
-            shared = t == 2
-            for r in range(R):
-                rowof[t, r] = nrows if shared else nrows + r
-            nrows += 1 if shared else R
-    nxt, prv, pres, head, tail, size = _stores(nrows, K)
+        row = rowof[t, r]
+        if row < 0 or nv == 0:
+            continue
+        written[t] += nv
+        nv2 = _write(S, row, vic, nv, vic2)
+        for x in range(nv2):
+            vic[x] = vic2[x]
+        nv = nv2
+
+
+@_J
+def _lookup(S, rowof, r, keys, e0, n, where, ht):
+    """The hit on ``r``: the leading run held in any of its tiers, each block in the first that holds it."""
+    h = 0
+    for j in range(n):
+        t = _tier_of(S, rowof, r, keys[e0 + j], False)
+        if t < 0:
+            break
+        where[j] = t
+        ht[t] += 1
+        h += 1
+    return h
+
+
+@numba.njit(cache=True, nogil=True)
+def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat_ns, ca, w, hpref, ring_pos,
+            ring_r):
+    """``kn``: R, block tokens, block bytes, write_through, overlap, router code, prefix / load weights, queue
+    threshold, overlap weight, prefill tokens/s, decode us/token, max blocks, chwbl c, view, index row 0,
+    stale lag ms, index capacity."""
+    R, bt, bbytes, write_through, overlap, rcode, pw, lw, T, ow = kn[0], kn[1], kn[2], kn[3], kn[4], kn[5], kn[6], \
+        kn[7], kn[8], kn[9]
+    tps, dus, maxn, c_pct, lag, icap = kn[10], kn[11], kn[12], kn[13], kn[16], kn[17]
+    vw = kn[14:16]
+    N = arrival.shape[0]
     vic = np.zeros(maxn + 1, np.int64)
     vic2 = np.zeros(maxn + 1, np.int64)
     where = np.zeros(maxn + 1, np.int64)
@@ -309,91 +457,57 @@ def _kernel(arrival, off, keys, inp, outp, route, bits0, R, K, bt, gpu_cap, caps
     o_rep = np.zeros(N, np.int64)
     o_hit = np.zeros(N, np.int64)
     o_tok = np.zeros(N, np.int64)
-    o_ht = np.zeros((N, 4), np.int64)
     o_ttft = np.zeros(N, np.int64)
     o_load = np.zeros(N, np.int64)
+    o_ht = np.zeros((N, 4), np.int64)
     written = np.zeros(4, np.int64)
+    last_sync = 0
     for i in range(N):
         now = arrival[i]
         e0 = off[i]
         n = off[i + 1] - e0
-        # 1. loads: finish times on a replica are non-decreasing (FCFS), so a pointer counts the finished
+        if vw[0] == 1 and (i == 0 or now - last_sync >= lag):  # stale view: sync (O(1): a new epoch)
+            S.ep[0] += 1
+            last_sync = now
+        # loads: finish times on a replica are non-decreasing (FCFS), so a pointer counts the finished
         for r in range(R):
             while ptr[r] < cnt[r] and fin[r, ptr[r]] <= now:
                 act[r] -= blk[r, ptr[r]]
                 ptr[r] += 1
             q[r] = cnt[r] - ptr[r]
-        # 2-3. route
         if rcode == 0:
             r = route[i]
         elif rcode == 8:
             r = _chwbl(q, R, hpref[i], ring_pos, ring_r, c_pct)
         else:
-            r = _route(pres, rowof, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow, ca)
+            r = _route(S, rowof, vw, keys, e0, n, q, act, score, bits0[i], R, rcode, w, pw, lw, T, ow, ca)
         o_rep[i] = r
-        # 4. lookup
-        h = 0
-        for j in range(n):
-            t = _tier_of(pres, rowof, r, keys[e0 + j])
-            if t < 0:
-                break
-            where[j] = t
-            o_ht[i, t] += 1
-            h += 1
+        h = _lookup(S, rowof, r, keys, e0, n, where, o_ht[i])
         o_hit[i] = h
-        tok = h * bt
-        o_tok[i] = tok if tok < inp[i] else inp[i]
-        # 5. read refresh in the lower LRU tiers
-        for j in range(h - 1, -1, -1):
-            t = where[j]
-            if t >= 1 and lru[t - 1]:
-                row = rowof[t, r]
-                k = keys[e0 + j]
-                _unlink(nxt, prv, head, tail, row, k)
-                _front(nxt, prv, head, tail, row, k)
-        # 6. gpu: leaf-first LRU
-        g = rowof[0, r]
-        _gpu_touch(nxt, prv, pres, head, tail, size, g, keys, e0, n, h, where)
-        nv = _evict(nxt, prv, pres, head, tail, size, g, gpu_cap, vic)
-        # 7. offload
-        if write_through:
-            for t in range(1, 4):
-                row = rowof[t, r]
-                if row < 0 or h >= n:
-                    continue
-                written[t] += n - h
-                for j in range(n - 1, h - 1, -1):
-                    _touch(nxt, prv, pres, head, tail, size, row, keys[e0 + j], lru[t - 1])
-                _evict(nxt, prv, pres, head, tail, size, row, caps[t - 1], vic2)
-        else:
-            for t in range(1, 4):
-                row = rowof[t, r]
-                if row < 0 or nv == 0:
-                    continue
-                written[t] += nv
-                for x in range(nv):
-                    _touch(nxt, prv, pres, head, tail, size, row, vic[x], lru[t - 1])
-                nv2 = _evict(nxt, prv, pres, head, tail, size, row, caps[t - 1], vic2)
-                for x in range(nv2):
-                    vic[x] = vic2[x]
-                nv = nv2
-        # 9. time
+        o_tok[i] = min(h * bt, inp[i])
+        for j in range(h - 1, -1, -1):  # read refresh in the lower tiers
+            if where[j] >= 1:
+                _refresh(S, rowof[where[j], r], keys[e0 + j])
+        nv = _gpu(S, rowof[0, r], keys, e0, n, h, where, vic)
+        _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through)
+        if vw[0] == 2:  # the router's index of what it routed: leaf-first LRU
+            for j in range(n - 1, -1, -1):
+                _touch(S, vw[1] + r, keys[e0 + j], True)
+            _evict(S, vw[1] + r, icap, vic2)
         load = _load_ms(o_ht[i], bbytes, mbps, lat_ns)
         unc = inp[i] - o_tok[i]
         prefill = (unc // tps) * 1000 + ((unc % tps) * 1000 + tps - 1) // tps
         decode = (outp[i] // 1000) * dus + ((outp[i] % 1000) * dus + 999) // 1000
         if overlap:
             start = max(now + load, busy[r])
-            ttft = start - now + prefill
-            finish = start + prefill + decode
+            o_ttft[i] = start - now + prefill
+            busy[r] = start + prefill + decode
         else:
             start = max(now, busy[r])
-            ttft = start - now + load + prefill
-            finish = start + load + prefill + decode
-        o_ttft[i] = ttft
+            o_ttft[i] = start - now + load + prefill
+            busy[r] = start + load + prefill + decode
         o_load[i] = load
-        busy[r] = finish
-        fin[r, cnt[r]] = finish
+        fin[r, cnt[r]] = busy[r]
         blk[r, cnt[r]] = n
         act[r] += n
         cnt[r] += 1
@@ -439,15 +553,63 @@ def seed_bits(seed: int, n: int) -> np.ndarray:
     return first_bits(jax.vmap(jax.random.key)(np.asarray([seed], np.uint32)), n)[0] if n else np.zeros(0, np.uint32)
 
 
+def _layout(cfg: TieredConfig, K: int, L: int):
+    """The rows of ``cfg`` (gpu per replica; each present lower tier, the pool one row for the fleet; the
+    approximate view's index per replica) and their empty :data:`Stores`; ``rowof`` [4, R]; the index's
+    first row (-1: none)."""
+    R = int(cfg.replicas)
+    rowof = np.full((4, R), -1, np.int64)
+    spec = [(POLICY_CODE[cfg.gpu_policy], int(cfg.gpu_blocks))] * R
+    rowof[0] = np.arange(R)
+    for t, name in enumerate(LOWER_TIERS, start=1):
+        tier = cfg.tier(name)
+        if tier.capacity_blocks > 0:
+            n = 1 if tier.shared else R
+            rowof[t] = len(spec) + (np.zeros(R, np.int64) if tier.shared else np.arange(R))
+            spec += [(POLICY_CODE[tier.policy], int(tier.capacity_blocks))] * n
+    irow0 = -1
+    if cfg.view == "approximate":
+        irow0 = len(spec)
+        spec += [(0, min(int(cfg.index_capacity), K))] * R
+    code = np.asarray([c for c, _ in spec], np.int64)
+    cap = np.asarray([c for _, c in spec], np.int64)
+    P = int((code >= 2).sum())
+    prow = np.full(len(spec), -1, np.int64)
+    prow[code >= 2] = np.arange(P)
+    sizes = np.asarray([s3fifo_sizes(c) if k == 3 else (0, 0) for k, c in spec], np.int64).reshape(-1, 2)
+    nr, Pk = len(spec), max(P, 1)
+    st = np.stack([init_scalars(int(c)) for c in code[code >= 2]]) if P else np.zeros((1, 12), np.int64)
+    Lb = L if (code == 4).any() else 1
+    stale = cfg.view == "stale"
+    S = Stores(np.full((nr, K), -1, np.int32), np.full((nr, K), -1, np.int32), np.zeros((nr, K), np.int8),
+               np.full(nr, -1, np.int64), np.full(nr, -1, np.int64), np.zeros(nr, np.int64), code, cap, prow,
+               np.ascontiguousarray(sizes[:, 0]), np.ascontiguousarray(sizes[:, 1]),
+               np.zeros((Pk, K if P else 1), np.int32), np.zeros((Pk, K if P else 1), np.int32), st,
+               np.zeros((Pk, 1), np.float64), np.full((Pk, Lb), -1, np.int32), np.full((Pk, Lb), -1, np.int32),
+               np.zeros((Pk, Lb), np.int32), np.full((nr, K) if stale else (1, 1), -1, np.int32),
+               np.zeros((nr, K) if stale else (1, 1), np.int8), np.asarray([0, int(stale)], np.int64))
+    return S, rowof, irow0
+
+
+def _knobs(workload, cfg: TieredConfig, maxn: int, irow0: int) -> np.ndarray:
+    return np.asarray([cfg.replicas, workload.block_tokens, cfg.block_bytes, cfg.offload == "write_through",
+                       cfg.load_mode == "overlap", ROUTER_CODE[cfg.router], cfg.prefix_weight_pct, cfg.load_weight_pct,
+                       cfg.queue_threshold, cfg.overlap_weight_pct, cfg.prefill_tps, cfg.decode_us_per_token, maxn,
+                       cfg.chwbl_c_pct, VIEW_CODE[cfg.view], irow0, cfg.stale_lag_ms,
+                       min(int(cfg.index_capacity), 2**62)], np.int64)
+
+
 def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int = 2, dense=None) -> list[TierResult]:
     """Run every configuration on ``workload`` (configuration ``g`` with PRNG seed ``seeds[g]``, default 0)."""
     n = workload.n_requests
     keys, K = dense if dense is not None else dense_keys(workload)
     seeds = [0] * len(configs) if seeds is None else list(seeds)
     bits_of: dict[int, np.ndarray] = {}
-    arrays = dict(arrival=workload.arrival_ms.astype(np.int64), off=workload.offsets.astype(np.int64),
-                  inp=workload.input_tokens.astype(np.int64), outp=workload.output_tokens.astype(np.int64))
+    arrays = (workload.arrival_ms.astype(np.int64), workload.offsets.astype(np.int64), keys,
+              workload.input_tokens.astype(np.int64), workload.output_tokens.astype(np.int64))
     maxn = int(workload.n_blocks.max()) if n else 0
+    # lfu's buckets: a block is accessed at most twice per request in a row (a read and a write)
+    L = 2 * int(np.bincount(keys).max() if keys.size else 0) + 3
 
     def needs_bits(cfg):
         return cfg.router != "round_robin" and cfg.router != "prefix_hash" and cfg.replicas > 1
@@ -468,19 +630,13 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
         cfg = configs[g]
         b0, route, ring = pre[g]
         tiers = [cfg.tier(t) for t in LOWER_TIERS]
-        out = _kernel(arrays["arrival"], arrays["off"], keys, arrays["inp"], arrays["outp"], route, b0,
-                      int(cfg.replicas), int(K), int(workload.block_tokens), int(cfg.gpu_blocks),
-                      np.asarray([t.capacity_blocks for t in tiers], np.int64),
-                      np.asarray([t.policy == "lru" for t in tiers], np.bool_),
+        S, rowof, irow0 = _layout(cfg, int(K), L)
+        out = _kernel(S, rowof, *arrays, route, b0, _knobs(workload, cfg, maxn, irow0),
                       np.asarray([max(int(round(t.read_gbps * 1000)), 1) for t in tiers], np.int64),
-                      np.asarray([int(round(t.latency_us * 1000)) for t in tiers], np.int64), int(cfg.block_bytes),
-                      cfg.offload == "write_through", cfg.load_mode == "overlap", ROUTER_CODE[cfg.router],
-                      int(cfg.prefix_weight_pct), int(cfg.load_weight_pct), int(cfg.queue_threshold),
-                      int(cfg.overlap_weight_pct),
+                      np.asarray([int(round(t.latency_us * 1000)) for t in tiers], np.int64),
                       np.asarray([cfg.cache_threshold_pm, cfg.balance_abs, cfg.balance_rel_pct, cfg.preble_rel_pct,
                                   cfg.preble_abs], np.int64),
-                      np.asarray(cfg.tier_weights_pct, np.int64), int(cfg.prefill_tps),
-                      int(cfg.decode_us_per_token), maxn, *ring, int(cfg.chwbl_c_pct))
+                      np.asarray(cfg.tier_weights_pct, np.int64), *ring)
         return TierResult(*out)
 
     if threads <= 1 or len(configs) <= 1:

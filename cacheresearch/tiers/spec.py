@@ -19,13 +19,22 @@ from dataclasses import dataclass, field, replace
 from cacheresearch.replica.hardware import GIB, kv_bytes_per_token
 
 __all__ = ["TIER_NAMES", "LOWER_TIERS", "TIER_POLICIES", "OFFLOAD_MODES", "LOAD_MODES", "TIER_ROUTERS",
-           "TierSpec", "TieredConfig", "TierError", "tier_block_bytes", "make_config", "DEFAULT_TIERS"]
+           "TIER_VIEWS", "TierSpec", "TieredConfig", "TierError", "tier_block_bytes", "make_config", "DEFAULT_TIERS"]
 
 TIER_NAMES = ("gpu", "cpu", "pool", "disk")
 LOWER_TIERS = TIER_NAMES[1:]
-#: Policies a lower tier can run: a keyed store with no clock of its own (the TTL policies need one, the
-#: per-block policies of cache/blocks.py are not ported to the lower tiers).
-TIER_POLICIES = ("lru", "fifo")
+#: Policies a tier can run (the gpu tier and every lower tier): ``lru``, the engine's leaf-first LRU (a
+#: request's touches, then evict from the LRU end down to capacity: today's gpu cache), and libCacheSim's
+#: per-block policies ``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc`` (``tests/reference_blocks.py``:
+#: every access, a read hit or a write, is one ``get``; a miss evicts before it inserts). A tier is a keyed
+#: store with no clock of its own, so the TTL policies cannot run on one, nor the priority policies
+#: (``lfu_perfect``, ``length_aware``), which need the whole request's history.
+TIER_POLICIES = ("lru", "fifo", "sieve", "s3fifo", "lfu", "arc")
+#: What the cache-reading tier routers see: ``precise`` (every tier now), ``stale`` (every tier as of the
+#: last sync, every ``stale_lag_ms``: the fleet's stale view), ``approximate`` (the router's own index of
+#: what it routed, ``index_capacity`` blocks per replica, leaf-first LRU: it knows no tiers, so its match
+#: counts at the gpu weight).
+TIER_VIEWS = ("precise", "stale", "approximate")
 #: ``evict``: a block goes down one tier when it is evicted from the tier above (a victim cache; SGLang
 #: HiCache's ``write_back`` write policy); ``write_through``: every computed block is written to every
 #: lower tier at once (HiCache's ``write_through``; vLLM's OffloadingConnector stores blocks "as they are
@@ -110,6 +119,10 @@ class TieredConfig:
     chwbl_c_pct: int = 125  # chwbl: KubeAI's load factor 1.25, 100 ring nodes per replica
     vnodes: int = 100
     tier_weights_pct: tuple = (100, 80, 60, 40)  # gpu, cpu, pool, disk (tier_scorer)
+    gpu_policy: str = "lru"
+    view: str = "precise"
+    stale_lag_ms: int = 1000
+    index_capacity: int = 2**31 - 1
     label: str = field(default="", compare=False)
 
     def tier(self, name: str) -> TierSpec:
@@ -149,8 +162,8 @@ def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSp
     cap = _num(key + "capacity_blocks", d["capacity_blocks"], integer=True)
     pol = d["policy"]
     if pol not in TIER_POLICIES:
-        raise TierError(f"{key}policy: {pol!r} cannot run on a lower tier (a keyed store with no clock: "
-                        f"no TTL policy, no per-block policy); choose one of {', '.join(TIER_POLICIES)}")
+        raise TierError(f"{key}policy: {pol!r} cannot run on a tier (a keyed store with no clock and no request "
+                        f"history: no TTL or priority policy); choose one of {', '.join(TIER_POLICIES)}")
     rbw = _num(key + "read_gbps", d["read_gbps"])
     wbw = _num(key + "write_gbps", d["write_gbps"])
     lat = _num(key + "latency_us", d["latency_us"])
@@ -190,6 +203,16 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
         raise TierError(f"router: {router!r} is not run by the tiered engine; choose one of {', '.join(TIER_ROUTERS)}")
     if int(replicas) < 1:
         raise TierError(f"replicas: must be >= 1, got {replicas!r}")
+    gp = kw.get("gpu_policy", "lru")
+    if gp not in TIER_POLICIES:
+        raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier (a keyed store with no clock and no "
+                        f"request history: no TTL or priority policy); choose one of {', '.join(TIER_POLICIES)}")
+    vw = kw.get("view", "precise")
+    if vw not in TIER_VIEWS:
+        raise TierError(f"{where}view: {vw!r}; choose one of {', '.join(TIER_VIEWS)}")
+    for k in ("stale_lag_ms", "index_capacity"):
+        if k in kw:
+            kw[k] = _num(f"{where}{k}", kw[k], integer=True)
     off = kw.get("offload", "evict")
     if off not in OFFLOAD_MODES:
         raise TierError(f"{where}offload: {off!r}; choose one of {', '.join(OFFLOAD_MODES)}")
