@@ -243,6 +243,27 @@ def test_che_fleet_prefix_hash_splits_keys_by_replica():
     assert an.ttl_fleet_hit(0.01, 100, 4, "prefix_hash") == pytest.approx(float(an.ttl_refresh_hit(0.01, 100)))
 
 
+@pytest.mark.parametrize("router", ["random", "prefix_hash"])
+def test_che_first_miss_is_the_reuse_ratio_when_everything_fits(router):
+    """With a cache that holds every block Che says 1; with first_miss it is the engine's exact hit ratio on
+    one replica (every block after its first request hits) and, on four prefix-hash replicas, each
+    replica's own reuse; under random routing the expected share of first sights, within a few points."""
+    w = prefix_poisson_workload(n_prefixes=40, prefix_tokens=64, block_tokens=16, rate_per_hour=30,
+                                duration_s=3600, popularity="zipf", zipf_s=0.8, seed=3)
+    R = 1 if router == "random" else 4
+    assert an.che_fleet(w, 10**9, R, router).overall == 1.0
+    got = an.che_fleet(w, 10**9, R, router, prefix_blocks=2, first_miss=True).overall
+    m = simulate(compile_stream(w, chunk_runs=4), make_params("unbounded", replicas=R, router=router, prefix_blocks=2),
+                 jax.random.key(0), max_replicas=R)
+    exact = int(np.asarray(m.hit_blocks).sum()) / int(w.n_blocks.sum())
+    assert got == pytest.approx(exact, rel=1e-12)
+    rnd = an.che_fleet(w, 10**9, 4, "random", first_miss=True).overall
+    m4 = simulate(compile_stream(w, chunk_runs=4), make_params("unbounded", replicas=4, router="random"),
+                  jax.random.key(0), max_replicas=4)
+    assert rnd == pytest.approx(int(np.asarray(m4.hit_blocks).sum()) / int(w.n_blocks.sum()), abs=0.03)
+    assert rnd < got or router == "prefix_hash"
+
+
 def test_workload_duration_needs_two_arrivals():
     w = Workload.from_lists([[1], [2]], block_tokens=16, arrival_ms=[0, 0])
     with pytest.raises(ValueError, match="duration"):

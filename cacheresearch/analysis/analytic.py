@@ -384,7 +384,7 @@ def prefix_hash_replicas(workload, replicas: int, prefix_blocks: int = 80) -> np
 
 
 def che_fleet(workload, capacity: float, replicas: int = 1, router: str = "random",
-              prefix_blocks: int = 80, duration_s: float | None = None) -> CheResult:
+              prefix_blocks: int = 80, duration_s: float | None = None, first_miss: bool = False) -> CheResult:
     """Che's prediction for a fleet of ``replicas`` LRU caches of ``capacity`` blocks each.
 
     ``random``: :func:`che_random_routing`. ``prefix_hash``: requests are assigned with
@@ -393,25 +393,39 @@ def che_fleet(workload, capacity: float, replicas: int = 1, router: str = "rando
     there). ``round_robin`` is treated like ``random`` (each replica sees ``1/R`` of every key).
     ``per_key`` is returned for the distinct keys of the whole workload (sorted), rate-weighted over
     replicas.
+
+    ``first_miss``: a finite trace's correction (IRM has none): a replica's first request of a block is a
+    miss whatever the capacity, so a block requested ``n`` times hits at most ``n - 1`` times there. Under
+    ``random`` routing a block of ``n`` requests is first seen by ``R (1 - (1 - 1/R)^n)`` replicas on
+    average; under ``prefix_hash`` each replica's own count ``c`` leaves ``c - 1`` chances. Each key's Che
+    ratio is scaled by its share of such requests; with a cache that holds everything the prediction is
+    then the trace's reuse ratio, not 1.
     """
     D = workload_duration_s(workload) if duration_s is None else float(duration_s)
-    keys, rates, _ = block_key_rates(workload, D)
+    keys, rates, counts = block_key_rates(workload, D)
     R = int(replicas)
     if R == 1 or router in ("random", "round_robin"):
-        return che_random_routing(rates, capacity, R)
+        res = che_random_routing(rates, capacity, R)
+        if not first_miss:
+            return res
+        n = counts.astype(np.float64)
+        seen = R * -np.expm1(n * np.log1p(-1.0 / R)) if R > 1 else np.ones_like(n)
+        per_key = res.per_key * (n - seen) / n
+        overall = float(np.sum(rates * per_key) / rates.sum()) if rates.sum() > 0 else 0.0
+        return CheResult(res.characteristic_time, per_key, overall)
     if router != "prefix_hash":
         raise ValueError(f"no Che prediction for router {router!r}")
     rep = prefix_hash_replicas(workload, R, prefix_blocks)
     hits = np.zeros_like(rates)
     Ts = []
     for r in range(R):
-        k_r, lam_r, _ = block_key_rates(workload, D, requests=np.nonzero(rep == r)[0])
+        k_r, lam_r, c_r = block_key_rates(workload, D, requests=np.nonzero(rep == r)[0])
         if k_r.size == 0:
             continue
         res = che_hit_ratios(lam_r, capacity)
         Ts.append(res.characteristic_time)
         pos = np.searchsorted(keys, k_r)
-        hits[pos] += lam_r * res.per_key
+        hits[pos] += lam_r * res.per_key * ((c_r - 1) / c_r if first_miss else 1.0)
     per_key = np.where(rates > 0, hits / np.where(rates > 0, rates, 1.0), 0.0)
     overall = float(hits.sum() / rates.sum()) if rates.sum() > 0 else 0.0
     return CheResult(max(Ts) if Ts else 0.0, per_key, overall)

@@ -450,7 +450,7 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
     out = []
     top = ds[x].values[-1] if x in ds.dims else None
     pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
-            else None}
+            else None, "policy": _base_policy(ds)}
     if "router" not in ds.dims:
         return ""
     if kind in ("routing", "hot_tenant"):
@@ -491,6 +491,9 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
                        f"takes {best}'s token hit rate from {100 * float(h.sel(layout='stable')):.1f}% to "
                        f"{100 * float(h.sel(layout='timestamp_top')):.1f}% and its TTFT p99 from "
                        f"{float(t.sel(layout='stable')):.2f} s to {float(t.sel(layout='timestamp_top')):.2f} s.")
+    if kind in ("routing", "hot_tenant") and "policy" in ds.dims and ds.sizes["policy"] > 1:
+        out.append("")
+        out.append(policy_summary(ds, pref, x, top))
     if kind == "llmd_blog":
         var = "ttft_p90_s"
         sub, sel = _fix(ds, ("router", x), {})
@@ -513,6 +516,68 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
     return "\n".join(out)
 
 
+def _base_policy(ds: xr.Dataset):
+    """The policy the router tables read when policy is a dimension: lru where the grid has it."""
+    if "policy" not in ds.dims:
+        return None
+    vals = [str(v) for v in ds["policy"].values]
+    return "lru" if "lru" in vals else vals[0]
+
+
+def policy_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
+    """Which eviction policy wins where: token hit rate (and TTFT p99) of every router x policy at each
+    capacity, with Che's LRU prediction beside it (``che_lru_hit_rate``: random and prefix_hash only)."""
+    out = []
+    caps = list(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims else [None]
+    pols = [str(p) for p in ds["policy"].values]
+    for cap in caps:
+        p = dict(pref, policy=None, **({"capacity_blocks": cap} if cap is not None else {}),
+                 **({x: top} if top is not None else {}))
+        sub, sel = _fix(ds, ("router", "policy"), {k: v for k, v in p.items() if v is not None})
+        out.append(f"Token hit rate by eviction policy ({_sel_text(sel)}); Che = Che's LRU prediction:")
+        rows = [["router"] + pols + ["Che (LRU)", "best policy", "TTFT p99 lru -> best"]]
+        for r in sub["router"].values:
+            c = sub.sel(router=r)
+            h = c["token_hit_rate"].to_series()
+            best = str(h.idxmax())
+            che = float(c["che_lru_hit_rate"].isel(policy=0)) if "che_lru_hit_rate" in c else float("nan")
+            base = _base_policy(ds)
+            t0, t1 = float(c["ttft_p99_s"].sel(policy=base)), float(c["ttft_p99_s"].sel(policy=best))
+            rows.append([str(r)] + [f"{100 * float(h[q]):.1f}%" for q in pols]
+                        + ["-" if not np.isfinite(che) else f"{100 * che:.1f}%", best, f"{t0:.2f} -> {t1:.2f} s"])
+        out.append(_render(rows))
+        wins = sub["token_hit_rate"].to_series().unstack("policy")
+        counts = wins.idxmax(axis=1).value_counts()
+        gain = (wins.max(axis=1) - wins[_base_policy(ds)]) * 100
+        out.append(f"  best policy by router: {', '.join(f'{k} x{v}' for k, v in counts.items())}; largest gain over "
+                   f"{_base_policy(ds)} {gain.max():.1f} points ({gain.idxmax()}), smallest {gain.min():.1f}")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def policy_panels(ds: xr.Dataset, axes, pref: dict) -> None:
+    """Token hit rate by policy (x) for each router (lines), one panel per capacity (at most ``len(axes)``),
+    Che's LRU prediction dotted for the routers that have one."""
+    caps = list(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims else [None]
+    pols = [str(p) for p in ds["policy"].values]
+    colors = matplotlib.colormaps["tab10"]
+    for ax, cap in zip(axes, caps[-len(axes):]):
+        p = {k: v for k, v in dict(pref, policy=None, **({"capacity_blocks": cap} if cap is not None else {})).items()
+             if v is not None}
+        sub, sel = _fix(ds, ("router", "policy"), p)
+        for i, r in enumerate(sub["router"].values):
+            ax.plot(range(len(pols)), np.asarray(sub["token_hit_rate"].sel(router=r).values, float), marker="o", ms=3,
+                    color=colors(i % 10), ls="-" if i < 10 else "--", label=str(r))
+            if "che_lru_hit_rate" in sub:
+                che = float(sub["che_lru_hit_rate"].sel(router=r).isel(policy=0))
+                if np.isfinite(che):
+                    ax.axhline(che, color=colors(i % 10), ls=":", lw=1)
+        ax.set_xticks(range(len(pols)), pols, fontsize="small")
+        ax.set_ylabel("token hit rate")
+        ax.set_title(f"by policy: {_sel_text(sel)} (dotted: Che LRU)", fontsize="small")
+        ax.grid(True, alpha=0.3)
+
+
 def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
     """Panels over the load level, one line per router: TTFT p99 (or p90 for llmd_blog) with the SLO,
     token hit rate, load imbalance and prefix copies."""
@@ -522,9 +587,16 @@ def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
     pref = {"layout": "stable"}
     if "capacity_blocks" in ds.dims:
         pref["capacity_blocks"] = max(ds["capacity_blocks"].values)
+    pols = "policy" in ds.dims and ds.sizes["policy"] > 1
+    if pols:
+        pref["policy"] = _base_policy(ds)
     sub, sel = _fix(ds, ("router", x), pref)
-    fig = _new_figure(11.0, 7.5)
-    axes = fig.subplots(2, 2)
+    fig = _new_figure(11.0, 11.0 if pols else 7.5)
+    axes = fig.subplots(3 if pols else 2, 2)
+    if pols:
+        top = {"rate_per_s": ds[x].values[-1]} if x in ds.dims else {}
+        policy_panels(ds, axes[2], {k: v for k, v in dict(pref, **top).items() if k != "capacity_blocks"})
+        axes = axes[:2]
     panels = [(tvar, "TTFT " + tvar.split("_")[1] + " (s)", True), ("token_hit_rate", "token hit rate", False),
               ("load_imbalance", "load imbalance (max / mean busy time)", False),
               ("prefix_copies", "replicas holding a request's prefix", False)]

@@ -587,6 +587,12 @@ def grid_cells(cfg, plan: Plan):
     vllm = _scheduler(cfg) == "vllm"  # the vllm replica's pool keeps every run
     # what the per-prefix TTL formula needs from each workload (cacheresearch.metrics.prefix)
     combos = ttl_combos(cells, [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells])
+    # Che's LRU prediction of the cells whose router has one (random / round_robin, prefix_hash), per workload
+    che_cases: dict[tuple, set] = {k: set() for k in wkeys}
+    for g, c in enumerate(cells):
+        case = _che_case(cfg, c)
+        if case is not None:
+            che_cases[_workload_key(plan, c)].add(case)
     # one workload at a time: its stream and a summary are kept, its block keys are not
     streams, workloads = [], []
     for k in wkeys:
@@ -596,7 +602,7 @@ def grid_cells(cfg, plan: Plan):
         except WorkloadError as e:  # the engine's bounds (its int32 clock): a clear message, not a traceback
             raise SweepError(f"workload {w.name}: {e}") from None
         workloads.append(dict(describe=describe_workload(w), input_tokens=int(w.input_tokens.sum()),
-                              n_requests=int(w.n_requests),
+                              n_requests=int(w.n_requests), che=che_lru(w, che_cases[k]),
                               groups=prefix_groups(w, plan.source, _integer("output.prefix_top",
                                                                              cfg.output.prefix_top, 1), combos)))
         del w
@@ -616,6 +622,34 @@ def grid_cells(cfg, plan: Plan):
                           options=dict(per_request=True, backend=_backend(cfg), **opts))
     timing = {"build_s": t_build, "simulate_s": 0.0, "compile_s": 0.0, "batches": 0}
     return metrics, idx, workloads, timing
+
+
+def _che_case(cfg, cell: dict) -> tuple | None:
+    """(capacity, replicas, rule, prefix_blocks) of a cell Che's LRU approximation predicts, or None: a capacity
+    and a router that ignores the cache and load (random / round_robin: every replica sees 1/R of every key;
+    prefix_hash: each prefix's whole rate on one replica)."""
+    cap = cell.get("capacity_blocks")
+    if cap is None:
+        return None
+    rule = resolve_router(router_knobs(cfg, cell)[0])["router"]
+    if rule not in ("random", "round_robin", "prefix_hash"):
+        return None
+    return int(cap), int(cell["replicas"]), "random" if rule == "round_robin" else rule, int(cell["prefix_blocks"])
+
+
+def che_lru(w: Workload, cases) -> dict:
+    """Che's LRU token hit rate for each (capacity, replicas, rule, prefix_blocks) case of workload ``w``
+    (:func:`cacheresearch.analysis.analytic.che_fleet`: block-key rates, IRM; a block hit counts its block's
+    tokens, so the block ratio stands for the token ratio; ``first_miss``: a replica's first request of a block
+    misses, the trace's cold start)."""
+    from cacheresearch.analysis.analytic import che_fleet  # noqa: PLC0415 - SciPy, only when a cell has a case
+
+    out = {}
+    for cap, R, rule, pb in sorted(cases):
+        ok = w.n_blocks.sum() and w.n_requests > 1 and int(w.arrival_ms[-1]) > int(w.arrival_ms[0])
+        out[(cap, R, rule, pb)] = float(che_fleet(w, cap, R, rule, prefix_blocks=pb, first_miss=True).overall) \
+            if ok else float("nan")
+    return out
 
 
 def grid_study(cfg):
@@ -661,6 +695,9 @@ def _launch_args(cfg) -> dict:
 GRID_VAR_DOCS = {
     "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
     "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
+    "che_lru_hit_rate": ("Che's LRU prediction of the hit rate (IRM on block keys, a replica's first request of a "
+                         "block a miss; random / round_robin and prefix_hash routers with a capacity; NaN elsewhere)",
+                         "1"),
     "hit_tokens": ("input tokens served from cache (exact)", "tokens"),
     "input_tokens": ("input tokens of the workload", "tokens"),
     "requests_hit": ("requests with at least one hit block", "requests"),
@@ -735,6 +772,9 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
         "overflow_share": grid(metrics.overflow_share, np.float64),
         "queue_overflow": grid(metrics.queue_overflow, np.int64),
     }
+    cells = list(plan.cells())
+    che = [workloads[int(idx[g])].get("che", {}).get(_che_case(cfg, c), np.nan) for g, c in enumerate(cells)]
+    data["che_lru_hit_rate"] = grid(che, np.float64)
     if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
         data.update({
             "tpot_mean_s": grid(np.asarray(metrics.tpot_mean_ms) / 1000.0, np.float64),
