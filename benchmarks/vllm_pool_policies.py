@@ -22,6 +22,7 @@ def main(out: str, overrides: list[str]) -> None:
 
     def recording(cfg, plan, metrics, idx, workloads, timing):
         seen["overflow"] = np.asarray(metrics.time_overflow).astype(bool)
+        seen["policy"] = str(cfg.cache.policy)
         return to_dataset(cfg, plan, metrics, idx, workloads, timing)
 
     sweep.to_dataset = recording
@@ -29,6 +30,8 @@ def main(out: str, overrides: list[str]) -> None:
         ds = sweep.run_experiment(overrides, out)
     finally:
         sweep.to_dataset = to_dataset
+    if "policy" not in ds.dims:  # cache.policy=NAME without grid.policy: a policy axis of one
+        ds = ds.expand_dims(policy=[seen["policy"]])
     ov = seen["overflow"]
     print(f"time_overflow (clock past its span or a stuck pool): {int(ov.sum())} of {ov.size} configurations")
     keep = [d for d in ds["token_hit_rate"].dims if ds.sizes[d] > 1 and d != "policy"]

@@ -146,3 +146,22 @@ def test_sweep_keeps_the_pool_capacity_for_a_ttl_policy():
                 prefix_blocks=None)
     assert int(_params_of(cell, cfg).capacity) == 1234
     assert int(_params_of(dict(cell, policy="unbounded"), cfg).capacity) == 2**31 - 1
+
+
+def test_pool_policies_bench_takes_one_policy_without_a_grid(tmp_path, capsys):
+    """benchmarks/vllm_pool_policies.py with cache.policy=NAME and no grid.policy (no policy axis in the
+    dataset) prints that policy's row instead of failing on the missing axis."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("vllm_pool_policies", root / "benchmarks" / "vllm_pool_policies.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    trace = root / "tests" / "fixtures" / "mini_agent.jsonl"
+    bench.main(str(tmp_path / "out"), ["experiment=replay", "replica=vllm", f"trace.path={trace}",
+                                       "trace.block_tokens=64", "cache.policy=s3fifo", "cache.capacity_blocks=400",
+                                       "launch=memory", "output.figure=false"])
+    out = capsys.readouterr().out
+    assert "0 of 1 configurations" in out
+    assert any(line.startswith("| s3fifo |") for line in out.splitlines()), out
