@@ -12,8 +12,11 @@ Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the
 above, on any device) or on the numba CPU backend (:mod:`cacheresearch.backends.numba_cache`: the same
 algorithm as compiled loops, configurations in threads, one stream per call), which has no per-step
 XLA overhead. ``auto`` (the default) takes numba for the configurations it covers when the devices are
-the host's CPU, the JAX engine for the rest: the cells are grouped by backend too, and the plan names
-each program's backend. Both give the same metrics, field by field.
+the host's CPU, the JAX engine for the rest, and numba on any host for what only numba runs (a closed-loop
+client, the vllm pool's orders beyond LRU): the cells are grouped by backend too, and the plan names each
+program's backend. Both give the same metrics, field by field. :func:`check_cells` makes every check of a
+run (coverage, bounds, streams) and compiles nothing: the backend of each cell, or the refusal a run would
+raise (``docs/compatibility.md`` is made of it).
 
 Memory: before running, each group's program is compiled ahead of time and its memory analysis
 (arguments + outputs + temporaries) is compared with the memory the machine has available. A
@@ -44,6 +47,8 @@ from cacheresearch.backends import numba_cache
 from cacheresearch.cache.block import BLOCK_POLICY_IDS
 from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID
 from cacheresearch.core.simulate import (
+    VLLM_NUMBA_POLICIES,
+    VLLM_POLICIES,
     Metrics,
     Static,
     check_bounds,
@@ -57,7 +62,7 @@ from cacheresearch.core.simulate import (
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 
-__all__ = ["simulate_cells", "plan_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
+__all__ = ["simulate_cells", "plan_cells", "check_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
            "available_memory_bytes", "MemoryError_", "BACKENDS", "BackendError"]
 
 #: ``backend=``: ``auto`` (per program the fastest exact backend that covers its configurations: the
@@ -66,7 +71,12 @@ BACKENDS = ("auto", "jax", "numba")
 
 
 class BackendError(ValueError):
-    """``backend="numba"`` asked for configurations the numba backend does not model."""
+    """``backend="numba"`` asked for configurations the numba backend does not model; ``missing``: what it does
+    not model of them (the backends' ``coverage()`` phrases)."""
+
+    def __init__(self, message: str, missing: tuple = ()):
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 class MemoryError_(RuntimeError):  # noqa: N801 - not the builtin: raised before anything is allocated
@@ -301,10 +311,15 @@ def _devices_of(devices) -> list:
     return list(devices)
 
 
+_POLICY_NAME = {spec.id: n for n, spec in POLICIES.items()}
+
+
 def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tuple[str, list]:
     """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``; a closed-loop
-    client (``client_permits > 0``) is the numba vllm backend's only, so ``auto`` takes numba for it on any host."""
+    client (``client_permits > 0``) and the vllm pool's orders beyond leaf-first LRU (``ttl_refresh``, ``fifo``,
+    ``sieve``, ``s3fifo``) are the numba vllm backend's only, so ``auto`` takes numba for them on any host."""
     closed = int(getattr(p, "client_permits", 0)) > 0
+    numba_only = closed or (scheduler == "vllm" and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
     if closed and (backend == "jax" or not numba_cache.available()):
         raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
                            "backend only: engine.backend=auto or numba, with numba installed")
@@ -314,7 +329,7 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
                          blocks=(block,) if block else ())
     missing = _numba_module(scheduler, bool(block)).coverage([p], st)
-    if backend == "numba" or (closed and not missing):
+    if backend == "numba" or (numba_only and not missing and numba_cache.available()):
         return "numba", missing
     return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
 
@@ -351,14 +366,14 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        covers = ("the vllm replica with the policies ['lru', 'unbounded'] and every router (gie included; kv_cost "
-                  "at temperature 0) on every view, with the load scrape"
+        covers = (f"the vllm replica with the policies {list(VLLM_NUMBA_POLICIES)} and every router (gie included; "
+                  "kv_cost at temperature 0) on every view, with the load scrape"
                   if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
                   "and the routers that read neither load nor cache, and with the per-block policies "
                   f"{list(BLOCK_POLICY_IDS)} and every router (kv_cost at temperature 0) on the precise, "
                   "approximate and stale views")
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
-                           "backend=auto (the JAX engine for the rest) or backend=jax")
+                           "backend=auto (the JAX engine for the rest) or backend=jax", tuple(refused))
     return groups
 
 
@@ -410,6 +425,52 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
     return calls, per, mem(per), n_out
 
 
+def _checked_programs(streams, stream_of, params, max_replicas: int, backend: str, cpu: bool, options: dict):
+    """Per program (one state shape, one backend): (its key, streams, cells per stream, static options, served
+    streams), every check of a run done (coverage, bounds, streams) and nothing compiled."""
+    groups = _group_cells(params, stream_of, backend, cpu, options.get("scheduler", "fcfs"))
+    for key, by_stream in groups.items():
+        index, stale, priority, s3, block, kind = key
+        sids = sorted(by_stream)
+        cells = [by_stream[s] for s in sids]
+        grid = jax.tree.map(lambda *a: np.asarray(a), *[params[g] for cs in cells for g in cs])  # host arrays
+        depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
+        options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
+        st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
+                            max_depth=depth, s3=s3, blocks=(block,) if block else (), **options)
+        check_bounds(grid, max_replicas, st, backend=kind)  # the one scope check, for the backend that runs it
+        served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
+        for s_ in sids:  # the per-block lists (lfu: the largest frequency) of every stream of the program
+            st = with_block_bound(served[s_], st)
+        for s_ in sids:
+            check_stream(served[s_], st, grid)
+        yield key, sids, cells, st, served
+
+
+def check_cells(streams: list[Stream], stream_of: np.ndarray, params: list, *, max_replicas: int,
+                backend: str = "auto", cpu: bool | None = None, **options) -> list[str]:
+    """The backend (``"jax"`` or ``"numba"``) each cell would run on under ``backend=``, on a CPU host
+    (``cpu``; default: whether the local devices are the host's CPU) or an accelerator host, after every check
+    :func:`plan_cells` makes: it raises the same refusal (:class:`BackendError`, ``ValueError``), compiling and
+    running nothing. ``auto`` on the fcfs replica gives a program to one backend (``_whole_programs``), so a
+    cell's backend can depend on the cells beside it."""
+    stream_of = np.asarray(stream_of, np.int64)
+    if not params:
+        raise ValueError("no cells to check")
+    if cpu is None:
+        cpu = jax.local_devices()[0].platform == "cpu"
+    options = dict(options)
+    for k in ("index", "stale", "routers_compiled", "priority", "max_depth", "s3", "blocks", "block_q"):
+        options.pop(k, None)
+    out = [""] * len(params)
+    for key, _sids, cells, _st, _served in _checked_programs(streams, stream_of, params, max_replicas, backend, cpu,
+                                                              options):
+        for cs in cells:
+            for g in cs:
+                out[g] = key[-1]
+    return out
+
+
 def plan_cells(
     streams: list[Stream],
     stream_of: np.ndarray,
@@ -442,23 +503,10 @@ def plan_cells(
     avail = per_device if per_device is not None else available_memory_bytes()
     budget = int(avail * memory_fraction)
     plan = Plan(n_cells=G, n_streams=len(set(stream_of.tolist())), available_bytes=avail, devices=D)
-    groups = _group_cells(params, stream_of, backend, devices[0].platform == "cpu", options.get("scheduler", "fcfs"))
     calls: list[Call] = []
     ready = []
-    for (index, stale, priority, s3, block, kind), by_stream in groups.items():
-        sids = sorted(by_stream)
-        cells = [by_stream[s] for s in sids]
-        grid = jax.tree.map(lambda *a: np.asarray(a), *[params[g] for cs in cells for g in cs])  # host arrays
-        depth = max(int(np.max(np.asarray(streams[s].n_blocks), initial=0)) for s in sids)
-        options["max_runs"] = max(int(np.max(np.asarray(streams[s].n_runs), initial=0)) for s in sids)
-        st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
-                            max_depth=depth, s3=s3, blocks=(block,) if block else (), **options)
-        check_bounds(grid, max_replicas, st, backend=kind)  # the one scope check, for the backend that runs it
-        served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
-        for s_ in sids:  # the per-block lists (lfu: the largest frequency) of every stream of the program
-            st = with_block_bound(served[s_], st)
-        for s_ in sids:
-            check_stream(served[s_], st, grid)
+    for (index, stale, priority, s3, block, kind), sids, cells, st, served in _checked_programs(
+            streams, stream_of, params, max_replicas, backend, devices[0].platform == "cpu", options):
         gi = len(plan.groups)
         if kind == "numba":
             got, per, mem, n_out = _numba_group(served, sids, cells, st, max_batch, budget, D)

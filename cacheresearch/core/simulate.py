@@ -666,7 +666,7 @@ VLLM_REFUSED = {
     "arc": "its ghost lists and adaptive target are not kept in the vllm pool (fifo, sieve, s3fifo are)",
     "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
     "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
-    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); the vllm pool takes libCacheSim's s3fifo",
+    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); libCacheSim's per-block s3fifo runs on the pool",
 }
 
 
@@ -757,7 +757,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
         bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_POLICIES))
         if bad and backend != "numba":
             raise ValueError(f"policies {bad} on the JAX vllm replica: its pool is vLLM's leaf-first LRU over runs (no "
-                             "per-block lists, no release clock); run them on engine.backend=numba (or auto on a CPU)")
+                             "per-block lists, no release clock); run them on engine.backend=numba or auto (numba "
+                             "installed)")
         if not st.queue:
             raise ValueError("the vllm replica needs queue=True")
         if np.any(np.asarray(params.max_num_seqs) > st.max_running):
