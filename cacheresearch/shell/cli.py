@@ -9,6 +9,7 @@
     cacheresearch diff A B [ARGS..]    # = python -m cacheresearch.diff
     cacheresearch docs [--check]       # write (or check) docs/experiments/*.md from the configs
     cacheresearch docs --record [NAME ...]  # rerun the small record runs: docs/experiments/variables.json
+    cacheresearch docs --compat [--check]   # write (or check) docs/compatibility.md from the engine's checks
 
 ``python -m cacheresearch.sweep ...`` and the other module entry points keep working; the subcommands call
 the same functions. A user's mistake is one line on stderr and exit status 2, never a traceback.
@@ -21,7 +22,7 @@ import sys
 __all__ = ["main"]
 
 USAGE = ("usage: cacheresearch {list,show NAME,sweep [KEY=VALUE ...],bench [ARGS],diff A B [ARGS],"
-         "docs [--check|--record]}")
+         "docs [--check|--record|--compat]}")
 
 
 def _err(msg: str) -> int:
@@ -69,9 +70,25 @@ def _sweep(args: list[str]) -> int:
     return 0
 
 
+def _compat(check: bool) -> int:
+    from cacheresearch.shell import compat  # noqa: PLC0415
+
+    text = compat.page()
+    if check:
+        if not compat.DOC.is_file() or compat.DOC.read_text(encoding="utf-8") != text:
+            return _err("docs/compatibility.md is out of date; run `cacheresearch docs --compat`")
+        print("docs/compatibility.md is up to date")
+        return 0
+    compat.DOC.write_text(text, encoding="utf-8")
+    print("wrote docs/compatibility.md")
+    return 0
+
+
 def _docs(args: list[str]) -> int:
     from cacheresearch.shell import guide  # noqa: PLC0415
 
+    if "--compat" in args:
+        return _compat("--check" in args)
     if "--record" in args:
         from cacheresearch.shell.record import RECORD_RUNS, record  # noqa: PLC0415
 
