@@ -12,9 +12,13 @@ readers and cache construction are outside libCacheSim's timer, the compile outs
 shapes). The block hit counts are checked equal (``equal``). ``ratio`` = libCacheSim's parallel wall time
 / the project's time.
 
-``cost_per_access``: one configuration of every policy, the JAX engine's ``lru`` and the LRU numba
-backend on the same stream, seconds per block access (``vs_engine_lru``: the policy's time / the JAX
-engine's LRU time, compile excluded).
+``cost_per_access``: one configuration of ``lru`` and every per-block policy through the public engine on
+each backend (``jax``, ``numba``), seconds per block access (``vs_lru``: the policy's time / ``lru``'s on the
+same backend, compile excluded), each per-block policy's hits checked equal to libCacheSim's on the same
+object stream (``equal_libcachesim``).
+
+``sweep64_policies_jax``: ``sweep64_policies``' configurations on the JAX backend (what a GPU runs), checked
+equal to the numba kernels.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from cacheresearch.workload import Workload
 
 __all__ = ["sweep64_policies", "cost_per_access", "main"]
 
-_LCS_NAMES = {"fifo": "FIFO", "sieve": "Sieve", "s3fifo": "S3FIFO", "lfu": "LFU", "arc": "ARC"}
+_LCS_NAMES = {"lru": "LRU", "fifo": "FIFO", "sieve": "Sieve", "s3fifo": "S3FIFO", "lfu": "LFU", "arc": "ARC"}
 
 
 def _lcs_task(args):
@@ -117,58 +121,126 @@ def sweep64_policies(w: Workload, *, workers: int | None = None, policies=BLOCK_
     return out
 
 
+def _lcs_hits(policy: str, ids: np.ndarray, capacity: int) -> int:
+    """libCacheSim's hits of ``policy`` (its defaults) on one object stream of block ids."""
+    from cacheresearch.bench import hashpower  # noqa: PLC0415
+    from cacheresearch.workload import trace  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmpd:
+        p = Path(tmpd) / "objects.oracleGeneral"
+        trace.write_oracle_general(ids, p)
+        return _lcs_task((policy, str(p), capacity, hashpower(int(np.unique(ids).size))))[1]
+
+
+def object_stream(ids: np.ndarray, block_tokens: int) -> Workload:
+    """Block ids as an object stream: one request of one block per access, 1 ms apart (no two blocks share
+    a request, so the prefix cache's leading-run hit is libCacheSim's per-object hit)."""
+    S = int(ids.size)
+    return Workload(arrival_ms=np.arange(S, dtype=np.int64), input_tokens=np.full(S, block_tokens, np.int64),
+                    output_tokens=np.zeros(S, np.int64), tenant=np.zeros(S, np.int32),
+                    keys=np.asarray(ids, np.uint64), offsets=np.arange(S + 1, dtype=np.int64),
+                    block_tokens=block_tokens, name="objects")
+
+
 def cost_per_access(w: Workload, capacity: int | None = None, repeats: int = 3) -> list[dict]:
-    import jax  # noqa: PLC0415
-
-    from cacheresearch.backends.numba_cache import replay_grid  # noqa: PLC0415
-    from cacheresearch.backends.numba_policies import block_replay_grid  # noqa: PLC0415
+    """One configuration (one replica) of ``lru`` and every per-block policy through the public engine
+    (:func:`cacheresearch.core.run.simulate_cells`) on :func:`object_stream` of ``w``'s blocks, leaf-first, on
+    each backend (``jax``: the scan;
+    ``numba``: :mod:`cacheresearch.backends.numba_cache` for lru, :mod:`cacheresearch.backends.numba_blocks`
+    for the rest), seconds per block access after a warm-up call; ``vs_lru`` = the policy's time / lru's on
+    the same backend; ``equal_libcachesim``: the engine's block hits equal libCacheSim's on the same object
+    stream, hit for hit (``lru`` against libCacheSim's LRU too)."""
+    from cacheresearch.bench import leaf_first_ids  # noqa: PLC0415
     from cacheresearch.core.params import make_params  # noqa: PLC0415
+    from cacheresearch.core.run import simulate_cells  # noqa: PLC0415
     from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
-    from cacheresearch.engine import simulate  # noqa: PLC0415
 
-    U = int(np.unique(w.keys).size)
+    ids = leaf_first_ids(w)
+    U = int(np.unique(ids).size)
     C = int(capacity or max(U // 10, 1))
-    S = int(w.total_blocks)
+    S = int(ids.size)
+    obj = object_stream(ids, int(w.block_tokens))
+    streams = [compile_stream(obj, block_ids=True)]
 
     def best(fn):
-        fn()
+        out = fn()
         ts = []
         for _ in range(repeats):
             t = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
-        return min(ts)
+        return min(ts), out
 
-    s = compile_stream(w)
-    p = make_params("lru", capacity_blocks=C)
-    key = jax.random.key(0)
-    lru_jax = best(lambda: simulate(s, p, key, per_request=False, queue=False))
-    lru_numba = best(lambda: replay_grid(w, [p], [key], stream=s))
-    rows = [dict(case="cost_per_access", policy="lru (JAX engine)", seconds=lru_jax, capacity=C, accesses=S),
-            dict(case="cost_per_access", policy="lru (numba backend)", seconds=lru_numba, capacity=C, accesses=S)]
-    for policy in BLOCK_POLICY_IDS:
-        pp = [make_params(policy, capacity_blocks=C)]
-        rows.append(dict(case="cost_per_access", policy=policy, capacity=C, accesses=S,
-                         seconds=best(lambda pp=pp: block_replay_grid(w, pp))))
-    for r in rows:
-        r["us_per_access"] = 1e6 * r["seconds"] / S
-        r["vs_engine_lru"] = r["seconds"] / lru_jax
-        r["vs_numba_lru"] = r["seconds"] / lru_numba
+    rows = []
+    for backend in ("numba", "jax"):
+        base = None
+        for policy in ("lru", *BLOCK_POLICY_IDS):
+            p = [make_params(policy, capacity_blocks=C)]
+            sec, m = best(lambda p=p, b=backend: simulate_cells(streams, np.zeros(1, np.int64), p, np.zeros(1),
+                                                                max_replicas=1, backend=b, queue=False,
+                                                                per_request=True)[0])
+            base = sec if policy == "lru" else base
+            hits = int(np.asarray(m.hit_blocks)[0, :S].astype(np.int64).sum())
+            row = dict(case="cost_per_access", policy=policy, backend=backend, seconds=sec, capacity=C, accesses=S,
+                       us_per_access=1e6 * sec / S, vs_lru=sec / base, block_hits=hits)
+            row["equal_libcachesim"] = hits == _lcs_hits(policy, ids, C)
+            rows.append(row)
     return rows
+
+
+def sweep64_policies_jax(w: Workload, policies=BLOCK_POLICY_IDS) -> list[dict]:
+    """``sweep64_policies``' 64 configurations per policy on the JAX backend (the scan a GPU runs; one
+    compiled program per policy, the configurations vmapped), compile excluded (a warm-up call), checked
+    equal to the numba kernels' block hits."""
+    import jax  # noqa: PLC0415
+
+    from cacheresearch.backends.numba_policies import block_replay_grid  # noqa: PLC0415
+    from cacheresearch.core.params import make_params  # noqa: PLC0415
+    from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
+    from cacheresearch.engine import simulate_grid, stack_params  # noqa: PLC0415
+
+    U = int(np.unique(w.keys).size)
+    caps = np.unique(np.geomspace(max(U // 200, 20), max(U // 2, 40), 16).astype(int))
+    configs = [(int(c), R) for R in (1, 2, 4, 8) for c in caps]
+    s = compile_stream(w, block_ids=True)
+    out = []
+    for policy in policies:
+        params = [make_params(policy, capacity_blocks=c, replicas=R) for c, R in configs]
+        keys = jax.vmap(jax.random.key)(np.zeros(len(params), np.uint32))
+
+        def run(params=params, keys=keys):
+            m = simulate_grid(s, stack_params(params), keys, max_replicas=8, per_request=True, queue=False)
+            return jax.block_until_ready(m)
+
+        t = time.perf_counter()
+        run()
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        m = run()
+        sec = time.perf_counter() - t
+        ref = block_replay_grid(w, params, max_replicas=8)
+        out.append(dict(case="sweep64_policies_jax", policy=policy, backend="jax", device=jax.devices()[0].platform,
+                        configs=len(configs), seconds=sec, compile_and_first_s=first, accesses=int(w.total_blocks),
+                        equal=bool(np.array_equal(np.asarray(m.hit_blocks)[:, :w.n_requests].astype(np.int64).sum(1),
+                                                  np.asarray(ref.block_hits)))))
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cacheresearch.bench.policies", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the first 1,000 requests of the workload")
     ap.add_argument("--json", default=None, help="write the rows to this file")
-    ap.add_argument("--cases", default="sweep64_policies,cost_per_access")
+    ap.add_argument("--cases", default="sweep64_policies,cost_per_access,sweep64_policies_jax")
     a = ap.parse_args(argv)
     w, name = _workload(a.quick)
     rows = []
-    if "cost_per_access" in a.cases:
+    if "cost_per_access" in a.cases.split(","):
         rows += cost_per_access(w)
-    if "sweep64_policies" in a.cases:
+    cases = a.cases.split(",")
+    if "sweep64_policies" in cases:
         rows += sweep64_policies(w)
+    if "sweep64_policies_jax" in cases:
+        rows += sweep64_policies_jax(w)
     for r in rows:
         r["workload"] = name
         r["requests"] = int(w.n_requests)
