@@ -268,6 +268,9 @@ def test_tiers_study_cell_equals_reference(small_tiers):
     ("grid.cpu_capacity_blocks=[-1]", "grid.cpu_capacity_blocks"),
     ("study.trace.path=/nonexistent/trace.jsonl", "study.trace.path"),
     ("grid.cpu_capacity_blocks=[100000000]", "tiers.cpu.capacity_blocks"),
+    ("study.gpu_policy=ttl_refresh", "study.gpu_policy"),
+    ("study.cpu_policy=lfu_perfect", "study.cpu_policy"),
+    ("study.view=gie_estimate", "study.view"),
 ])
 def test_tiers_study_bad_input_names_the_key(override, key):
     from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
@@ -279,6 +282,31 @@ def test_tiers_study_bad_input_names_the_key(override, key):
     with pytest.raises(StudyError) as e:
         run_study(cfg)
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tiers_study_policies_and_views(small_tiers):
+    """study.gpu_policy / cpu_policy / view reach every cell: one cell recomputed by the reference with s3fifo
+    on the gpu, sieve on the cpu and the approximate view; a different policy changes the results."""
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+    from cacheresearch.studies.base import study_cfg  # noqa: PLC0415
+    from cacheresearch.studies.tiers import DEFAULTS, tier_workload  # noqa: PLC0415
+
+    over = SMALL + ["study.workloads=[design]", "study.gpu_policy=s3fifo", "study.cpu_policy=sieve",
+                    "study.view=approximate", "study.index_capacity=300"]
+    cfg = compose_config(over)
+    ds = run_study(cfg)
+    c = study_cfg(cfg, DEFAULTS)
+    w, R = tier_workload("design", c)
+    cell = make_config(gpu_blocks=60, replicas=R, router="tier_scorer", block_bytes=tier_block_bytes("llama3_8b", 16),
+                       tiers=dict(cpu=dict(capacity_blocks=200, read_gbps=2.0, write_gbps=2.0, policy="sieve")),
+                       prefix_blocks=640 // 16, gpu_policy="s3fifo", view="approximate", index_capacity=300)
+    ref = reference(w, cell, 0)
+    got = ds.sel(workload="design", router="tier_scorer", cpu_capacity="200", cpu_gbps=2.0)
+    assert float(got.token_hit_rate) == pytest.approx(ref["hit_tokens"].sum() / w.input_tokens.sum(), rel=1e-12)
+    base = small_tiers[1].sel(workload="design")
+    assert not np.array_equal(ds.sel(workload="design").hit_rate_by_tier.values, base.hit_rate_by_tier.values)
+    assert ds.attrs["gpu_policy"] == "s3fifo" and ds.attrs["view"] == "approximate"
 
 
 def test_tiers_study_extra_lower_tiers(small_tiers):

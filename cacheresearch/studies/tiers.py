@@ -32,7 +32,15 @@ import xarray as xr
 from cacheresearch.replica.hardware import kv_blocks
 from cacheresearch.studies import base as B
 from cacheresearch.studies.base import Study, StudyError
-from cacheresearch.tiers import TIER_NAMES, TierError, make_config, run_tiers, tier_block_bytes
+from cacheresearch.tiers import (
+    TIER_NAMES,
+    TIER_POLICIES,
+    TIER_VIEWS,
+    TierError,
+    make_config,
+    run_tiers,
+    tier_block_bytes,
+)
 from cacheresearch.tiers.engine import dense_keys
 from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.trace import load_mooncake
@@ -49,6 +57,11 @@ DEFAULTS = dict(
     decode_us_per_token=250,
     offload="evict",
     load_mode="serial",
+    gpu_policy="lru",  # the gpu tier's policy: lru (vLLM's, SGLang's) or a per-block one (fifo sieve s3fifo lfu arc)
+    cpu_policy="lru",  # the cpu tiers' policy (the same choices)
+    view="precise",  # what the tier routers read: precise | stale (every stale_lag_ms) | approximate (own index)
+    stale_lag_ms=1000,
+    index_capacity=2**31 - 1,  # approximate view: blocks per replica in the router's index
     tier_weights_pct=[100, 80, 60, 40],
     lower={},  # extra lower tiers in every grid cell: {pool: {capacity_blocks: ..}, disk: {..}} (tiers.* keys)
     design=dict(n_tenants=200, prefix_tokens=10_000, query_tokens=200, output_tokens=200, hot_share=0.5,
@@ -150,7 +163,8 @@ def _configs(c, caps, gbps, routers, common, R):
         for ci, cap in enumerate(caps):
             for gi, bw in enumerate(gbps):
                 for ri, rt in enumerate(routers):
-                    tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw), **lower)
+                    tiers = dict(cpu=dict(capacity_blocks=cap, read_gbps=bw, write_gbps=bw, policy=c["cpu_policy"]),
+                                 **lower)
                     cfgs.append(make_config(router=rt, tiers=tiers, **common))
                     cells.append((ci, gi, ri))
         dram = c["pool"]["dram_blocks_per_replica"]
@@ -160,7 +174,8 @@ def _configs(c, caps, gbps, routers, common, R):
             for rt in POOL_ROUTERS:
                 tiers = {}
                 if lay == "local_cpu":
-                    tiers = dict(cpu=dict(capacity_blocks=dram, read_gbps=max(gbps), write_gbps=max(gbps)))
+                    tiers = dict(cpu=dict(capacity_blocks=dram, read_gbps=max(gbps), write_gbps=max(gbps),
+                                          policy=c["cpu_policy"]))
                 elif lay == "shared_pool":
                     tiers = dict(pool=dict(capacity_blocks=dram * R, read_gbps=pbw, write_gbps=pbw,
                                            latency_us=float(c["pool"]["latency_us"])))
@@ -188,6 +203,9 @@ def tiers_study(cfg):
     g = _grid(cfg)
     if not c["workloads"]:
         raise StudyError("study.workloads must name at least one workload")
+    for k, allowed in (("gpu_policy", TIER_POLICIES), ("cpu_policy", TIER_POLICIES), ("view", TIER_VIEWS)):
+        if c[k] not in allowed:
+            raise StudyError(f"study.{k}: {c[k]!r} cannot run on the tiered engine; choose one of {', '.join(allowed)}")
     routers, gbps = list(g["router"]), [float(x) for x in g["cpu_gbps"]]
     caps_spec = g["cpu_capacity_blocks"]
     W, Cn, Gn, Rn, T = len(c["workloads"]), len(caps_spec), len(gbps), len(routers), len(TIER_NAMES)
@@ -218,6 +236,8 @@ def tiers_study(cfg):
         common = dict(gpu_blocks=gpu_blocks, replicas=R, block_bytes=bb, offload=c["offload"],
                       load_mode=c["load_mode"], prefill_tps=int(c["prefill_tps"]),
                       decode_us_per_token=int(c["decode_us_per_token"]), tier_weights_pct=tuple(c["tier_weights_pct"]),
+                      gpu_policy=str(c["gpu_policy"]), view=str(c["view"]), stale_lag_ms=c["stale_lag_ms"],
+                      index_capacity=c["index_capacity"],
                       # prefix_hash keys: the tenant prefix (design), the session's first block (agent)
                       prefix_blocks=max(int(c["design"]["prefix_tokens"]) // bt, 1) if name == "design" else 1)
         cells, cfgs, pool_cfgs = _configs(c, caps, gbps, routers, common, R)
@@ -276,6 +296,7 @@ def tiers_study(cfg):
     ds["cpu_gbps"].attrs.update(long_name="cpu tier read and write bandwidth", units="GB/s")
     ds.attrs.update(B.common_attrs(cfg, "tiers", t0, dict(
         model=str(c["model"]), gpu=str(c["gpu"]), offload=str(c["offload"]), load_mode=str(c["load_mode"]),
+        gpu_policy=str(c["gpu_policy"]), cpu_policy=str(c["cpu_policy"]), view=str(c["view"]),
         replicas=str({"design": c["design"]["replicas"], "agent": c["agent"]["replicas"]}),
         gpu_usd_per_hour=float(c["gpu_usd_per_hour"]), dram_usd_per_gb_hour=float(c["dram_usd_per_gb_hour"]),
         pool_read_gbps=float(c["pool"]["read_gbps"]),
