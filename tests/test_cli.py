@@ -49,6 +49,8 @@ def test_show_a_study_lists_its_typed_defaults(capsys):
     (["sweep", "replica=nope"], "replica=nope: unknown replica option; choose one of ['fcfs', 'vllm'"),
     (["sweep", "seeds=abc"], "seeds: Value 'abc'"),
     (["docs", "--record", "nope"], "docs --record: unknown experiment 'nope'"),
+    (["sweep", "+cache.nokey=3"], "cache.nokey: unknown key; known keys of cache: ['block_tokens'"),
+    (["sweep", "+engine.nokey=3"], "engine.nokey: unknown key; known keys of engine"),
 ])
 def test_mistakes_are_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2
@@ -67,6 +69,11 @@ def test_plain_overrides_pass_the_check():
     (["experiment=seed_fleet", "cache.policy=nopol"], "cache.policy: unknown policy 'nopol'; choose one of"),
     (["experiment=replay", "trace.path=missing.jsonl"], "trace.path: file not found: missing.jsonl"),
     (["experiment=seed_fleet", "grid.nokey=[1,2]"], "grid.nokey: unknown key"),
+    (["grid.policy=[lru,nopol]"], "grid.policy: unknown policy 'nopol'; choose one of"),
+    (["cache.ttl_s=300"], "cache.ttl_s: a TTL is set but no policy of the grid ['lru'] has one"),
+    (["grid.policy=[lru,sieve]", "grid.ttl_s=[60,300]"], "grid.ttl_s: a TTL is set but no policy of the grid"),
+    (["fleet.knobs.s3fifo_small_pm=200"], "fleet.knobs.s3fifo_small_pm: a knob of the policies ['s3fifo'], none"),
+    (["grid.policy=[sieve]", "grid.s3fifo_ghost_pm=[100,200]"], "grid.s3fifo_ghost_pm: a knob of the policies"),
 ])
 def test_module_entry_point_errors_are_one_line(tmp_path, args, needle):
     p = subprocess.run([sys.executable, "-m", "cacheresearch.sweep", *args, f"hydra.run.dir={tmp_path}",

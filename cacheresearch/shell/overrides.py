@@ -97,4 +97,31 @@ def check_overrides(args: list[str]) -> str | None:
         return None  # Hydra's flags (-m, --cfg, ...): Hydra checks them
     if any("," in v and not v.startswith(("[", "{", "'", '"')) for _, v in pairs):
         return None  # a sweep: each job is checked when it composes
-    return _compose_error([a for a in args if not (_split(a) or ("",))[0].startswith("hydra")])
+    plain = [a for a in args if not (_split(a) or ("",))[0].startswith("hydra")]
+    return _compose_error(plain) or _added_to_schema(plain)
+
+
+def _added_to_schema(overrides: list[str]) -> str | None:
+    """``+KEY=VALUE`` adds a key Hydra accepts anywhere; under a typed section of the schema (``cache``,
+    ``engine``, ...) a key it does not declare is a typo that would be ignored: one line naming it. Free-form
+    sections (``study``, ``fleet.variants``, ...) take any key."""
+    import dataclasses  # noqa: PLC0415
+
+    from omegaconf import DictConfig, OmegaConf  # noqa: PLC0415
+
+    added = [a for a in overrides if a.startswith("+") and not a.startswith("++") and _split(a)]
+    if not added:
+        return None
+    try:
+        cfg = _compose([o for o in overrides if o not in added])
+    except Exception:  # noqa: BLE001 - _compose_error reported what it could
+        return None
+    for a in added:
+        key = _split(a)[0]
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node)) \
+                and key.rsplit(".", 1)[-1] not in node:
+            where = f"known keys of {parent}" if parent else "known top-level keys"
+            return f"{key}: unknown key; {where}: {sorted(node.keys())}"
+    return None

@@ -307,6 +307,23 @@ _BASE_KEY = {
 }
 
 
+def _check_policy_knobs(policies: list, base: dict, coords: dict) -> None:
+    """A TTL, or a policy's own knob (``s3fifo_small_pm`` ...), given while no policy of the grid reads it: a
+    one-line error naming the key (it would change nothing)."""
+    ttl_key = "grid.ttl_s" if "ttl_s" in coords else "cache.ttl_s"
+    if ("ttl_s" in coords or base["ttl_s"] is not None) and not any(policy_spec(p).uses_ttl for p in policies):
+        with_ttl = sorted(k for k, v in POLICIES.items() if v.uses_ttl)
+        raise SweepError(f"{ttl_key}: a TTL is set but no policy of the grid {list(policies)} has one; drop it "
+                         f"or choose a TTL policy ({', '.join(with_ttl)})")
+    for k in sorted({k for spec in POLICIES.values() for k in spec.knobs}):
+        if k in coords or base.get(k) is not None:
+            owners = sorted(n for n, v in POLICIES.items() if k in v.knobs)
+            if not any(k in policy_spec(p).knobs for p in policies):
+                where = f"grid.{k}" if k in coords else _BASE_KEY[k]
+                raise SweepError(f"{where}: a knob of the policies {owners}, none of which is in the grid "
+                                 f"{list(policies)}")
+
+
 def make_plan(cfg: DictConfig) -> Plan:
     """Validate ``cfg`` and lay out the grid (raises :class:`SweepError` with a readable message)."""
     source = cfg.workload.source
@@ -369,6 +386,7 @@ def make_plan(cfg: DictConfig) -> Plan:
             )
         if spec.uses_ttl and base["ttl_s"] is None and "ttl_s" not in coords:
             raise SweepError(f"policy {p!r} needs a TTL: set cache.ttl_s=SECONDS or grid.ttl_s=[...]")
+    _check_policy_knobs(policies, base, coords)
 
     replicas = coords.get("replicas", [base["replicas"]])
     max_r = cfg.fleet.max_replicas
