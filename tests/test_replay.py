@@ -202,7 +202,8 @@ def test_numba_backend_refuses_what_it_does_not_cover():
     w = load_mooncake(FIXTURE, block_tokens=512)
     s = compile_stream(w, stateful_singletons=True)
     for p, what in ((make_params("lru", capacity_blocks=15, replicas=2, router="least_loaded"), "least_loaded"),
-                    (make_params("lfu", capacity_blocks=15), "lfu"),
+                    (make_params("lfu_perfect", capacity_blocks=15), "lfu_perfect"),
+                    (make_params("sieve", capacity_blocks=15, kv_pressure=True), "kv_pressure"),
                     (make_params("lru", capacity_blocks=15, kv_pressure=True), "kv_pressure"),
                     (make_params("lru", capacity_blocks=15, replicas=2, restart_replica=1), "restart")):
         with pytest.raises(BackendError, match=what):
