@@ -32,7 +32,8 @@ def test_groups_top_n_and_other():
 
 @pytest.mark.parametrize("policy", ["lru", "ttl_refresh"])
 def test_prefix_columns_in_the_dataset(tmp_path, policy):
-    over = ["experiment=seed_fleet", *SMALL, f"cache.policy={policy}", "cache.ttl_s=60", "grid.layout=null",
+    ttl = ["cache.ttl_s=60"] if policy == "ttl_refresh" else []  # a TTL with no TTL policy is refused
+    over = ["experiment=seed_fleet", *SMALL, f"cache.policy={policy}", *ttl, "grid.layout=null",
             "grid.policy=null", "grid.router=[random,prefix_hash]", "seeds=1"]
     ds = run_experiment(over, tmp_path)
     assert list(ds.prefix.values) == [f"tenant {k}" for k in range(8)]
