@@ -231,20 +231,28 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the first 1,000 requests of the workload")
     ap.add_argument("--json", default=None, help="write the rows to this file")
     ap.add_argument("--cases", default="sweep64_policies,cost_per_access,sweep64_policies_jax")
+    ap.add_argument("--jax-requests", type=int, default=60,
+                    help="sweep64_policies_jax on the workload's first N requests (the JAX scan runs each block as "
+                         "a loop step: minutes per policy on a CPU; 0: all)")
     a = ap.parse_args(argv)
     w, name = _workload(a.quick)
     rows = []
-    if "cost_per_access" in a.cases.split(","):
-        rows += cost_per_access(w)
     cases = a.cases.split(",")
+
+    def emit(new):  # each case's rows as soon as it ends (a long case does not hide the others')
+        for r in new:
+            r["workload"] = name
+            r.setdefault("requests", int(w.n_requests))
+            print(json.dumps(r), file=sys.stdout, flush=True)
+        rows.extend(new)
+
+    if "cost_per_access" in cases:
+        emit(cost_per_access(w))
     if "sweep64_policies" in cases:
-        rows += sweep64_policies(w)
+        emit(sweep64_policies(w))
     if "sweep64_policies_jax" in cases:
-        rows += sweep64_policies_jax(w)
-    for r in rows:
-        r["workload"] = name
-        r["requests"] = int(w.n_requests)
-        print(json.dumps(r), file=sys.stdout)
+        wj = w.slice(0, min(w.n_requests, a.jax_requests)) if a.jax_requests > 0 else w
+        emit([dict(r, requests=int(wj.n_requests)) for r in sweep64_policies_jax(wj)])
     if a.json:
         Path(a.json).write_text(json.dumps(dict(cores=os.cpu_count(), rows=rows), indent=1))
     return 0
