@@ -29,6 +29,10 @@ def vllm() -> None:
     st = static_options(p, max_replicas=2, per_request=True, scheduler="vllm", max_running=4, queue_slots=16,
                         max_runs=int(np.max(np.asarray(s.n_runs))), index=False, stale=False)
     nv.run_stream(s, [p], [jax.random.key(0)], st)
+    from cacheresearch.tiers import make_config, run_tiers  # noqa: PLC0415 - the tiered engine's kernel
+
+    run_tiers(w, [make_config(gpu_blocks=8, tiers=dict(cpu=dict(capacity_blocks=8)), replicas=2, router="random",
+                              block_bytes=1024)], [0])
 
 
 def cache() -> None:
@@ -43,6 +47,11 @@ def cache() -> None:
         nc.run_stream(s, [p], [jax.random.key(0)], st)
     for policy in ("fifo", "sieve", "s3fifo", "lfu", "arc"):
         npol.block_replay(w, policy, 8, replicas=2, router="random", key=jax.random.key(0))
+    from cacheresearch.core.run import simulate_cells  # noqa: PLC0415 - backends/numba_blocks.py's kernel
+
+    simulate_cells([compile_stream(w, block_ids=True)], np.zeros(1, np.int64),
+                   [make_params("sieve", capacity_blocks=8, replicas=2, router="cache_aware")], np.zeros(1),
+                   max_replicas=2, backend="numba", per_request=True)
 
 
 if __name__ == "__main__":

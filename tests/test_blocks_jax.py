@@ -37,7 +37,7 @@ def engine_and_reference(w, policy, kw, replicas, router, seed):
     return m, ref
 
 
-@settings(HYP, max_examples=40)
+@settings(HYP, max_examples=25)
 @given(w=tree_workloads(), data=st.data(), router=st.sampled_from(sorted(ROUTERS)), knobs=knob_sets,
        replicas=st.integers(1, R_MAX), seed=st.integers(0, 3))
 def test_every_router_and_view_on_block_policies_matches_reference(w, data, router, knobs, replicas, seed):
@@ -50,7 +50,7 @@ def test_every_router_and_view_on_block_policies_matches_reference(w, data, rout
     np.testing.assert_array_equal(np.asarray(m.max_occupancy)[:replicas], ref["max_occupancy"])
 
 
-@settings(HYP, max_examples=25)
+@settings(HYP, max_examples=15)
 @given(w=tree_workloads(), data=st.data(), router=st.sampled_from(list(CACHE_ROUTERS)), knobs=knob_sets,
        replicas=st.integers(2, R_MAX))
 def test_stale_and_approximate_views_on_block_policies(w, data, router, knobs, replicas):
