@@ -49,6 +49,7 @@ def test_show_a_study_lists_its_typed_defaults(capsys):
     (["sweep", "replica=nope"], "replica=nope: unknown replica option; choose one of ['fcfs', 'vllm'"),
     (["sweep", "seeds=abc"], "seeds: Value 'abc'"),
     (["docs", "--record", "nope"], "docs --record: unknown experiment 'nope'"),
+    (["docs", "--frobnicate"], "docs: unknown option '--frobnicate'"),
     (["sweep", "+cache.nokey=3"], "cache.nokey: unknown key; known keys of cache: ['block_tokens'"),
     (["sweep", "+engine.nokey=3"], "engine.nokey: unknown key; known keys of engine"),
 ])
@@ -56,6 +57,13 @@ def test_mistakes_are_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_docs_help_writes_nothing(capsys):
+    before = {p: p.stat().st_mtime_ns for p in (Path(__file__).parents[1] / "docs" / "experiments").glob("*.md")}
+    assert cli.main(["docs", "--help"]) == 0
+    assert "cacheresearch docs" in capsys.readouterr().out
+    assert before == {p: p.stat().st_mtime_ns for p in before}
 
 
 def test_plain_overrides_pass_the_check():

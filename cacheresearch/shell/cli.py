@@ -87,6 +87,15 @@ def _compat(check: bool) -> int:
 def _docs(args: list[str]) -> int:
     from cacheresearch.shell import guide  # noqa: PLC0415
 
+    if "-h" in args or "--help" in args:
+        print(__doc__.strip())
+        return 0
+    flags = [a for a in args if a.startswith("-")]
+    bad = [a for a in flags if a not in ("--check", "--record", "--compat")]
+    if bad:
+        return _err(f"docs: unknown option {bad[0]!r}; choose from --check, --record [NAME ...], --compat")
+    if [a for a in args if not a.startswith("-")] and "--record" not in args:
+        return _err("docs: experiment names go with --record (cacheresearch docs --record NAME ...)")
     if "--compat" in args:
         return _compat("--check" in args)
     if "--record" in args:
