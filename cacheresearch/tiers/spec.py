@@ -162,8 +162,8 @@ def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSp
     cap = _num(key + "capacity_blocks", d["capacity_blocks"], integer=True)
     pol = d["policy"]
     if pol not in TIER_POLICIES:
-        raise TierError(f"{key}policy: {pol!r} cannot run on a tier (a keyed store with no clock and no request "
-                        f"history: no TTL or priority policy); choose one of {', '.join(TIER_POLICIES)}")
+        raise TierError(f"{key}policy: {pol!r} cannot run on a tier ({_why_not(pol)}); choose one of "
+                        f"{', '.join(TIER_POLICIES)}")
     rbw = _num(key + "read_gbps", d["read_gbps"])
     wbw = _num(key + "write_gbps", d["write_gbps"])
     lat = _num(key + "latency_us", d["latency_us"])
@@ -184,6 +184,24 @@ def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSp
     return TierSpec(name, cap, pol, rbw, wbw, lat, mem)
 
 
+#: fleet routers and their tiered twins (the same rule on the tier-weighted match)
+_TIER_TWIN = {"weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware",
+              "preble_e2": "tier_preble"}
+
+
+def _why_not(policy: str) -> str:
+    """Why a registered policy cannot run on a tier, in words."""
+    if policy in ("ttl_refresh", "ttl_fixed"):
+        return "a TTL needs a clock; a tier is a keyed store with a capacity and no clock"
+    if policy == "unbounded":
+        return "a tier has a capacity in blocks; give it a large capacity_blocks instead"
+    if policy == "lru_plain":
+        return "it touches a request's blocks in prompt order; a tier's lru is the engine's leaf-first lru"
+    if policy in ("lfu_perfect", "length_aware", "s3fifo_sosp"):
+        return "it ranks a request's runs by their history in the engine's run store, which a tier does not keep"
+    return "not a registered policy"
+
+
 def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1, router: str = "round_robin",
                 block_bytes: int | None = None, model: str = "llama3_8b", block_tokens: int = 16,
                 kv_dtype: str = "bf16", where: str = "tiers.", **kw) -> TieredConfig:
@@ -200,13 +218,17 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     specs = tuple(_tier(n, tiers.get(n), bb, where) for n in LOWER_TIERS)
     gpu = _num("cache.capacity_blocks", gpu_blocks, integer=True)
     if router not in TIER_ROUTERS:
+        tiered = _TIER_TWIN.get(router)
+        if tiered:
+            raise TierError(f"router: {router!r} reads one cache; the tiered engine runs it as {tiered!r}, which "
+                            "counts the match in every tier (tier_weights_pct)")
         raise TierError(f"router: {router!r} is not run by the tiered engine; choose one of {', '.join(TIER_ROUTERS)}")
     if int(replicas) < 1:
         raise TierError(f"replicas: must be >= 1, got {replicas!r}")
     gp = kw.get("gpu_policy", "lru")
     if gp not in TIER_POLICIES:
-        raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier (a keyed store with no clock and no "
-                        f"request history: no TTL or priority policy); choose one of {', '.join(TIER_POLICIES)}")
+        raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier ({_why_not(gp)}); choose one of "
+                        f"{', '.join(TIER_POLICIES)}")
     vw = kw.get("view", "precise")
     if vw not in TIER_VIEWS:
         raise TierError(f"{where}view: {vw!r}; choose one of {', '.join(TIER_VIEWS)}")
