@@ -535,22 +535,22 @@ def policy_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
                  **({x: top} if top is not None else {}))
         sub, sel = _fix(ds, ("router", "policy"), {k: v for k, v in p.items() if v is not None})
         out.append(f"Token hit rate by eviction policy ({_sel_text(sel)}); Che = Che's LRU prediction:")
-        rows = [["router"] + pols + ["Che (LRU)", "best policy", "TTFT p99 lru -> best"]]
+        base = _base_policy(ds)
+        rows = [["router"] + pols + ["Che (LRU)", "best policy", f"TTFT p99 {base} -> best"]]
         for r in sub["router"].values:
             c = sub.sel(router=r)
             h = c["token_hit_rate"].to_series()
             best = str(h.idxmax())
             che = float(c["che_lru_hit_rate"].isel(policy=0)) if "che_lru_hit_rate" in c else float("nan")
-            base = _base_policy(ds)
             t0, t1 = float(c["ttft_p99_s"].sel(policy=base)), float(c["ttft_p99_s"].sel(policy=best))
             rows.append([str(r)] + [f"{100 * float(h[q]):.1f}%" for q in pols]
                         + ["-" if not np.isfinite(che) else f"{100 * che:.1f}%", best, f"{t0:.2f} -> {t1:.2f} s"])
         out.append(_render(rows))
         wins = sub["token_hit_rate"].to_series().unstack("policy")
         counts = wins.idxmax(axis=1).value_counts()
-        gain = (wins.max(axis=1) - wins[_base_policy(ds)]) * 100
+        gain = (wins.max(axis=1) - wins[base]) * 100
         out.append(f"  best policy by router: {', '.join(f'{k} x{v}' for k, v in counts.items())}; largest gain over "
-                   f"{_base_policy(ds)} {gain.max():.1f} points ({gain.idxmax()}), smallest {gain.min():.1f}")
+                   f"{base} {gain.max():.1f} points ({gain.idxmax()}), smallest {gain.min():.1f}")
         out.append("")
     return "\n".join(out).rstrip()
 

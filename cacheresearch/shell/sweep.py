@@ -809,7 +809,6 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
             "engine_events": grid(metrics.events, np.int64),
         })
     if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
-        cells = list(plan.cells())
         rules = [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells]
         try:
             pdata, plabels, pattrs = prefix_variables(cells, rules, metrics.hit_tokens, idx,
