@@ -34,6 +34,15 @@ vllm replica"):
   nothing in it has finished or is still prefilling, nothing is admissible (the waiting queue is empty
   or the batch holds ``max_num_seqs`` requests or the whole token budget) and it preempts nothing.
   Counted here step by step, independently of the engines' closed-form stretches.
+
+A cpu tier per replica (``cpu_blocks > 0``; the numba backend's, ``cacheresearch/tiers/vllm.py``; pool policy lru
+only): an ``OrderedDict`` of keys, last = most recent. A block the pool evicts goes there as the most recent (a copy
+already held is moved, not counted as written); beyond ``cpu_blocks`` the least recent leaves. At admission the
+hit is the pool's leading cached blocks, continued (when the pool's run is not already cut by the cap) by the
+leading keys the cpu tier holds, capped as ever at ``floor((input - 1) / B)``; the cpu-hit keys are computed
+blocks of the pool from then on (they count in the pool check and are stored), are touched in the cpu tier
+deepest first (the leading one ends most recent) and stay there (inclusive). The step that admits them lasts
+``ceil(blocks x block_bytes x 10**6 / cpu_mbps) + cpu_latency_ps`` longer per admitted request with cpu hits.
 """
 
 from __future__ import annotations
@@ -60,11 +69,11 @@ def _cdiv(a, b):
 
 
 class _Req:
-    __slots__ = ("i", "c", "pt", "d", "d0", "hit", "npre", "tok", "pref", "done")
+    __slots__ = ("i", "c", "pt", "d", "d0", "hit", "npre", "tok", "pref", "done", "ch")
 
-    def __init__(self, i, c, pt, d, hit, npre):
+    def __init__(self, i, c, pt, d, hit, npre, ch=0):
         self.i, self.c, self.pt, self.d, self.d0, self.hit, self.npre = i, c, pt, d, d, hit, npre
-        self.tok, self.pref, self.done = 0, True, False
+        self.tok, self.pref, self.done, self.ch = 0, True, False, ch
 
 
 class _Replica:
@@ -85,6 +94,9 @@ class _Replica:
         self.dropped = 0
         self.rejected = 0
         self.kv_max = 0
+        self.cpu = OrderedDict()  # the cpu tier: keys, last = most recent
+        self.offloaded = 0
+        self.load = 0  # the cpu loads of the requests admitted in the step being built (ps)
         # vLLM V1's gauges (load_gauges): (waiting, KV blocks in use) at the end of every step, with its time
         self.g_pen_t, self.g_pen, self.g_pub = 0, (0, 0), (0, 0)
 
@@ -111,10 +123,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
                     load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
-                    **kn):
+                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
     ``policy``: the pool's free-block order (``tests/reference_vllm.py``; ``ttl_ms`` for ``ttl_refresh``,
-    ``pool_knobs`` for a per-block policy's sizes)."""
+    ``pool_knobs`` for a per-block policy's sizes); ``cpu_blocks`` etc.: the cpu tier of the module docstring."""
+    assert cpu_blocks == 0 or policy == "lru", "the cpu tier runs behind the lru pool only"
     R = int(replicas)
     N = int(workload.n_requests)
     B = int(workload.block_tokens)
@@ -143,6 +156,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     ttft = [-1] * N
     fin = [-1] * N
     hit = [0] * N
+    cpu_hit = [0] * N
     npre_out = [0] * N
     rep_of = [-1] * N
 
@@ -188,6 +202,14 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             else:
                 k = min(cand, key=lambda x: rp.stamp[x])
             rp.stored.discard(k)
+            if cpu_blocks > 0:  # offload on eviction
+                if k in rp.cpu:
+                    rp.cpu.move_to_end(k)
+                else:
+                    rp.cpu[k] = True
+                    rp.offloaded += 1
+                while len(rp.cpu) > cpu_blocks:
+                    rp.cpu.popitem(last=False)
 
     def new_canonical(rp, q_keys, c_new, P):
         return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
@@ -266,7 +288,14 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 if k not in rp.stored:
                     break
                 h += 1
-            h = min(h, max(P - 1, 0) // B)
+            h0, h = h, min(h, max(P - 1, 0) // B)
+            ch = 0
+            if cpu_blocks > 0 and h == h0:  # the cpu tier continues the pool's leading blocks
+                for k in keys[h0:max(P - 1, 0) // B]:
+                    if k not in rp.cpu:
+                        break
+                    ch += 1
+                h += ch
             pt = P + dprev
             c0 = h * B
             tk = min(pt - c0, left)
@@ -287,10 +316,14 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 for k in reversed(keys):
                     if k in rp.stored:
                         rp.pol.hit(k)
+            for k in reversed(keys[h - ch:h]):  # cpu hits: read (touched), loaded before the step's forward pass
+                rp.cpu.move_to_end(k)
+            if ch:
+                rp.load += _cdiv(ch * int(block_bytes) * 10**6, int(cpu_mbps)) + int(cpu_latency_ps)
             store(rp, new_canonical(rp, keys, c1, P))
             rp.work += a1
             evict(rp)
-            q = _Req(i, c1, pt, dprev, h, np_)
+            q = _Req(i, c1, pt, dprev, h, np_, ch)
             q.tok, q.pref = tk, True
             rp.running.append(q)
             left -= tk
@@ -306,6 +339,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         dt = step_time_ps(base_ns=int(step_base_ns), prefill_ns=int(step_prefill_ns), decode_ns=int(step_decode_ns),
                           ctx_ps=int(step_ctx_ps), prefill_ctx_fs=int(step_prefill_ctx_fs), prefill_tokens=ptok,
                           decode_reqs=dtok, ctx_tokens=ctx, pairs=pairs)
+        dt += rp.load
+        rp.load = 0
         rp.clock += dt
         rp.steps += 1
         rp.busy += dt
@@ -321,6 +356,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     q.done = True
                     fin[q.i] = rp.clock
                     hit[q.i] = q.hit
+                    cpu_hit[q.i] = q.ch
                     npre_out[q.i] = q.npre
             q.tok = 0
         # the pool's books: working blocks are the running requests' own; blocks held fit the pool
@@ -487,4 +523,5 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         events=sum(rp.events for rp in reps),
         dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ps=[rp.busy for rp in reps],
         kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
+        cpu_hit_blocks=np.asarray(cpu_hit), offloaded=sum(rp.offloaded for rp in reps),
     )

@@ -66,11 +66,13 @@ POLICIES_COVERED = ("lru", "unbounded", "ttl_refresh", "fifo", "sieve", "s3fifo"
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV) = range(26)
-NRS = 26
-# running slots, columns of sl [R, S, NSL]
-SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE = range(10)
-NSL = 10
+ STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL) = range(28)
+NRS = 28  # LOADP: the cpu tier's loads of the requests admitted in the step being built (ps); OFFL: blocks offloaded
+# running slots, columns of sl [R, S, NSL] (SCPU: the admission's cpu-hit blocks)
+SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU = range(11)
+NSL = 11
+#: a request's cpu-hit blocks leave the kernel packed above its hit blocks: hitb = hit + cpu hit x CPU_SHIFT
+CPU_SHIFT = 2**32
 # the stream, columns of rq [N, NRQ] (per request)
 QARR, QNB, QIN, QOUT, QOFF, QNR, QE0 = range(7)
 NRQ = 7
@@ -132,9 +134,11 @@ def state_bytes(stream: Stream, st) -> int:
 
 
 # ------------------------------------------------------------------------------ pool
-# the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits
-PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE = range(5)
-NPC = 5
+# the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits;
+# the cpu tier (cacheresearch/tiers/vllm.py): capacity in blocks (0: absent), read bandwidth (MB/s), latency per
+# load (ps), bytes per block
+PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB = range(9)
+NPC = 9
 M_LRU, M_TTL, M_FIFO, M_SIEVE, M_S3 = range(5)  # run-store modes below M_FIFO; per-block modes from it
 #: policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
 POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL, "fifo": M_FIFO, "sieve": M_SIEVE,
@@ -275,6 +279,39 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+# ------------------------------------------------------------------------------ the cpu tier (per-block mode, lru pool)
+# A replica's cpu tier is an LRU list over block ids in the per-block policies' links (list 1 of pbl / pq: head the
+# most recent, B_WHERE != 0 held); the vLLM pool's lru keeps no per-block state there, so the rows are free.
+@njit(cache=True)
+def _cpu_put(r, k, rs, pbl, pq, pc):
+    """Block ``k``, evicted from the GPU pool, goes to the cpu tier as its most recent (a copy already held
+    is refreshed, not written again); the tier drops its least recent block beyond its capacity."""
+    if pbl[r, B_WHERE, k] != 0:
+        _lunlink(r, k, pbl, pq)
+    else:
+        rs[r, OFFL] += 1
+    _lpush(r, 1, k, pbl, pq)
+    if pq[r, 2] > pc[PC_CPU]:
+        _lunlink(r, pq[r, 1], pbl, pq)
+
+
+@njit(cache=True)
+def _cpu_lead(r, log0, e0, p, g, lim, pbl):
+    """The blocks the cpu tier holds from position ``g`` on, leading, up to position ``lim`` (per-block log)."""
+    q = g
+    while q < min(p, lim) and pbl[r, B_WHERE, log0[e0 + q, 0]] != 0:
+        q += 1
+    return q - g
+
+
+@njit(cache=True)
+def _cpu_load_ps(nblk, pc):
+    """Loading ``nblk`` blocks from the cpu tier: ceil(bytes x 1e6 / MB/s) ps + the latency (0 for none)."""
+    if nblk <= 0:
+        return 0
+    return _cdiv(nblk * pc[PC_BB] * 1_000_000, pc[PC_MBPS]) + pc[PC_LAT]
+
+
 @njit(cache=True)
 def _keyed(c, P, bt):
     return min(c // bt, P // bt)
@@ -384,6 +421,8 @@ def _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             rs[r, CACHED] -= e
             if ps[r, run] == 0:
                 rs[r, FPTR] = j + 1
+                if pc[PC_CPU] > 0:  # offload on eviction (per-block mode: the run is one block)
+                    _cpu_put(r, run, rs, pbl, pq, pc)
         else:
             rs[r, FPTR] = j + 1
     return False
@@ -526,7 +565,12 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         h, dprev, np_ = wq[r, hd, 0], wq[r, hd, 1], wq[r, hd, 2]
         p, e0 = rq[h, QNR], rq[h, QE0]
         Ph = rq[h, QIN]
-        hit = min(_lead(ps[r], log0, e0, p), max(Ph - 1, 0) // bt)
+        g0 = _lead(ps[r], log0, e0, p)
+        hit = min(g0, max(Ph - 1, 0) // bt)
+        ch = 0  # the cpu tier's leading blocks after the pool's (per-block mode)
+        if pc[PC_CPU] > 0 and hit == g0:
+            ch = _cpu_lead(r, log0, e0, p, g0, max(Ph - 1, 0) // bt, pbl)
+            hit += ch
         pt = Ph + dprev
         c0 = hit * bt
         tk = min(pt - c0, left)
@@ -557,6 +601,11 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             for q in range(p - 1, -1, -1):
                 if ps[r, log0[e0 + q, 0]] > 0:
                     _hit_block(r, log0[e0 + q, 0], pbl, pc)
+        if ch > 0:  # the cpu hits are read (touched deepest first: the leading one ends most recent) and loaded
+            for q in range(hit - 1, hit - ch - 1, -1):
+                _lunlink(r, log0[e0 + q, 0], pbl, pq)
+                _lpush(r, 1, log0[e0 + q, 0], pbl, pq)
+            rs[r, LOADP] += _cpu_load_ps(ch, pc)
         _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
         rs[r, WORK] += a1
         if _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
@@ -564,6 +613,7 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         k = rs[r, NRUN]
         sl[r, k, SREQ], sl[r, k, SC], sl[r, k, SPT], sl[r, k, SD], sl[r, k, SD0] = h, c1, pt, dprev, dprev
         sl[r, k, SHIT], sl[r, k, SNPRE], sl[r, k, STOK], sl[r, k, SPREF], sl[r, k, SDONE] = hit, np_, tk, 1, 0
+        sl[r, k, SCPU] = ch
         rs[r, NRUN] = k + 1
         left -= tk
 
@@ -586,7 +636,7 @@ def _f32ms(t):
 def _finish(r, h, slot, rs, sl, fin, hitb, npre):
     sl[r, slot, SDONE] = 1
     fin[h] = rs[r, CLOCK]
-    hitb[h] = sl[r, slot, SHIT]
+    hitb[h] = sl[r, slot, SHIT] + sl[r, slot, SCPU] * CPU_SHIFT
     npre[h] = sl[r, slot, SNPRE]
 
 
@@ -626,6 +676,8 @@ def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
                 dreq += 1
                 ctx += rq[sl[r, i, SREQ], QIN] + sl[r, i, SD]
     dt = _step_time(pi, ptok, dreq, ctx, pairs) if n_s > 0 else 0
+    dt += rs[r, LOADP]  # the cpu tier's loads of the requests this step admitted, before its forward pass
+    rs[r, LOADP] = 0
     rs[r, CLOCK] += dt
     used = rs[r, PINNED] + rs[r, WORK]
     dtf = _f32ms(dt)
@@ -1198,7 +1250,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
          ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
-    pbl = np.zeros((R, NB, K if pc[PC_MODE] != M_LRU else 1), np.int64)  # the policy's per-block state
+    pbl = np.zeros((R, NB, K if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int64)  # per-block state
     pq = np.full((R, NPQ), -1, np.int64)
     for x in (2, 5, 8, Q_EV):
         pq[:, x] = 0
@@ -1420,7 +1472,10 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     return Metrics(*(np.concatenate([np.asarray(a), np.asarray(b)])[order] for a, b in zip(*ms)))
 
 
-def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool) -> Metrics:
+def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu_out: list | None = None) -> Metrics:
+    """One kernel call; with ``cpu_out`` (a list) the per-request cpu-hit blocks ``[G, N]`` and the blocks offloaded
+    per configuration ``[G]`` are appended to it (configurations with a cpu tier: ``pc[:, PC_CPU] > 0``, per-block
+    mode, :mod:`cacheresearch.tiers.vllm`)."""
     from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
 
     n = int(stream.n_requests)
@@ -1446,6 +1501,11 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool) -> 
     out = _kernel(rq, log0, pkey, K, int(stream.block_tokens), R, st.max_running, st.queue_slots,
                   st.max_instances, st.max_running, bool(st.stale), bool(st.index), bool(st.match),
                   _config_matrix(P), np.ascontiguousarray(pc), bits, ring, 2 * K + 16, int(log0.shape[0]), gh, gn, GI)
+    out = list(out)
+    hitb = out[2]
+    out[2] = hitb & (CPU_SHIFT - 1)
+    if cpu_out is not None:
+        cpu_out += [hitb >> 32, out[5][:, :, OFFL].sum(axis=1)]
     return _metrics(stream, P, st, out, n, n if n_out is None else int(n_out))
 
 
