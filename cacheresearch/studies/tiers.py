@@ -32,6 +32,7 @@ import xarray as xr
 from cacheresearch.replica.hardware import kv_blocks
 from cacheresearch.studies import base as B
 from cacheresearch.studies.base import Study, StudyError
+from cacheresearch.studies.tiers_vllm import VLLM_DEFAULTS, check_vllm, engine_backend, run_vllm_cells
 from cacheresearch.tiers import (
     TIER_NAMES,
     TIER_POLICIES,
@@ -49,6 +50,8 @@ __all__ = ["tiers_study", "tier_workload", "summarize", "plot", "STUDIES", "DEFA
 
 DEFAULTS = dict(
     workloads=["design", "agent"],
+    replica="fcfs",  # fcfs (the tiered engine) | vllm (the numba vllm backend with a cpu tier: studies/tiers_vllm.py)
+    vllm=dict(VLLM_DEFAULTS),  # study.replica=vllm: step-time preset, scheduler limits, waiting slots, cpu latency (us)
     model="llama3_8b",
     gpu="h100_80gb",
     gpu_memory_utilization=0.9,
@@ -197,6 +200,16 @@ def _tier_tokens(r, bt, inp):
     return ht.sum(axis=0) / inp
 
 
+def _net_usd(busy_h, caps, span_h, bb, R, c):
+    """Per cell [C, B, Rt]: GPU dollars of busy time saved against the smallest cpu tier, less its DRAM, per day."""
+    out = np.full(busy_h.shape, np.nan)
+    for ci, cap in enumerate(caps):
+        saved_gpu_h_day = (busy_h[int(np.argmin(caps))] - busy_h[ci]) / span_h * 24
+        dram_gb = cap * bb * R / 1e9
+        out[ci] = saved_gpu_h_day * float(c["gpu_usd_per_hour"]) - dram_gb * float(c["dram_usd_per_gb_hour"]) * 24
+    return out
+
+
 def tiers_study(cfg):
     t0 = time.perf_counter()
     c = B.study_cfg(cfg, DEFAULTS)
@@ -207,6 +220,12 @@ def tiers_study(cfg):
         if c[k] not in allowed:
             raise StudyError(f"study.{k}: {c[k]!r} cannot run on the tiered engine; choose one of {', '.join(allowed)}")
     routers, gbps = list(g["router"]), [float(x) for x in g["cpu_gbps"]]
+    replica = str(c["replica"])
+    if replica not in ("fcfs", "vllm"):
+        raise StudyError(f"study.replica: {replica!r}; choose fcfs or vllm")
+    if replica == "vllm":
+        check_vllm(c, routers, engine_backend(cfg))
+    not_served = 0
     caps_spec = g["cpu_capacity_blocks"]
     W, Cn, Gn, Rn, T = len(c["workloads"]), len(caps_spec), len(gbps), len(routers), len(TIER_NAMES)
     shape = (W, Cn, Gn, Rn)
@@ -240,6 +259,18 @@ def tiers_study(cfg):
                       index_capacity=c["index_capacity"],
                       # prefix_hash keys: the tenant prefix (design), the session's first block (agent)
                       prefix_blocks=max(int(c["design"]["prefix_tokens"]) // bt, 1) if name == "design" else 1)
+        if replica == "vllm":  # the grid on the vllm replica; no global-pool question (pool_* stay NaN)
+            span_h = max(float(w.arrival_ms[-1] - w.arrival_ms[0]) / 3.6e6, 1e-9) if w.n_requests else 1e-9
+            hours.append(span_h)
+            vo = run_vllm_cells(w, R, caps, gbps, routers, c, gpu_blocks=gpu_blocks, block_bytes=bb,
+                                prefix_blocks=common["prefix_blocks"])
+            thr[wi], by_tier[wi], p50[wi], p99[wi], busy_h[wi] = (vo[k] for k in ("thr", "by_tier", "p50", "p99",
+                                                                                  "busy_h"))
+            wutil[wi] = vo["offloaded"] * bb / (np.asarray(gbps)[None, :, None] * 1e9 * R * span_h * 3600)
+            usd_day[wi] = _net_usd(busy_h[wi], caps, span_h, bb, R, c)
+            not_served = max(not_served, int(vo["dropped"].max()))
+            timing[name] = time.perf_counter() - tw
+            continue
         cells, cfgs, pool_cfgs = _configs(c, caps, gbps, routers, common, R)
         res = run_tiers(w, cfgs + pool_cfgs, [0] * (len(cfgs) + len(pool_cfgs)), dense=dense)
         inp = max(int(w.input_tokens.sum()), 1)
@@ -256,14 +287,7 @@ def tiers_study(cfg):
             busy += r.load_ms.sum() if c["load_mode"] == "serial" else 0
             busy_h[wi, ci, gi, ri] = busy / 3.6e6
             wutil[wi, ci, gi, ri] = r.written_blocks[1] * bb / (gbps[gi] * 1e9 * R * span_h * 3600)
-        for ci, cap in enumerate(caps):
-            for gi in range(Gn):
-                for ri in range(Rn):
-                    base = busy_h[wi, int(np.argmin(caps)), gi, ri]
-                    saved_gpu_h_day = (base - busy_h[wi, ci, gi, ri]) / span_h * 24
-                    dram_gb = cap * bb * R / 1e9
-                    usd_day[wi, ci, gi, ri] = (saved_gpu_h_day * float(c["gpu_usd_per_hour"])
-                                               - dram_gb * float(c["dram_usd_per_gb_hour"]) * 24)
+        usd_day[wi] = _net_usd(busy_h[wi], caps, span_h, bb, R, c)
         for k, r in enumerate(res[len(cells):]):
             li, pi = divmod(k, 2)
             pool_thr[wi, li, pi] = r.hit_tokens.sum() / inp
@@ -296,6 +320,8 @@ def tiers_study(cfg):
     ds["cpu_gbps"].attrs.update(long_name="cpu tier read and write bandwidth", units="GB/s")
     ds.attrs.update(B.common_attrs(cfg, "tiers", t0, dict(
         model=str(c["model"]), gpu=str(c["gpu"]), offload=str(c["offload"]), load_mode=str(c["load_mode"]),
+        replica=replica, requests_not_served_max=int(not_served),
+        vllm=str(c["vllm"]) if replica == "vllm" else "",
         gpu_policy=str(c["gpu_policy"]), cpu_policy=str(c["cpu_policy"]), view=str(c["view"]),
         replicas=str({"design": c["design"]["replicas"], "agent": c["agent"]["replicas"]}),
         gpu_usd_per_hour=float(c["gpu_usd_per_hour"]), dram_usd_per_gb_hour=float(c["dram_usd_per_gb_hour"]),
@@ -305,7 +331,8 @@ def tiers_study(cfg):
 
 
 def summarize(ds) -> str:
-    lines = B.header(ds) + [f"model {ds.attrs.get('model')} on {ds.attrs.get('gpu')}; offload "
+    lines = B.header(ds) + [f"{ds.attrs.get('replica', 'fcfs')} replica; model {ds.attrs.get('model')} on "
+                            f"{ds.attrs.get('gpu')}; offload "
                             f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas "
                             f"{ds.attrs.get('replicas')}; ${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
                             f"${ds.attrs.get('dram_usd_per_gb_hour')}/GB-hour of DRAM (assumptions)"]
@@ -335,6 +362,10 @@ def summarize(ds) -> str:
                 for rt in d.router.values]
         rows.append(["no cpu tier"] + base)
         lines += ["", f"{w}: TTFT p50 by cpu bandwidth at the largest cpu tier", B.table(rows)]
+        if np.isnan(d.pool_token_hit_rate.values).all():
+            lines += ["", f"{w}: the global-pool question is not run on the {ds.attrs.get('replica')} replica (cpu "
+                          "tier only)"]
+            continue
         rows = [["layout", "random hit", "random p50", "tier_scorer hit", "tier_scorer p50"]]
         for lay in d.layout.values:
             x = d.sel(layout=lay)
