@@ -185,3 +185,70 @@ def test_one_line_errors():
         tv.run_stream_tiered(s, [pf], [jax.random.key(0)], st_, [tier])
     with pytest.raises(TierError, match=r"^tiers\.cpu\.capacity_blocks: must be an integer >= 0, got -1$"):
         tv.run_stream_tiered(s, [p], [jax.random.key(0)], st_, [tv.VllmCpuTier(-1, 1000, 0, 2**21)])
+
+
+# ------------------------------------------------------------------------------ experiment=tiers study.replica=vllm
+SMALL = ["experiment=tiers", "study.replica=vllm", "study.workloads=[design]", "study.gpu_blocks=150",
+         "study.design.n_tenants=12", "study.design.prefix_tokens=640", "study.design.n_requests=150",
+         "study.design.rate_per_s=4.0", "study.design.replicas=3", "grid.cpu_capacity_blocks=[0,1.0,400]",
+         "grid.cpu_gbps=[2.0,50.0]", "grid.router=[random,tier_scorer]"]
+
+
+def test_tiers_study_on_the_vllm_replica():
+    """The grid on the vllm replica: the fcfs study's variables, pool and disk 0, one cell recomputed by the
+    reference (its hits by tier and TTFT p50 / p99), and tier_scorer run as weighted_scorers."""
+    from cacheresearch.core.params import STEP_PRESETS  # noqa: PLC0415
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study, summarize  # noqa: PLC0415
+    from cacheresearch.studies.base import study_cfg  # noqa: PLC0415
+    from cacheresearch.studies.tiers import DEFAULTS, tier_workload  # noqa: PLC0415
+    from cacheresearch.studies.tiers_vllm import _KNOBS  # noqa: PLC0415
+    from cacheresearch.tiers import TieredConfig, tier_block_bytes  # noqa: PLC0415
+
+    cfg = compose_config(SMALL)
+    ds = run_study(cfg)
+    assert ds.attrs["replica"] == "vllm"
+    for v in ("token_hit_rate", "hit_rate_by_tier", "ttft_p50_s", "ttft_p99_s", "cpu_write_utilisation"):
+        assert v in ds
+    np.testing.assert_allclose(ds.hit_rate_by_tier.sum("tier"), ds.token_hit_rate, rtol=1e-12)
+    assert float(abs(ds.hit_rate_by_tier.sel(tier=["pool", "disk"])).max()) == 0.0
+    assert float(ds.hit_rate_by_tier.sel(cpu_capacity="0", tier="cpu").max()) == 0.0
+    assert float(ds.hit_rate_by_tier.sel(cpu_capacity="400", tier="cpu").max()) > 0
+    assert "not run on the vllm replica" in summarize(ds)
+    c = study_cfg(cfg, DEFAULTS)
+    w, R = tier_workload("design", c)
+    d = TieredConfig(gpu_blocks=0)
+    kn = dict(capacity_blocks=150, max_num_seqs=256, max_num_batched_tokens=8192, prefix_blocks=640 // 16,
+              **{k: getattr(d, k) for k in _KNOBS},
+              **{k: v for k, v in STEP_PRESETS["llama31_8b_h100_tp1"].items() if k.startswith("step_")})
+    tier = tv.cpu_tier(capacity_blocks=400, read_gbps=2.0, block_bytes=tier_block_bytes("llama3_8b", 16))
+    inp = w.input_tokens.sum()
+    for router, rule in (("random", "random"), ("tier_scorer", "weighted_scorers")):
+        ref = _reference(w, rule, jax.random.key(0), R, tier, S=256, Q=4096, **kn)
+        got = ds.sel(workload="design", router=router, cpu_capacity="400", cpu_gbps=2.0)
+        hit_tok = np.minimum(ref["hit_blocks"] * 16, w.input_tokens).sum()
+        assert float(got.token_hit_rate) == pytest.approx(hit_tok / inp, rel=1e-12)
+        assert float(got.hit_rate_by_tier.sel(tier="cpu")) == pytest.approx(ref["cpu_hit_blocks"].sum() * 16 / inp,
+                                                                            rel=1e-12)
+        s = np.sort(ref["ttft_ms"])
+        assert float(got.ttft_p50_s) == s[-(-50 * len(s) // 100) - 1] / 1000
+        assert float(got.ttft_p99_s) == s[-(-99 * len(s) // 100) - 1] / 1000
+
+
+@pytest.mark.parametrize("override,key", [
+    ("study.lower={disk: {capacity_blocks: 100}}", "study.lower"),
+    ("engine.backend=jax", "engine.backend=jax"),
+    ("study.load_mode=overlap", "study.load_mode"),
+    ("study.cpu_policy=sieve", "study.cpu_policy"),
+    ("grid.router=[gie]", "grid.router"),
+    ("study.replica=sglang", "study.replica"),
+    ("grid.cpu_gbps=[0.0]", "grid.cpu_gbps"),
+])
+def test_tiers_study_vllm_bad_input_names_the_key(override, key):
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+    from cacheresearch.studies.base import StudyError  # noqa: PLC0415
+
+    with pytest.raises(StudyError) as e:
+        run_study(compose_config(SMALL + [override]))
+    assert str(e.value).startswith(key) and "\n" not in str(e.value), str(e.value)

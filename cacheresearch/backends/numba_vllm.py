@@ -24,6 +24,10 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   an admitted request's cached blocks are its hits, and the eviction's victim is never pinned (fifo moves
   a pinned block to the head, sieve's hand passes it, s3fifo moves it to / keeps it in main);
   ``tests/reference_vllm.py`` states the rules and ``tests/test_vllm_policies.py`` checks them;
+* a cpu tier per replica (:mod:`cacheresearch.tiers.vllm`, ``pc[PC_CPU] > 0``, per-block mode behind the lru pool):
+  an LRU list over block ids in the per-block policies' links, fed by the pool's evictions (:func:`_cpu_put`),
+  read at admission after the pool's leading hit (:func:`_cpu_lead`), its loads added to the admitting step's
+  time (``LOADP``); ``tests/test_tiers_vllm.py`` checks it against ``tests/reference_batch.py``;
 * the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
   index per instance and replica, the store's lazy pointer), ``stale`` and ``gie_estimate`` views,
   ``local_load``, the load scrape every ``load_refresh_ms`` (:func:`_scrape`) and vLLM's published gauges
