@@ -21,10 +21,10 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
 #: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
 TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
-GRID_KEYS = (("policy", "capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks") + KNOB_KEYS
-             + TENANT_GRID_KEYS + ("layout", "seed"))
+GRID_KEYS = (("policy", "capacity_blocks", "cpu_capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks")
+             + KNOB_KEYS + TENANT_GRID_KEYS + ("layout", "seed"))
 #: Grid keys of studies that lay out their own grid (experiment=tiers); the grid study refuses them.
-STUDY_GRID_KEYS = ("cpu_capacity_blocks", "cpu_gbps")
+STUDY_GRID_KEYS = ("cpu_gbps",)
 LAYOUTS = ("stable", "timestamp_top")
 SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
 ARRIVALS = ("poisson", "bursty", "diurnal")
@@ -190,6 +190,34 @@ class EngineConf:
 
 
 @dataclass
+class TierConf:
+    """One lower tier (:data:`cacheresearch.tiers.spec.DEFAULT_TIERS`: null takes the tier's default)."""
+
+    capacity_blocks: int = 0  # blocks per replica (pool: for the fleet); 0: absent
+    policy: str = "lru"
+    read_gbps: Optional[float] = None
+    write_gbps: Optional[float] = None
+    latency_us: Optional[float] = None
+    memory_gib: Optional[float] = None
+
+
+@dataclass
+class TiersConf:
+    """KV tiers behind every replica's gpu cache (:mod:`cacheresearch.tiers`; experiments/tiers.md). With a
+    tier present (``tiers.cpu.capacity_blocks`` or ``grid.cpu_capacity_blocks`` > 0, or a pool or disk) a cell
+    runs on the tiered engine; the results gain ``hit_rate_by_tier``."""
+
+    cpu: TierConf = field(default_factory=TierConf)
+    pool: TierConf = field(default_factory=TierConf)
+    disk: TierConf = field(default_factory=TierConf)
+    offload: str = "evict"  # evict | write_through
+    load_mode: str = "serial"  # serial | overlap
+    tier_weights_pct: Any = field(default_factory=lambda: [100, 80, 60, 40])  # gpu, cpu, pool, disk
+    model: str = "llama3_8b"  # a block's bytes: the model preset's KV bytes per token x the workload's block tokens
+    kv_dtype: str = "bf16"
+
+
+@dataclass
 class LaunchConf:
     """Chunks, resume, parts and progress (:mod:`cacheresearch.shell.chunks`; README, "Scaling out")."""
 
@@ -231,6 +259,7 @@ class SweepConfig:
     replica: ReplicaConf = field(default_factory=ReplicaConf)
     engine: EngineConf = field(default_factory=EngineConf)
     launch: LaunchConf = field(default_factory=LaunchConf)
+    tiers: TiersConf = field(default_factory=TiersConf)
     seed: int = 0
     seeds: int = 1
     grid: GridConf = field(default_factory=GridConf)

@@ -205,6 +205,8 @@ def _check_value(key: str, v, source: str):
         if v >= INF:
             raise SweepError(f"{key} must be below {INF}; use policy 'unbounded' for no limit")
         return v
+    if name == "cpu_capacity_blocks":
+        return _integer(key, v, 0)
     if name == "ttl_s":
         if v is None:
             return None
@@ -278,6 +280,7 @@ def _base_values(cfg) -> dict[str, Any]:
     base = {
         "policy": cfg.cache.policy,
         "capacity_blocks": cfg.cache.capacity_blocks,
+        "cpu_capacity_blocks": OmegaConf.select(cfg, "tiers.cpu.capacity_blocks", default=0),
         "ttl_s": cfg.cache.ttl_s,
         "replicas": cfg.fleet.replicas,
         "router": cfg.fleet.router,
@@ -296,6 +299,7 @@ def _base_values(cfg) -> dict[str, Any]:
 _BASE_KEY = {
     "policy": "cache.policy",
     "capacity_blocks": "cache.capacity_blocks",
+    "cpu_capacity_blocks": "tiers.cpu.capacity_blocks",
     "ttl_s": "cache.ttl_s",
     "replicas": "fleet.replicas",
     "router": "fleet.router",
@@ -611,10 +615,17 @@ def grid_cells(cfg, plan: Plan):
         case = _che_case(cfg, c)
         if case is not None:
             che_cases[_workload_key(plan, c)].add(case)
-    # one workload at a time: its stream and a summary are kept, its block keys are not
-    streams, workloads = [], []
+    tiered = [g for g, c in enumerate(cells) if _tiered(cfg, c)]  # cells with a lower tier: the tiered engine
+    tier_w = {int(idx[g]) for g in tiered}
+    if tiered and int(OmegaConf.select(cfg, "launch.parts", default=1) or 1) > 1:
+        raise SweepError("tiers: cells with a lower tier run in one process (the tiered engine is not chunked); "
+                         "run without launch.parts")
+    # one workload at a time: its stream and a summary are kept, its block keys are not (a tiered cell's are)
+    streams, workloads, kept = [], [], {}
     for k in wkeys:
         w = build_workload(cfg, plan, k)
+        if wkeys[k] in tier_w:
+            kept[wkeys[k]] = w
         try:
             streams.append(compile_stream(w, chunk_runs=chunk, stateful_singletons=prio or vllm, block_ids=blocks))
         except WorkloadError as e:  # the engine's bounds (its int32 clock): a clear message, not a traceback
@@ -636,10 +647,82 @@ def grid_cells(cfg, plan: Plan):
     st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)
     opts.update(match=st_all.match, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
-    metrics = yield Cells(streams, idx, params, seeds, max_replicas=plan.max_replicas,
-                          options=dict(per_request=True, backend=_backend(cfg), **opts))
+    tcfg = _tier_configs(cfg, cells, params, tiered, idx, kept)
     timing = {"build_s": t_build, "simulate_s": 0.0, "compile_s": 0.0, "batches": 0}
-    return metrics, idx, workloads, timing
+    plain = np.setdiff1d(np.arange(len(cells)), tiered)
+    parts = []
+    if plain.size:
+        m = yield Cells(streams, idx[plain], [params[g] for g in plain], seeds[plain], max_replicas=plan.max_replicas,
+                        options=dict(per_request=True, backend=_backend(cfg), **opts))
+        parts.append((plain, m))
+    if tiered:
+        from cacheresearch.tiers.fleet import run_cells  # noqa: PLC0415
+        t0 = time.perf_counter()
+        order = sorted(kept)
+        of = np.asarray([order.index(int(idx[g])) for g in tiered])
+        _log(f"running {len(tiered)} configurations with KV tiers on the tiered engine ...")
+        m, by_tier, written = run_cells([kept[s] for s in order], of, [params[g] for g in tiered], seeds[tiered],
+                                        [tcfg[g] for g in tiered], max_replicas=plan.max_replicas)
+        timing["tiers_s"] = time.perf_counter() - t0
+        parts.append((np.asarray(tiered), m))
+        tok = np.zeros((len(cells), 4), np.int64)
+        tok[tiered] = by_tier
+        wr = np.zeros((len(cells), 4), np.int64)
+        wr[tiered] = written
+        timing["tiers"] = dict(cells=np.asarray(tiered), tokens=tok, written=wr,
+                               block_bytes={g: tcfg[g].block_bytes for g in tiered})
+    return _merge_metrics(len(cells), parts), idx, workloads, timing
+
+
+def _tiered(cfg, cell: dict) -> bool:
+    """Whether a cell has a lower tier: ``cpu_capacity_blocks`` > 0, or a pool or disk in ``tiers``."""
+    if int(cell.get("cpu_capacity_blocks") or 0) > 0:
+        return True
+    return any(int(OmegaConf.select(cfg, f"tiers.{t}.capacity_blocks", default=0) or 0) > 0 for t in ("pool", "disk"))
+
+
+def _tier_configs(cfg, cells, params, tiered, idx, kept) -> dict:
+    """The tiered engine's configuration of each tiered cell (:func:`cacheresearch.tiers.fleet.tier_config_of`)."""
+    if not tiered:
+        return {}
+    from cacheresearch.tiers import TierError, tier_block_bytes  # noqa: PLC0415
+    from cacheresearch.tiers.fleet import tier_config_of  # noqa: PLC0415
+
+    tc = OmegaConf.to_container(cfg.tiers, resolve=True) if OmegaConf.select(cfg, "tiers") is not None else {}
+    lower = {t: {k: v for k, v in (tc.get(t) or {}).items() if v is not None} for t in ("cpu", "pool", "disk")}
+    out = {}
+    for g in tiered:
+        c = cells[g]
+        tiers = {t: dict(v) for t, v in lower.items()}
+        tiers["cpu"]["capacity_blocks"] = int(c.get("cpu_capacity_blocks") or 0)
+        try:
+            bb = tier_block_bytes(str(tc.get("model", "llama3_8b")), int(kept[int(idx[g])].block_tokens),
+                                  str(tc.get("kv_dtype", "bf16")))
+            out[g] = tier_config_of(params[g], tiers=tiers, block_bytes=bb, offload=str(tc.get("offload", "evict")),
+                                    load_mode=str(tc.get("load_mode", "serial")),
+                                    tier_weights_pct=tuple(tc.get("tier_weights_pct", (100, 80, 60, 40))),
+                                    scheduler=_scheduler(cfg))
+        except (TierError, ValueError) as e:
+            raise SweepError(str(e) if str(e).startswith(("tiers.", "fleet.", "cache.", "replica."))
+                             else f"tiers: {e}") from None
+    return out
+
+
+def _merge_metrics(G: int, parts: list):
+    """One :class:`Metrics` of ``G`` cells from ``(cells, metrics)`` parts; per-request arrays padded with 0 to
+    the widest part."""
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(G)):
+        return parts[0][1]
+    fields = type(parts[0][1])._fields
+    out = {}
+    for f in fields:
+        arrs = [np.asarray(getattr(m, f)) for _, m in parts]
+        shape = tuple(max(a.shape[d] for a in arrs) for d in range(1, arrs[0].ndim))
+        o = np.zeros((G,) + shape, arrs[0].dtype)
+        for (ix, _), a in zip(parts, arrs):
+            o[(ix,) + tuple(slice(0, k) for k in a.shape[1:])] = a
+        out[f] = o
+    return type(parts[0][1])(**out)
 
 
 def _che_case(cfg, cell: dict) -> tuple | None:
@@ -712,6 +795,8 @@ def _launch_args(cfg) -> dict:
 #: long names and units of the grid dataset's variables
 GRID_VAR_DOCS = {
     "token_hit_rate": ("token hit rate: hit tokens / input tokens", "1"),
+    "hit_rate_by_tier": ("input tokens served by each KV tier (gpu, cpu, pool, disk) / input tokens", "1"),
+    "tier_written_blocks": ("blocks written into each lower tier (offload or write-through)", "blocks"),
     "request_hit_rate": ("request hit rate: share of requests with at least one hit block", "1"),
     "che_lru_hit_rate": ("Che's LRU prediction of the hit rate (IRM on block keys, a replica's first request of a "
                          "block a miss; random / round_robin and prefix_hash routers with a capacity; NaN elsewhere)",
@@ -752,6 +837,8 @@ GRID_VAR_DOCS = {
 GRID_COORD_DOCS = {
     "policy": ("cache policy", None),
     "capacity_blocks": ("cache capacity per replica", "blocks"),
+    "cpu_capacity_blocks": ("cpu KV tier per replica (tiers.cpu; 0: none)", "blocks"),
+    "tier": ("KV tier", None),
     "ttl_s": ("time to live", "s"),
     "replicas": ("number of replicas", None),
     "router": ("router", None),
@@ -793,6 +880,17 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     cells = list(plan.cells())
     che = [workloads[int(idx[g])].get("che", {}).get(_che_case(cfg, c), np.nan) for g, c in enumerate(cells)]
     data["che_lru_hit_rate"] = grid(che, np.float64)
+    ti = timing.get("tiers")
+    if ti is not None or "cpu_capacity_blocks" in dims:  # KV tiers: the tokens each tier served
+        G = len(cells)
+        tok = np.array(ti["tokens"]) if ti is not None else np.zeros((G, 4), np.int64)
+        wr = np.array(ti["written"]) if ti is not None else np.zeros((G, 4), np.int64)
+        plain = np.setdiff1d(np.arange(G), ti["cells"] if ti is not None else [])
+        tok[plain, 0] = combine_limbs(metrics.hit_tokens_hi, metrics.hit_tokens_lo)[plain]
+        denom = np.maximum(inp[idx], 1).astype(np.float64)[:, None]
+        data["hit_rate_by_tier"] = (dims + ["tier"], (tok / denom).reshape(tuple(shape) + (4,)))
+        data["tier_written_blocks"] = (dims + ["tier"], wr.reshape(tuple(shape) + (4,)))
+        coords["tier"] = np.asarray(["gpu", "cpu", "pool", "disk"])
     if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
         data.update({
             "tpot_mean_s": grid(np.asarray(metrics.tpot_mean_ms) / 1000.0, np.float64),

@@ -43,6 +43,7 @@ from cacheresearch.tiers import (
     tier_block_bytes,
 )
 from cacheresearch.tiers.engine import dense_keys
+from cacheresearch.tiers.fleet import tokens_by_tier
 from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.trace import load_mooncake
 
@@ -189,15 +190,8 @@ def _configs(c, caps, gbps, routers, common, R):
 
 
 def _tier_tokens(r, bt, inp):
-    """Hit tokens by tier over all input tokens: each tier's blocks x block tokens, the cut at the input length
-    (a last partial block) taken from the deepest tier of the run."""
-    ht = r.hit_tier.astype(np.int64) * bt
-    over = ht.sum(axis=1) - r.hit_tokens
-    for t in range(ht.shape[1] - 1, -1, -1):
-        cut = np.minimum(over, ht[:, t])
-        ht[:, t] -= cut
-        over -= cut
-    return ht.sum(axis=0) / inp
+    """Hit tokens by tier over all input tokens (:func:`cacheresearch.tiers.fleet.tokens_by_tier`)."""
+    return tokens_by_tier(r, bt) / inp
 
 
 def _net_usd(busy_h, caps, span_h, bb, R, c):

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from cacheresearch.core.stream import _first_seen
 from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
 from cacheresearch.tiers.policies import BLOCK_CODES, block_get, block_stored, init_scalars, s3fifo_sizes
 from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
@@ -60,58 +61,80 @@ class TierResult(NamedTuple):
     written_blocks: np.ndarray  # int64 [4] blocks written into each tier (gpu: 0)
 
 
+# The hot loops below take the store's arrays one by one: passing the whole ``Stores`` tuple into an inlined
+# helper costs a reference count of each of its arrays per call (about 100 ns a block), the arrays a few ns.
+@_J
+def _sp(pres, se, sv, ep, row, k, v):
+    """Set ``pres[row, k]``; under the stale view, first save the as-of-sync value (once per epoch)."""
+    if ep[1] != 0 and se[row, k] != ep[0]:
+        sv[row, k] = pres[row, k]
+        se[row, k] = ep[0]
+    pres[row, k] = v
+
+
+@_J
+def _hd(pres, se, sv, ep, row, k, snap):
+    if snap and se[row, k] == ep[0]:
+        return sv[row, k] != 0
+    return pres[row, k] != 0
+
+
+@_J
+def _ul(nxt, prv, head, tail, row, k):
+    p = prv[row, k]
+    q = nxt[row, k]
+    if p >= 0:
+        nxt[row, p] = q
+    else:
+        head[row] = q
+    if q >= 0:
+        prv[row, q] = p
+    else:
+        tail[row] = p
+
+
+@_J
+def _fr(nxt, prv, head, tail, row, k):
+    h = head[row]
+    prv[row, k] = -1
+    nxt[row, k] = h
+    if h >= 0:
+        prv[row, h] = k
+    else:
+        tail[row] = k
+    head[row] = k
+
+
 @_J
 def _setp(S, row, k, v):
-    """Set ``pres[row, k]``; under the stale view, first save the as-of-sync value (once per epoch)."""
-    if S.ep[1] != 0 and S.se[row, k] != S.ep[0]:
-        S.sv[row, k] = S.pres[row, k]
-        S.se[row, k] = S.ep[0]
-    S.pres[row, k] = v
-
-
-@_J
-def _held(S, row, k, snap):
-    if snap and S.se[row, k] == S.ep[0]:
-        return S.sv[row, k] != 0
-    return S.pres[row, k] != 0
+    _sp(S.pres, S.se, S.sv, S.ep, row, k, v)
 
 
 @_J
 def _unlink(S, row, k):
-    p = S.prv[row, k]
-    q = S.nxt[row, k]
-    if p >= 0:
-        S.nxt[row, p] = q
-    else:
-        S.head[row] = q
-    if q >= 0:
-        S.prv[row, q] = p
-    else:
-        S.tail[row] = p
+    _ul(S.nxt, S.prv, S.head, S.tail, row, k)
 
 
 @_J
 def _front(S, row, k):
-    h = S.head[row]
-    S.prv[row, k] = -1
-    S.nxt[row, k] = h
-    if h >= 0:
-        S.prv[row, h] = k
-    else:
-        S.tail[row] = k
-    S.head[row] = k
+    _fr(S.nxt, S.prv, S.head, S.tail, row, k)
 
 
 @_J
-def _touch(S, row, k, lru):
-    if S.pres[row, k]:
-        if lru:
-            _unlink(S, row, k)
-            _front(S, row, k)
-    else:
-        _setp(S, row, k, 1)
-        S.size[row] += 1
-        _front(S, row, k)
+def _touch_seq(S, row, keys, e0, n, step, lru):
+    """Touch ``keys[e0 + j]`` for ``j`` = 0 .. n-1 (``step`` 1) or n-1 .. 0 (``step`` -1): a held block moves to
+    the front (``lru``), a new one is linked there."""
+    nxt, prv, pres, head, tail, size, se, sv, ep = S.nxt, S.prv, S.pres, S.head, S.tail, S.size, S.se, S.sv, S.ep
+    for x in range(n):
+        k = keys[e0 + (x if step > 0 else n - 1 - x)]
+        if pres[row, k]:
+            if lru:
+                _ul(nxt, prv, head, tail, row, k)
+                _fr(nxt, prv, head, tail, row, k)
+        else:
+            _sp(pres, se, sv, ep, row, k, 1)
+            size[row] += 1
+            _fr(nxt, prv, head, tail, row, k)
 
 
 @_J
@@ -126,9 +149,14 @@ def _pop_tail(S, row):
 @_J
 def _evict(S, row, cap, vic):
     """Evict from the LRU end down to ``cap``; victims into ``vic`` in eviction order; returns how many."""
+    nxt, prv, pres, head, tail, size, se, sv, ep = S.nxt, S.prv, S.pres, S.head, S.tail, S.size, S.se, S.sv, S.ep
     nv = 0
-    while S.size[row] > cap:
-        vic[nv] = _pop_tail(S, row)
+    while size[row] > cap:
+        k = tail[row]
+        _ul(nxt, prv, head, tail, row, k)
+        _sp(pres, se, sv, ep, row, k, 0)
+        size[row] -= 1
+        vic[nv] = k
         nv += 1
     return nv
 
@@ -165,8 +193,7 @@ def _write(S, row, buf, m, vic):
     """Write ``buf[:m]`` in order into ``row`` (lru: touches, then evict to capacity; else one get each);
     the victims into ``vic`` in eviction order; returns how many."""
     if S.code[row] == 0:
-        for x in range(m):
-            _touch(S, row, buf[x], True)
+        _touch_seq(S, row, buf, 0, m, 1, True)
         return _evict(S, row, S.cap[row], vic)
     nv = 0
     for x in range(m):
@@ -190,11 +217,11 @@ def _refresh(S, row, k):
 
 
 @_J
-def _tier_of(S, rowof, r, k, snap):
+def _tier_of(pres, se, sv, ep, rowof, r, k, snap):
     """The first tier holding ``k`` for replica ``r`` (-1: none); ``snap``: as of the last sync."""
     for t in range(4):
         row = rowof[t, r]
-        if row >= 0 and _held(S, row, k, snap):
+        if row >= 0 and _hd(pres, se, sv, ep, row, k, snap):
             return t
     return -1
 
@@ -203,15 +230,17 @@ def _tier_of(S, rowof, r, k, snap):
 def _match(S, rowof, keys, e0, n, rr, w, vw):
     """The router's tier-weighted leading-run match on replica ``rr``: ``sum_t w_t h_t // 100`` in view
     ``vw[0]`` (precise, stale); ``approximate``: the index row ``vw[1] + rr``'s run at the gpu weight."""
+    pres, se, sv, ep = S.pres, S.se, S.sv, S.ep
     if vw[0] == 2:
         row = vw[1] + rr
         h = 0
-        while h < n and S.pres[row, keys[e0 + h]]:
+        while h < n and pres[row, keys[e0 + h]]:
             h += 1
         return (w[0] * h) // 100
     m = 0
+    snap = vw[0] == 1
     for j in range(n):
-        t = _tier_of(S, rowof, rr, keys[e0 + j], vw[0] == 1)
+        t = _tier_of(pres, se, sv, ep, rowof, rr, keys[e0 + j], snap)
         if t < 0:
             break
         m += w[t]
@@ -332,7 +361,7 @@ def _gpu_touch(S, g, keys, e0, n, h, where):
     ``k_0 .. k_{n-1}``. Fast path, same result: when the blocks held on the gpu are exactly a leading segment
     ``k_0 .. k_{s-1}`` linked in that order, splice the segment to the front in O(1) and link the new blocks
     after it, instead of moving each block."""
-    nxt, prv, head, tail = S.nxt, S.prv, S.head, S.tail
+    nxt, prv, head, tail, pres, size, se, sv, ep = S.nxt, S.prv, S.head, S.tail, S.pres, S.size, S.se, S.sv, S.ep
     s = 0
     while s < h and where[s] == 0:
         s += 1
@@ -343,12 +372,11 @@ def _gpu_touch(S, g, keys, e0, n, h, where):
             break
     if ok:
         for j in range(s, n):
-            if S.pres[g, keys[e0 + j]]:
+            if pres[g, keys[e0 + j]]:
                 ok = False
                 break
     if not ok:
-        for j in range(n - 1, -1, -1):
-            _touch(S, g, keys[e0 + j], True)
+        _touch_seq(S, g, keys, e0, n, -1, True)
         return
     a, b = keys[e0], keys[e0 + s - 1]
     if prv[g, a] >= 0:  # splice [a .. b] to the front
@@ -373,8 +401,8 @@ def _gpu_touch(S, g, keys, e0, n, h, where):
             prv[g, q] = k
         else:
             tail[g] = k
-        _setp(S, g, k, 1)
-        S.size[g] += 1
+        _sp(pres, se, sv, ep, g, k, 1)
+        size[g] += 1
         last = k
 
 
@@ -421,9 +449,10 @@ def _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through)
 @_J
 def _lookup(S, rowof, r, keys, e0, n, where, ht):
     """The hit on ``r``: the leading run held in any of its tiers, each block in the first that holds it."""
+    pres, se, sv, ep = S.pres, S.se, S.sv, S.ep
     h = 0
     for j in range(n):
-        t = _tier_of(S, rowof, r, keys[e0 + j], False)
+        t = _tier_of(pres, se, sv, ep, rowof, r, keys[e0 + j], False)
         if t < 0:
             break
         where[j] = t
@@ -491,8 +520,7 @@ def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat
         nv = _gpu(S, rowof[0, r], keys, e0, n, h, where, vic)
         _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through)
         if vw[0] == 2:  # the router's index of what it routed: leaf-first LRU
-            for j in range(n - 1, -1, -1):
-                _touch(S, vw[1] + r, keys[e0 + j], True)
+            _touch_seq(S, vw[1] + r, keys, e0, n, -1, True)
             _evict(S, vw[1] + r, icap, vic2)
         load = _load_ms(o_ht[i], bbytes, mbps, lat_ns)
         unc = inp[i] - o_tok[i]
@@ -515,11 +543,14 @@ def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat
 
 
 def dense_keys(workload) -> tuple[np.ndarray, int]:
-    """The workload's block keys as dense ids ``0..K-1`` (int32) and ``K``."""
+    """The workload's block keys as dense ids ``0..K-1`` (int32) and ``K``, numbered in order of first
+    appearance (:func:`cacheresearch.core.stream._first_seen`): the blocks a request brings in get neighbouring
+    ids, so the tiers' per-block lists are walked in nearly sequential memory. No result depends on the
+    numbering."""
     if workload.keys.size == 0:
         return np.zeros(0, np.int32), 1
     uniq, inv = np.unique(workload.keys, return_inverse=True)
-    return inv.astype(np.int32).reshape(-1), int(uniq.size)
+    return _first_seen(inv.reshape(-1)).astype(np.int32), int(uniq.size)
 
 
 def _fixed(workload, cfg: TieredConfig, bits0):
