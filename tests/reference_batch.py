@@ -41,8 +41,13 @@ already held is moved, not counted as written); beyond ``cpu_blocks`` the least 
 hit is the pool's leading cached blocks, continued (when the pool's run is not already cut by the cap) by the
 leading keys the cpu tier holds, capped as ever at ``floor((input - 1) / B)``; the cpu-hit keys are computed
 blocks of the pool from then on (they count in the pool check and are stored), are touched in the cpu tier
-deepest first (the leading one ends most recent) and stay there (inclusive). The step that admits them lasts
-``ceil(blocks x block_bytes x 10**6 / cpu_mbps) + cpu_latency_ps`` longer per admitted request with cpu hits.
+deepest first (the leading one ends most recent) and stay there (inclusive). ``overlap="sync"``: the step that
+admits them lasts ``ceil(blocks x block_bytes x 10**6 / cpu_mbps) + cpu_latency_ps`` longer per admitted request
+with cpu hits. ``"async"``: such a request's hit blocks are allocated (pinned, stored) when the scan reaches it, its
+load goes on the replica's link (after the loads before it) and it stays in the waiting queue, skipped, until a
+step starting at or after the load lands; at a step's admissions the requests whose loads landed move to the
+head of the queue (in order); a replica with nothing to run waits for the first landing (or the next event); a
+request that fits nowhere while nothing runs and no load is in flight is rejected.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ class _Replica:
         self.ctr = 0
         self.work = 0
         self.running: list[_Req] = []
-        self.waiting: deque = deque()  # (i, d, npre)
+        self.waiting: deque = deque()  # [i, d, npre, cpu load lands (ps, -1: none), hit, cpu hit]
         self.clock = 0
         self.steps = 0
         self.events = 0
@@ -97,6 +102,7 @@ class _Replica:
         self.cpu = OrderedDict()  # the cpu tier: keys, last = most recent
         self.offloaded = 0
         self.load = 0  # the cpu loads of the requests admitted in the step being built (ps)
+        self.link = 0  # async: when the replica's link to its cpu tier is free (ps)
         # vLLM V1's gauges (load_gauges): (waiting, KV blocks in use) at the end of every step, with its time
         self.g_pen_t, self.g_pen, self.g_pub = 0, (0, 0), (0, 0)
 
@@ -123,7 +129,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
                     load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
-                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, **kn):
+                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
     ``policy``: the pool's free-block order (``tests/reference_vllm.py``; ``ttl_ms`` for ``ttl_refresh``,
     ``pool_knobs`` for a per-block policy's sizes); ``cpu_blocks`` etc.: the cpu tier of the module docstring."""
@@ -211,6 +217,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 while len(rp.cpu) > cpu_blocks:
                     rp.cpu.popitem(last=False)
 
+    def load_ps(ch):
+        return _cdiv(ch * int(block_bytes) * 10**6, int(cpu_mbps)) + int(cpu_latency_ps)
+
     def new_canonical(rp, q_keys, c_new, P):
         return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
 
@@ -267,7 +276,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             rp.preempt += 1
             preempted = True
             if len(rp.waiting) < queue_slots:
-                rp.waiting.appendleft((L.i, L.d, L.npre + 1))
+                rp.waiting.appendleft([L.i, L.d, L.npre + 1, -1, 0, 0])
             else:
                 rp.dropped += 1
         for q, tok, pref, c_new, dwork, _ in plan:
@@ -279,50 +288,69 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         evict(rp)
         # 3. admissions
         left = int(max_num_batched_tokens) - sum(q.tok for q in rp.running)
-        while (not preempted) and rp.waiting and len(rp.running) < seqs and left > 0:
-            i, dprev, np_ = rp.waiting[0]
+        if not preempted:  # async: the requests whose loads landed move to the head of the queue, in order
+            landed = [w for w in rp.waiting if 0 <= w[3] <= rp.clock]
+            if landed:
+                rp.waiting = deque(landed + [w for w in rp.waiting if not 0 <= w[3] <= rp.clock])
+        j = 0
+        while (not preempted) and j < len(rp.waiting) and len(rp.running) < seqs and left > 0:
+            i, dprev, np_, rdy, h, ch = rp.waiting[j]
+            if rdy > rp.clock:  # async: its cpu load lands after this step starts
+                j += 1
+                continue
             keys = keys_of[i]
             P = P_of[i]
-            h = 0
-            for k in keys:
-                if k not in rp.stored:
-                    break
-                h += 1
-            h0, h = h, min(h, max(P - 1, 0) // B)
-            ch = 0
-            if cpu_blocks > 0 and h == h0:  # the cpu tier continues the pool's leading blocks
-                for k in keys[h0:max(P - 1, 0) // B]:
-                    if k not in rp.cpu:
+            if rdy < 0:
+                h = 0
+                for k in keys:
+                    if k not in rp.stored:
                         break
-                    ch += 1
-                h += ch
+                    h += 1
+                h0, h = h, min(h, max(P - 1, 0) // B)
+                ch = 0
+                if cpu_blocks > 0 and h == h0:  # the cpu tier continues the pool's leading blocks
+                    for k in keys[h0:max(P - 1, 0) // B]:
+                        if k not in rp.cpu:
+                            break
+                        ch += 1
+                    h += ch
+            start = overlap == "async" and rdy < 0 and ch > 0  # allocate the hit, load, schedule when it lands
             pt = P + dprev
             c0 = h * B
-            tk = min(pt - c0, left)
+            tk = 0 if start else min(pt - c0, left)
             c1 = c0 + tk
             a1 = _cdiv(c1, B) - keyed(c1, P)
             dpin = sum(1 for k in set(keys) if k in rp.stored and rp.ref.get(k, 0) == 0)
             dsum = len(new_canonical(rp, keys, c1, P))
             if rp.pinned() + rp.work + dpin + dsum + a1 > C:
-                if not rp.running:
-                    rp.waiting.popleft()
+                in_flight = any(w[3] > rp.clock for w in rp.waiting)
+                if not rp.running and not in_flight:  # never schedulable
+                    del rp.waiting[j]
+                    if rdy >= 0:
+                        release(rp, _Req(i, 0, 0, 0, 0, 0))
                     rp.rejected += 1
                     continue
                 break
-            rp.waiting.popleft()
-            for k in keys:
-                rp.ref[k] = rp.ref.get(k, 0) + 1
-            if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
-                for k in reversed(keys):
-                    if k in rp.stored:
-                        rp.pol.hit(k)
-            for k in reversed(keys[h - ch:h]):  # cpu hits: read (touched), loaded before the step's forward pass
-                rp.cpu.move_to_end(k)
-            if ch:
-                rp.load += _cdiv(ch * int(block_bytes) * 10**6, int(cpu_mbps)) + int(cpu_latency_ps)
+            if rdy < 0:
+                for k in keys:
+                    rp.ref[k] = rp.ref.get(k, 0) + 1
+                if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
+                    for k in reversed(keys):
+                        if k in rp.stored:
+                            rp.pol.hit(k)
+                for k in reversed(keys[h - ch:h]):  # cpu hits: read (touched), loaded
+                    rp.cpu.move_to_end(k)
+                if ch and not start:  # sync: before the step's forward pass
+                    rp.load += load_ps(ch)
             store(rp, new_canonical(rp, keys, c1, P))
             rp.work += a1
             evict(rp)
+            if start:  # async: on the replica's one link after the loads before it
+                rp.link = max(rp.link, rp.clock) + load_ps(ch)
+                rp.waiting[j] = [i, dprev, np_, rp.link, h, ch]
+                j += 1
+                continue
+            del rp.waiting[j]
             q = _Req(i, c1, pt, dprev, h, np_, ch)
             q.tok, q.pref = tk, True
             rp.running.append(q)
@@ -367,13 +395,25 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     def advance(now_t):
         for rp in reps:  # a decode-only stretch ends where the run-up ends
             rp.in_stretch = False
+        idle = set()
         progress = True
         while progress:
             progress = False
-            for rp in reps:
-                if (rp.has_work() or any(q.done for q in rp.running)) and rp.clock <= now_t:
+            for x, rp in enumerate(reps):
+                if x not in idle and (rp.has_work() or any(q.done for q in rp.running)) and rp.clock <= now_t:
+                    s0, p0 = rp.steps, rp.preempt
                     step(rp)
                     progress = True
+                    if rp.steps == s0 and rp.preempt == p0 and not rp.running and any(w[3] >= 0 for w in rp.waiting):
+                        # async: nothing to run, nothing preempted, loads in flight: the next step starts when the
+                        # first lands, or at the next event if that comes first
+                        t = min((w[3] for w in rp.waiting if w[3] > rp.clock), default=None)
+                        assert t is not None, "waiting on no load"
+                        if t <= now_t:
+                            rp.clock = t
+                        else:
+                            rp.clock = max(rp.clock, now_t)
+                            idle.add(x)
 
     def scrape_at(t_ms, u):
         """The load scrape at the last multiple of load_refresh_ms by ``t_ms``, when it is new."""
@@ -505,7 +545,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         if not rp.has_work() and not any(q.done for q in rp.running):
             rp.clock = max(rp.clock, now_t)
         if len(rp.waiting) < queue_slots:
-            rp.waiting.append((i, 0, 0))
+            rp.waiting.append([i, 0, 0, -1, 0, 0])
         else:
             rp.dropped += 1
     advance(float("inf"))

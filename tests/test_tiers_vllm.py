@@ -50,7 +50,7 @@ def _reference(w, router, key, R, tier, S=6, Q=64, **kn):
     rule = k.pop("router")
     return reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q,
                            cpu_blocks=tier.capacity_blocks, cpu_mbps=tier.read_mbps, cpu_latency_ps=tier.latency_ps,
-                           block_bytes=tier.block_bytes, **k)
+                           block_bytes=tier.block_bytes, overlap=tier.overlap, **k)
 
 
 def _compare(w, *, R, router, tier, seed=0, **kn):
@@ -67,30 +67,34 @@ def _compare(w, *, R, router, tier, seed=0, **kn):
     for f in ("preemptions", "steps", "events", "dropped"):
         assert int(getattr(m, f)) == ref[f], f
     assert off == ref["offloaded"]
+    # every request is served or dropped (none left waiting on a load), and no replica stalled
+    assert int((np.asarray(m.e2e_ms) >= 0).sum()) + int(m.dropped) == w.n_requests
+    assert not bool(m.time_overflow)
     # the replicas' busy time (steps and loads) to the ps, rounded up to a ms as the metric is
     assert np.asarray(m.busy_ms)[:R].tolist() == [-(-b // 10**9) for b in ref["busy_ps"]]
     assert np.asarray(m.occupancy)[:R].tolist() == ref["cached"]
     return m, cpu, off, ref
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), cap=st.integers(30, 150), cpu=st.integers(1, 120),
        budget=st.sampled_from([16, 48, 200, 4096]), seqs=st.integers(1, 6), R=st.integers(1, 3),
        out=st.integers(0, 30), gbps=st.sampled_from([0.5, 4.0, 50.0]), lat=st.sampled_from([0.0, 10.0, 700.0]),
        router=st.sampled_from(["round_robin", "random", "llmd_precise", "cache_aware", "least_loaded", "preble",
-                               "dynamo_kv", "kubeai_chwbl"]))
-def test_equals_reference_hypothesis(seed, cap, cpu, budget, seqs, R, out, gbps, lat, router):
-    """Request by request against the reference: TTFT, end, hit and cpu-hit blocks, preemptions, steps, events,
-    busy time to the ps, blocks offloaded."""
-    tier = tv.cpu_tier(capacity_blocks=cpu, read_gbps=gbps, latency_us=lat, block_bytes=2**21)
+                               "dynamo_kv", "kubeai_chwbl"]), overlap=st.sampled_from(tv.OVERLAP_MODES))
+def test_equals_reference_hypothesis(seed, cap, cpu, budget, seqs, R, out, gbps, lat, router, overlap):
+    """Request by request against the reference (both overlap models): TTFT, end, hit and cpu-hit blocks,
+    preemptions, steps, events, busy time to the ps, blocks offloaded."""
+    tier = tv.cpu_tier(capacity_blocks=cpu, read_gbps=gbps, latency_us=lat, block_bytes=2**21, overlap=overlap)
     _compare(_workload(seed, out), R=R, router=router, tier=tier, capacity_blocks=cap, max_num_batched_tokens=budget,
              max_num_seqs=seqs)
 
 
-def test_reference_case_reloads_and_preempts():
+@pytest.mark.parametrize("overlap", ["sync", "async"])
+def test_reference_case_reloads_and_preempts(overlap):
     """A fixed case where the tier serves blocks, preemption happens, and the load shows in the TTFTs."""
     w = _workload(7, 30, n_tenants=8, rate=60, dur=3)
-    tier = tv.cpu_tier(capacity_blocks=80, read_gbps=1.0, latency_us=100.0, block_bytes=2**21)
+    tier = tv.cpu_tier(capacity_blocks=80, read_gbps=1.0, latency_us=100.0, block_bytes=2**21, overlap=overlap)
     m, cpu, off, ref = _compare(w, R=1, router="round_robin", tier=tier, capacity_blocks=40,
                                 max_num_batched_tokens=48, max_num_seqs=6)
     assert ref["preemptions"] > 0 and cpu.sum() > 0 and off > 0
@@ -163,6 +167,31 @@ def test_hand_worked_offload_and_reload():
     assert ref["busy_ps"] == [16_750_000_000]
 
 
+def test_hand_worked_async():
+    """The same case under ``overlap="async"`` (vLLM's OffloadingConnector): the loads no longer lengthen a step.
+
+    C at 200 ms: its step allocates the hit (1 pinned + blocks 2, 3; B's 6 and 5 go down, cpu = (6, 5)), starts the
+    1 ms load and runs nothing; the replica waits for the load (201 ms), then admits C with 3 hit blocks: 1 + 1 = 2
+    ms (7 is computed, 4 goes down: cpu (5, 4)); TTFT 3 ms. D as before (2 ms; 7 down: cpu (4, 7)). E at 400 ms:
+    block 4 is allocated and loaded (8 down: cpu (4, 8)) until 400.75 ms, then 1 + 2 = 3 ms: TTFT 3.75 ms (4 ms
+    rounded up); 3 and 2 go down. Busy: 4 + 4 + 2 + 2 + 3 = 15 ms (the sync case's 16.75 ms less the loads).
+    """
+    w = Workload.from_lists([[1, 2, 3], [4, 5, 6], [1, 2, 3, 7], [1, 2, 3, 8], [4, 5, 9]], block_tokens=16,
+                            arrival_ms=np.array([0, 100, 200, 300, 400]), output_tokens=np.ones(5, np.int64))
+    kn = dict(capacity_blocks=4, step_base_ns=1_000_000, step_prefill_ns=62_500, step_decode_ns=0,
+              max_num_batched_tokens=8192, max_num_seqs=4)
+    p = make_params("lru", replicas=1, router="round_robin", **kn)
+    tier = tv.cpu_tier(capacity_blocks=2, read_gbps=4.0, latency_us=500.0, block_bytes=1_000_000, overlap="async")
+    m, cpu, off = _tiered(w, p, jax.random.key(0), tier, R=1)
+    assert np.asarray(m.ttft_ms).tolist() == [4, 4, 3, 2, 4]
+    assert np.asarray(m.hit_blocks).tolist() == [0, 0, 3, 3, 1]
+    assert cpu.tolist() == [0, 0, 2, 0, 1]
+    assert off == 2 + 3 + 1 + 3
+    assert (int(m.busy_ms[0]), int(m.steps)) == (15, 5)
+    ref = _reference(w, "round_robin", jax.random.key(0), 1, tier, **kn)
+    assert ref["busy_ps"] == [15_000_000_000] and ref["ttft_ps"][4] == 403_750_000_000
+
+
 def test_one_line_errors():
     with pytest.raises(TierError, match=r"^tiers\.cpu\.read_gbps: the cpu tier holds 10 blocks but has no read "
                                         r"bandwidth; give a positive GB/s$"):
@@ -171,6 +200,8 @@ def test_one_line_errors():
         tv.cpu_tier(capacity_blocks=-3, block_bytes=2**21)
     with pytest.raises(TierError, match=r"^tiers\.cpu\.policy: 'fifo'; the vllm replica's cpu tier runs lru only$"):
         tv.cpu_tier(capacity_blocks=10, policy="fifo", block_bytes=2**21)
+    with pytest.raises(TierError, match=r"^tiers\.cpu\.overlap: 'layerwise'; choose one of sync, async$"):
+        tv.cpu_tier(capacity_blocks=10, overlap="layerwise", block_bytes=2**21)
     w = _workload(0, 2, dur=0.2)
     s = compile_stream(w, stateful_singletons=True)
     p = make_params("lru", capacity_blocks=50)

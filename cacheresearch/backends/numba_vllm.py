@@ -70,8 +70,10 @@ POLICIES_COVERED = ("lru", "unbounded", "ttl_refresh", "fifo", "sieve", "s3fifo"
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL) = range(28)
-NRS = 28  # LOADP: the cpu tier's loads of the requests admitted in the step being built (ps); OFFL: blocks offloaded
+ STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL, NLOAD, LINK) = range(30)
+# LOADP: the cpu tier's loads of the requests admitted in the step being built (ps, sync); OFFL: blocks offloaded;
+# NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free
+NRS = 30
 # running slots, columns of sl [R, S, NSL] (SCPU: the admission's cpu-hit blocks)
 SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU = range(11)
 NSL = 11
@@ -133,7 +135,7 @@ def state_bytes(stream: Stream, st) -> int:
     G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
     gie = R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0
     return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
-            + R * (st.max_running * NSL + st.queue_slots * 3) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8
+            + R * (st.max_running * NSL + st.queue_slots * NWQ) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8
             + pool)
 
 
@@ -141,8 +143,11 @@ def state_bytes(stream: Stream, st) -> int:
 # the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits;
 # the cpu tier (cacheresearch/tiers/vllm.py): capacity in blocks (0: absent), read bandwidth (MB/s), latency per
 # load (ps), bytes per block
-PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB = range(9)
-NPC = 9
+PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB, PC_ASYNC = range(10)
+NPC = 10
+# the waiting ring, columns of wq [R, Q, NWQ]: request, tokens generated before a preemption, preemptions; a cpu
+# load in flight (async): when it lands (ps; -1: none), the hit blocks allocated and their cpu part
+NWQ = 6
 M_LRU, M_TTL, M_FIFO, M_SIEVE, M_S3 = range(5)  # run-store modes below M_FIFO; per-block modes from it
 #: policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
 POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL, "fifo": M_FIFO, "sieve": M_SIEVE,
@@ -494,6 +499,7 @@ def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst, pbl
         wq[r, hd, 0] = h
         wq[r, hd, 1] = sl[r, L, SD]
         wq[r, hd, 2] = sl[r, L, SNPRE] + 1
+        wq[r, hd, 3], wq[r, hd, 4], wq[r, hd, 5] = -1, 0, 0
         rs[r, WHEAD] = hd
         rs[r, WCOUNT] += 1
     else:
@@ -556,28 +562,80 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
 
 
 @njit(cache=True)
+def _wq_remove(r, j, Q, rs, wq):
+    """Entry ``j`` (from the head) leaves the waiting ring; the entries before it move up one place."""
+    hd = rs[r, WHEAD]
+    for k in range(j, 0, -1):
+        wq[r, (hd + k) % Q, :] = wq[r, (hd + k - 1) % Q, :]
+    rs[r, WHEAD] = (hd + 1) % Q
+    rs[r, WCOUNT] -= 1
+
+
+@njit(cache=True)
+def _next_landing(r, Q, rs, wq):
+    """The earliest cpu load still in flight after the replica's clock (T_BIG: none)."""
+    t = T_BIG
+    for k in range(rs[r, WCOUNT]):
+        x = wq[r, (rs[r, WHEAD] + k) % Q, 3]
+        if x > rs[r, CLOCK]:
+            t = min(t, x)
+    return t
+
+
+@njit(cache=True)
+def _landed_first(r, Q, rs, wq):
+    """A stable partition of the waiting ring: the requests whose cpu loads landed by the clock, then the others."""
+    n, hd = rs[r, WCOUNT], rs[r, WHEAD]
+    tq = np.empty((n, NWQ), np.int64)
+    m = 0
+    for first in (True, False):
+        for k in range(n):
+            x = wq[r, (hd + k) % Q, 3]
+            if (0 <= x <= rs[r, CLOCK]) == first:
+                tq[m, :] = wq[r, (hd + k) % Q, :]
+                m += 1
+    for k in range(n):
+        wq[r, (hd + k) % Q, :] = tq[k, :]
+
+
+@njit(cache=True)
 def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 3: admit waiting requests FCFS while the budget, max_num_seqs and the pool allow; their
-    prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected."""
+    prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected.
+    With a cpu tier, the hit continues into it: sync, the step waits for the load (``LOADP``); async, a request
+    with cpu hits gets its hit blocks allocated and pinned, its load queued on the replica's link, and waits in
+    the ring (skipped) until a step starting at or after the load's end (vLLM's WAITING_FOR_REMOTE_KVS); the
+    requests whose loads landed go first (:func:`_landed_first`)."""
     cap = pi[CAP]
     seq_cap = min(pi[SEQS], max_seqs)
     left = pi[BUDGET]
+    asy = pc[PC_ASYNC] != 0
     for i in range(rs[r, NRUN]):
         left -= sl[r, i, STOK]
-    while rs[r, WCOUNT] > 0 and rs[r, NRUN] < seq_cap and left > 0:
-        hd = rs[r, WHEAD]
-        h, dprev, np_ = wq[r, hd, 0], wq[r, hd, 1], wq[r, hd, 2]
+    if rs[r, NLOAD] > 0:  # requests whose loads landed move to the head of the queue, in order
+        _landed_first(r, Q, rs, wq)
+    j = 0
+    while j < rs[r, WCOUNT] and rs[r, NRUN] < seq_cap and left > 0:
+        pos = (rs[r, WHEAD] + j) % Q
+        h, dprev, np_, rdy = wq[r, pos, 0], wq[r, pos, 1], wq[r, pos, 2], wq[r, pos, 3]
+        if rdy > rs[r, CLOCK]:  # its cpu load has not landed by this step's start
+            j += 1
+            continue
         p, e0 = rq[h, QNR], rq[h, QE0]
         Ph = rq[h, QIN]
-        g0 = _lead(ps[r], log0, e0, p)
-        hit = min(g0, max(Ph - 1, 0) // bt)
-        ch = 0  # the cpu tier's leading blocks after the pool's (per-block mode)
-        if pc[PC_CPU] > 0 and hit == g0:
-            ch = _cpu_lead(r, log0, e0, p, g0, max(Ph - 1, 0) // bt, pbl)
-            hit += ch
+        if rdy >= 0:  # its load landed: the hit blocks are stored and pinned already
+            hit, ch = wq[r, pos, 4], wq[r, pos, 5]
+        else:
+            g0 = _lead(ps[r], log0, e0, p)
+            hit = min(g0, max(Ph - 1, 0) // bt)
+            ch = 0  # the cpu tier's leading blocks after the pool's (per-block mode)
+            if pc[PC_CPU] > 0 and hit == g0:
+                ch = _cpu_lead(r, log0, e0, p, g0, max(Ph - 1, 0) // bt, pbl)
+                hit += ch
+        start = asy and rdy < 0 and ch > 0  # async: allocate the hit blocks and start the load; schedule later
         pt = Ph + dprev
         c0 = hit * bt
-        tk = min(pt - c0, left)
+        tk = 0 if start else min(pt - c0, left)
         c1 = c0 + tk
         k1 = _keyed(c1, Ph, bt)
         a1 = _cdiv(c1, bt) - k1
@@ -587,33 +645,46 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             if pref[r, run] == 0:
                 dpin += ps[r, run]
         fits = rs[r, PINNED] + rs[r, WORK] + dpin + _new_blocks(r, h, k1, rq, log0, ps) + a1 <= cap
-        if not fits and rs[r, NRUN] > 0:
+        if not fits and (rs[r, NRUN] > 0 or (rs[r, NLOAD] > 0 and _next_landing(r, Q, rs, wq) < T_BIG)):
             break
-        rs[r, WHEAD] = (hd + 1) % Q
-        rs[r, WCOUNT] -= 1
-        if not fits:  # larger than the whole pool: never schedulable
+        if not fits:  # larger than the whole pool (less what nothing can free): never schedulable
+            _wq_remove(r, j, Q, rs, wq)
+            if rdy >= 0:
+                _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                rs[r, NLOAD] -= 1
             rs[r, REJECTED] += 1
             rs[r, LBLK] -= rq[h, QNB]
             rs[r, LREQ] -= 1
             continue
-        for q in range(p):
-            run = log0[e0 + q, 0]
-            if pref[r, run] == 0:
-                rs[r, PINNED] += ps[r, run]
-            pref[r, run] += 1
-        if pc[PC_MODE] >= M_FIFO:  # every cached block the request reuses is a hit of the policy, deepest first
-            for q in range(p - 1, -1, -1):
-                if ps[r, log0[e0 + q, 0]] > 0:
-                    _hit_block(r, log0[e0 + q, 0], pbl, pc)
-        if ch > 0:  # the cpu hits are read (touched deepest first: the leading one ends most recent) and loaded
-            for q in range(hit - 1, hit - ch - 1, -1):
-                _lunlink(r, log0[e0 + q, 0], pbl, pq)
-                _lpush(r, 1, log0[e0 + q, 0], pbl, pq)
-            rs[r, LOADP] += _cpu_load_ps(ch, pc)
+        if rdy < 0:
+            for q in range(p):
+                run = log0[e0 + q, 0]
+                if pref[r, run] == 0:
+                    rs[r, PINNED] += ps[r, run]
+                pref[r, run] += 1
+            if pc[PC_MODE] >= M_FIFO:  # every cached block the request reuses is a hit of the policy, deepest first
+                for q in range(p - 1, -1, -1):
+                    if ps[r, log0[e0 + q, 0]] > 0:
+                        _hit_block(r, log0[e0 + q, 0], pbl, pc)
+            if ch > 0:  # the cpu hits are read (touched deepest first: the leading one ends most recent) and loaded
+                for q in range(hit - 1, hit - ch - 1, -1):
+                    _lunlink(r, log0[e0 + q, 0], pbl, pq)
+                    _lpush(r, 1, log0[e0 + q, 0], pbl, pq)
+                if not start:
+                    rs[r, LOADP] += _cpu_load_ps(ch, pc)
         _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
         rs[r, WORK] += a1
         if _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             rs[r, STUCK] = 1
+        if start:  # on the replica's one link after the loads before it
+            rs[r, LINK] = max(rs[r, LINK], rs[r, CLOCK]) + _cpu_load_ps(ch, pc)
+            wq[r, pos, 3], wq[r, pos, 4], wq[r, pos, 5] = rs[r, LINK], hit, ch
+            rs[r, NLOAD] += 1
+            j += 1
+            continue
+        if rdy >= 0:
+            rs[r, NLOAD] -= 1
+        _wq_remove(r, j, Q, rs, wq)
         k = rs[r, NRUN]
         sl[r, k, SREQ], sl[r, k, SC], sl[r, k, SPT], sl[r, k, SD], sl[r, k, SD0] = h, c1, pt, dprev, dprev
         sl[r, k, SHIT], sl[r, k, SNPRE], sl[r, k, STOK], sl[r, k, SPREF], sl[r, k, SDONE] = hit, np_, tk, 1, 0
@@ -817,9 +888,22 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
             rs[r, EVENTS] += 1  # one event: a decode-only stretch or one engine step (metrics.core.Metrics)
             if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin,
                             hitb, npre):
+                s0, p0 = rs[r, STEPS], rs[r, PREEMPT]
                 _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
                       ttft, fin,
                       hitb, npre)
+                if rs[r, NLOAD] > 0 and rs[r, STEPS] == s0 and rs[r, NRUN] == 0 and rs[r, PREEMPT] == p0:
+                    # nothing to run, nothing preempted, cpu loads in flight (async): the next step starts when the
+                    # first lands, or at the next event (an arrival) if that comes first
+                    t = _next_landing(r, Q, rs, wq)
+                    if t == T_BIG:  # cannot happen (the admission rejects what waits on nothing); never spin
+                        rs[r, STUCK] = 1
+                        break
+                    if t <= now_t:
+                        rs[r, CLOCK] = t
+                    else:
+                        rs[r, CLOCK] = max(rs[r, CLOCK], now_t)
+                        break
 
 
 # ------------------------------------------------------------------------------ routers
@@ -1220,6 +1304,7 @@ def _enqueue(i, r, now_t, Q, rq, rs, wq):
     if rs[r, WCOUNT] < Q:
         pos = (rs[r, WHEAD] + rs[r, WCOUNT]) % Q
         wq[r, pos, 0], wq[r, pos, 1], wq[r, pos, 2] = i, 0, 0
+        wq[r, pos, 3], wq[r, pos, 4], wq[r, pos, 5] = -1, 0, 0
         rs[r, WCOUNT] += 1
         rs[r, LREQ] += 1
         rs[r, LBLK] += rq[i, QNB]
@@ -1263,7 +1348,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     rs = np.zeros((R, NRS), np.int64)
     fs = np.zeros((R, 2), np.float32)
     sl = np.zeros((R, S, NSL), np.int64)
-    wq = np.zeros((R, Q, 3), np.int64)
+    wq = np.zeros((R, Q, NWQ), np.int64)
     tmp = np.zeros((S, 6), np.int64)
     snap = np.zeros((R if stale else 1, K if stale else 1), np.int32)
     sync = np.zeros(2, np.int64)

@@ -21,6 +21,14 @@ and the tier is an LRU list over block ids per replica:
   series). Nothing else overlaps it: the other requests of the step wait for the load too. Writes (offloads)
   are asynchronous and not charged; their volume is returned. Decode-only stretches admit nothing and are
   unchanged;
+* **time, overlap model ``async``** (vLLM's OffloadingConnector: the scheduler allocates the blocks of a request
+  with external hits and parks it in WAITING_FOR_REMOTE_KVS while the others step): when the admission scan
+  reaches a request with cpu hits, its hit blocks are allocated and pinned (the pool check counts them, no token
+  is computed, no budget or ``max_num_seqs`` slot taken), its load goes on the replica's one link after the loads
+  before it (``link = max(link, step start) + load``), and it stays in its place in the waiting queue, skipped,
+  until a step starting at or after the load lands; then it is admitted FCFS with that hit. A replica with
+  nothing to run waits for the first landing (or the next arrival). A request that fits nowhere while nothing
+  runs and no load is in flight is rejected (its pins released);
 * the routers read the GPU pool only (every view), as they do without a tier.
 
 With every capacity 0 the results are the backend's (and the JAX replica's) bit for bit
@@ -42,18 +50,19 @@ from cacheresearch.tiers.spec import TierError, _tier
 __all__ = ["VllmCpuTier", "VllmTierResult", "cpu_tier", "check_backend", "run_stream_tiered", "OVERLAP_MODES"]
 
 #: How a load overlaps the engine's steps (``sync``: the admitting step waits for it; see the module docstring).
-OVERLAP_MODES = ("sync",)
+OVERLAP_MODES = ("sync", "async")
 
 
 @dataclass(frozen=True)
 class VllmCpuTier:
     """A replica's cpu tier: capacity in blocks (0: absent), read bandwidth (MB/s), latency per load (ps),
-    bytes per block."""
+    bytes per block, overlap model (:data:`OVERLAP_MODES`)."""
 
     capacity_blocks: int = 0
     read_mbps: int = 0
     latency_ps: int = 0
     block_bytes: int = 0
+    overlap: str = "sync"
 
 
 class VllmTierResult(NamedTuple):
@@ -63,7 +72,7 @@ class VllmTierResult(NamedTuple):
 
 
 def cpu_tier(*, capacity_blocks=0, read_gbps=50.0, write_gbps=None, latency_us=10.0, block_bytes: int,
-             policy="lru", memory_gib=2048.0, where="tiers.") -> VllmCpuTier:
+             policy="lru", memory_gib=2048.0, overlap="sync", where="tiers.") -> VllmCpuTier:
     """A checked cpu tier (the fcfs tiers' checks: :func:`cacheresearch.tiers.spec.make_config`); ``read_gbps`` in
     GB/s (1e9 bytes/s), ``latency_us`` in microseconds. Errors are one line naming the key (``where`` + cpu.*)."""
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, (int, np.integer)) or block_bytes < 1:
@@ -71,12 +80,14 @@ def cpu_tier(*, capacity_blocks=0, read_gbps=50.0, write_gbps=None, latency_us=1
     spec = _tier("cpu", dict(capacity_blocks=capacity_blocks, read_gbps=read_gbps,
                              write_gbps=read_gbps if write_gbps is None else write_gbps, latency_us=latency_us,
                              policy=policy, memory_gib=memory_gib), int(block_bytes), where)
+    if overlap not in OVERLAP_MODES:
+        raise TierError(f"{where}cpu.overlap: {overlap!r}; choose one of {', '.join(OVERLAP_MODES)}")
     if spec.policy != "lru":
         raise TierError(f"{where}cpu.policy: {spec.policy!r}; the vllm replica's cpu tier runs lru only")
     if spec.capacity_blocks == 0:
-        return VllmCpuTier(0, 0, 0, int(block_bytes))
+        return VllmCpuTier(0, 0, 0, int(block_bytes), overlap)
     return VllmCpuTier(spec.capacity_blocks, int(round(spec.read_gbps * 1000)), int(round(spec.latency_us * 1e6)),
-                       int(block_bytes))
+                       int(block_bytes), overlap)
 
 
 def check_backend(backend: str, tiers, where: str = "tiers.cpu.capacity_blocks") -> None:
@@ -120,7 +131,10 @@ def run_stream_tiered(stream: Stream, params: list, keys: list, st, tiers: list,
         if t.capacity_blocks > 0 and (t.read_mbps < 1 or t.block_bytes < 1 or t.latency_ps < 0):
             raise TierError(f"tiers.cpu.read_gbps: the cpu tier holds {t.capacity_blocks} blocks but has no read "
                             "bandwidth; give a positive GB/s")
-        pc[g, nv.PC_CPU:nv.PC_BB + 1] = (t.capacity_blocks, t.read_mbps, t.latency_ps, t.block_bytes)
+        if t.overlap not in OVERLAP_MODES:
+            raise TierError(f"tiers.cpu.overlap: {t.overlap!r}; choose one of {', '.join(OVERLAP_MODES)}")
+        pc[g, nv.PC_CPU:nv.PC_ASYNC + 1] = (t.capacity_blocks, t.read_mbps, t.latency_ps, t.block_bytes,
+                                            t.overlap == "async" and t.capacity_blocks > 0)
     extra: list = []
     m = nv._run_part(stream, P, pc, list(keys), st, n_out, True, extra)
     return VllmTierResult(m, extra[0], extra[1])
