@@ -8,6 +8,9 @@ x replica model x backend, on a tiny workload.
   elsewhere, and numba on any host to a cell only numba runs;
 * the cells the checks pass run with finite metrics: every numba cell and one JAX program of the fcfs replica
   here, every JAX cell under ``-m slow`` (about 24 programs: minutes of compiling on 2 cores);
+* the tier column: every cell it accepts runs with a CPU tier on the tiered engine (finite metrics); the fcfs
+  cells every backend runs with the tiered engine's routers and policies are accepted; a refusal is one line
+  that names the knob;
 * the tiered engine's table: every router, view and policy it lists runs, and its refusals are one line.
 """
 
@@ -32,6 +35,11 @@ def checks():
 @pytest.fixture(scope="module")
 def tiers():
     return compat.tier_matrix()
+
+
+@pytest.fixture(scope="module")
+def col():
+    return compat.tier_column()
 
 
 def refusal_problem(cell: compat.Cell, o: compat.Outcome) -> str:
@@ -78,8 +86,8 @@ def test_every_cell_runs_somewhere_or_is_refused_for_a_reason(checks):
     assert {c.view for c in ran if c.view != compat.ANY_VIEW} == {"precise", "approximate", "stale", "gie_estimate"}
 
 
-def test_page_is_up_to_date(checks, tiers):
-    assert compat.DOC.read_text(encoding="utf-8") == compat.markdown(checks, tiers), \
+def test_page_is_up_to_date(checks, tiers, col):
+    assert compat.DOC.read_text(encoding="utf-8") == compat.markdown(checks, tiers, col), \
         "regenerate: python -m cacheresearch.shell.compat docs/compatibility.md"
 
 
@@ -141,3 +149,18 @@ def test_tier_table_runs_and_its_refusals_are_one_line(tiers):
     assert out and all(o.ok for o in out.values())
     assert {p for _, _, p in out} == set(TIER_POLICIES)
     assert refused and all(m and "\n" not in m and "not implemented" not in m for m in refused.values()), refused
+
+
+def test_tier_column_cells_run_and_refusals_name_the_knob(checks, col):
+    ran = compat.run_tier_column(col)
+    assert ran and all(o.ok for o in ran.values()), {c: o.message for c, o in ran.items() if not o.ok}
+    keys = ("replica.scheduler", "cache.policy", "fleet.router", "fleet.knobs.")
+    for c, o in col.items():
+        if not o.ok:
+            assert "\n" not in o.message and o.message.startswith(keys), (c, o.message)
+    # every fcfs cell of a tiered router and policy on a view the tiered engine reads is accepted
+    from cacheresearch.tiers.fleet import TWIN  # noqa: PLC0415
+
+    want = [c for c in col if c.replica == "fcfs" and c.router in TWIN and c.policy in TIER_POLICIES
+            and c.view in ("-", "precise", "stale", "approximate")]
+    assert want and all(col[c].ok for c in want), [c for c in want if not col[c].ok]

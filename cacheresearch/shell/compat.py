@@ -10,8 +10,10 @@ page equal to :func:`markdown` and runs the cells (the JAX engine's every cell u
 
 A router that reads no cache reads no view: its cells have one row (view ``-``). :func:`auto_rule`: the
 backend ``engine.backend=auto`` should give a lone cell on a CPU host and on an accelerator host (the test
-holds :func:`~cacheresearch.core.run.check_cells` to it). The tiered engine (:mod:`cacheresearch.tiers`, the
-fcfs replica with a CPU tier, its own numba engine) has a table of its own (:func:`tier_matrix`).
+holds :func:`~cacheresearch.core.run.check_cells` to it). The tier column (:func:`tier_column`): whether the cell
+runs in a grid with a CPU tier (``tiers.cpu.capacity_blocks``: the tiered engine, :mod:`cacheresearch.tiers.fleet`),
+or the one-line reason it does not; :func:`run_tier_column` runs those that do. The tiered engine's own routers
+(``tier_scorer`` ...) have a table of their own (:func:`tier_matrix`).
 
 ``python -m cacheresearch.shell.compat [FILE]`` (or ``cacheresearch docs --compat``) writes the page.
 """
@@ -33,11 +35,15 @@ from cacheresearch.core.simulate import SCHEDULERS
 from cacheresearch.core.stream import compile_stream
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 from cacheresearch.tiers import TIER_POLICIES, TIER_ROUTERS, TIER_VIEWS, make_config, run_tiers
+from cacheresearch.tiers.fleet import refusal as tier_refusal
+from cacheresearch.tiers.fleet import run_cells as run_tier_cells
+from cacheresearch.tiers.fleet import tier_config_of
 from cacheresearch.workload.gie_hashes import gie_hashes_from_keys
 from cacheresearch.workload.synthetic import tenant_workload
 
 __all__ = ["Cell", "Outcome", "cells", "tiny_workload", "cell_params", "check_matrix", "run_matrix", "auto_rule",
-           "numba_gaps", "tier_matrix", "markdown", "summary", "page", "DOC", "RUN_BACKENDS", "REPLICA_MODELS"]
+           "numba_gaps", "tier_matrix", "tier_column", "run_tier_column",
+           "markdown", "summary", "page", "DOC", "RUN_BACKENDS", "REPLICA_MODELS"]
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 #: the backends a cell can run on (``engine.backend=auto`` picks one of them per program)
@@ -196,6 +202,30 @@ def tier_matrix() -> tuple[dict[tuple[str, str, str], Outcome], dict[str, str]]:
     return out, refused
 
 
+def tier_column(cs: list[Cell] | None = None) -> dict[Cell, Outcome]:
+    """{cell: outcome} of the cell with a CPU tier in the grid (:func:`cacheresearch.tiers.fleet.refusal`)."""
+    out = {}
+    for c in cells() if cs is None else cs:
+        why = tier_refusal(cell_params(c), c.replica)
+        out[c] = Outcome(True) if why is None else Outcome(False, "TierError", why)
+    return out
+
+
+def run_tier_column(col: dict) -> dict[Cell, Outcome]:
+    """Run the cells the tier column accepts, with a CPU tier of twice the gpu's blocks, in one call of the
+    tiered engine: {cell: outcome} (finite metrics, or the exception)."""
+    w, _ = tiny_workload()
+    cs = sorted(c for c, o in col.items() if o.ok)
+    ps = [cell_params(c) for c in cs]
+    try:
+        cfgs = [tier_config_of(p, tiers={"cpu": {"capacity_blocks": 2 * CAPACITY}}, block_bytes=2**21) for p in ps]
+        m, _, _ = run_tier_cells([w], [0] * len(cs), ps, list(range(len(cs))), cfgs, max_replicas=REPLICAS)
+    except Exception as e:  # noqa: BLE001 - recorded: the test fails on it
+        return {c: Outcome.of(e) for c in cs}
+    return {c: Outcome(True) if _finite(m, k) else Outcome(False, "NotFinite", "metrics not finite")
+            for k, c in enumerate(cs)}
+
+
 # ---------------------------------------------------------------------------------------------- the page
 def _table_order(cell: Cell) -> tuple:
     """The tables' order: replica model, router (registry id), view, policy (registry id)."""
@@ -213,9 +243,18 @@ def _reasons(checks: dict) -> dict[str, int]:
     return out
 
 
-def _entry(cell: Cell, checks: dict, reasons: dict) -> str:
-    j, n = checks[cell, "jax"], checks[cell, "numba"]
-    return ("J" if j.ok else f"-{reasons[j.message]}") + " " + ("N" if n.ok else "-")
+def _entry(cell: Cell, checks: dict, reasons: dict, col: dict, treasons: dict) -> str:
+    j, n, t = checks[cell, "jax"], checks[cell, "numba"], col[cell]
+    return (("J" if j.ok else f"-{reasons[j.message]}") + " " + ("N" if n.ok else "-") + " "
+            + ("T" if t.ok else f"-t{treasons[t.message]}"))
+
+
+def _tier_reasons(col: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in sorted(col, key=_table_order):
+        if not col[c].ok and col[c].message not in out:
+            out[col[c].message] = len(out) + 1
+    return out
 
 
 def auto_rule(cell: Cell, checks: dict, cpu: bool) -> str | None:
@@ -258,9 +297,10 @@ def _md(text: str) -> str:
     return text.replace("|", "/")
 
 
-def markdown(checks: dict, tiers: tuple[dict, dict]) -> str:
-    """``docs/compatibility.md`` from :func:`check_matrix` and :func:`tier_matrix`."""
+def markdown(checks: dict, tiers: tuple[dict, dict], col: dict) -> str:
+    """``docs/compatibility.md`` from :func:`check_matrix`, :func:`tier_matrix` and :func:`tier_column`."""
     reasons = _reasons(checks)
+    treasons = _tier_reasons(col)
     s = summary(checks)
     w, _ = tiny_workload()
     lines = [
@@ -276,7 +316,9 @@ def markdown(checks: dict, tiers: tuple[dict, dict]) -> str:
         f"blocks each (TTL {TTL_S:g} s for the TTL policies), the registry's default knobs, on a tenant workload of "
         f"{w.n_requests} requests. An entry is the JAX engine (`J`: runs, `engine.backend=jax`, any device; `-k`: "
         "refused with reason `k` below) then the numba CPU backend (`N`: runs, `engine.backend=numba`; `-`: not "
-        "covered, listed under the table). A router that reads no cache reads no view (view `-`).",
+        "covered, listed under the table), then the cell with a CPU tier in the grid (`T`: runs, "
+        "`tiers.cpu.capacity_blocks=N` or `grid.cpu_capacity_blocks=[...]`, on the tiered engine whatever the "
+        "backend; `-tk`: refused with reason `tk` below). A router that reads no cache reads no view (view `-`).",
         "",
         "`engine.backend=auto` gives a cell the numba backend on a CPU host where `N` runs it (the faster one "
         "there), the JAX engine elsewhere, and the numba backend on any host to a cell only `N` runs (the test "
@@ -293,7 +335,7 @@ def markdown(checks: dict, tiers: tuple[dict, dict]) -> str:
                   + " |", "|---|---|" + "---|" * len(policies)]
         rows = {(c.router, c.view) for c, _ in checks if c.replica == replica}
         for router, view in sorted(rows, key=lambda rv: (ROUTERS[rv[0]], VIEWS.get(rv[1], -1))):
-            row = [_entry(Cell(replica, router, view, p), checks, reasons) for p in policies]
+            row = [_entry(Cell(replica, router, view, p), checks, reasons, col, treasons) for p in policies]
             lines.append(f"| `{router}` | {view if view == ANY_VIEW else f'`{view}`'} | " + " | ".join(row) + " |")
         items, example = numba_gaps(checks, replica)
         if items:
@@ -301,9 +343,15 @@ def markdown(checks: dict, tiers: tuple[dict, dict]) -> str:
                       + "; ".join(_md(m) for m in items) + ". One of its refusals in full:", "", f"> {_md(example)}"]
     lines += ["", "## Why the JAX engine refuses a cell", "", "The engine's message, word for word (`-k` above).", ""]
     lines += [f"{k}. {_md(m)}" for m, k in reasons.items()]
+    nt = sum(o.ok for o in col.values())
+    lines += ["", "## Why a cell does not run with a tier", "",
+              f"{nt} of {len(col)} cells run with a CPU tier in the grid (`tiers/fleet.py`: the cell's router on the "
+              "tiered engine, its cache routers counting the match in every tier). The refusal, word for word "
+              "(`-tk` above):", ""]
+    lines += [f"t{k}. {_md(m)}" for m, k in treasons.items()]
     out, refused = tiers
     cache = _tier_cache_routers()
-    lines += ["", "## With a CPU tier", "",
+    lines += ["", "## The tiered engine's own routers", "",
               "The tiered engine (`cacheresearch/tiers/`, `experiment=tiers`): the fcfs replica with a GPU and a CPU "
               f"tier ({CAPACITY} and {2 * CAPACITY} blocks, both under the column's policy), on its own numba engine "
               f"(no JAX program, no vllm replica). `R`: runs; its cache routers ({', '.join(f'`{r}`' for r in cache)})"
@@ -321,7 +369,7 @@ def markdown(checks: dict, tiers: tuple[dict, dict]) -> str:
 
 def page() -> str:
     """The page as the engine has it now (its checks; nothing compiled)."""
-    return markdown(check_matrix(), tier_matrix())
+    return markdown(check_matrix(), tier_matrix(), tier_column())
 
 
 if __name__ == "__main__":

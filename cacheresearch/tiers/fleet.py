@@ -25,7 +25,7 @@ from cacheresearch.metrics.core import LIMB, Metrics, finalize
 from cacheresearch.routers import REGISTRY
 from cacheresearch.routers.views import VIEWS
 from cacheresearch.tiers.engine import dense_keys, run_tiers
-from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, make_config
+from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, _why_not, make_config
 
 __all__ = ["TWIN", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
 
@@ -40,9 +40,9 @@ _KNOBS = ("prefix_blocks", "prefill_tps", "decode_us_per_token", "prefix_weight_
 _RULE_OF = {r.id: r.name for r in REGISTRY.routers()}
 _POLICY_OF = {s.id: n for n, s in POLICIES.items()}
 _VIEW_OF = {v: k for k, v in VIEWS.items()}
-_WHY = {"power_of_two": "its two random choices draw from the engine's per-request words in a way the tiered "
-                        "engine does not replay",
-        "gie": "GIE's scorers read the vllm replica's gauges"}
+_WHY = {"power_of_two": "the tiered engine has no two-choice rule; least_loaded reads the same queues",
+        "gie": "the tiered engine has no GIE scorer set (queue, kv-cache, prefix and load-aware scores); "
+               "weighted_scorers is llm-d's prefix + load pair"}
 
 
 def _val(p, name):
@@ -56,14 +56,17 @@ def refusal(p, scheduler: str = "fcfs") -> str | None:
                 "experiment=tiers study.replica=vllm)")
     pol = _POLICY_OF.get(_val(p, "policy"), "?")
     if pol not in TIER_POLICIES:
-        return f"cache.policy: {pol!r} cannot run as the gpu tier; choose one of {', '.join(TIER_POLICIES)}"
+        return (f"cache.policy: {pol!r} cannot run as the gpu tier ({_why_not(pol)}); choose one of "
+                f"{', '.join(TIER_POLICIES)}")
     rule = _RULE_OF.get(_val(p, "router"), "?")
     if rule not in TWIN:
         why = _WHY.get(rule, "the tiered engine does not model it")
         return f"fleet.router: {rule!r} does not run with tiers ({why}); choose one of {', '.join(TWIN)}"
     view = _VIEW_OF.get(_val(p, "view"), "?")
     if view not in ("precise", "stale", "approximate"):
-        return f"fleet.knobs.view: {view!r} does not run with tiers; choose precise, stale or approximate"
+        return (f"fleet.knobs.view: {view!r} does not run with tiers (GIE's own index of prompt bytes; the tier "
+                "routers read every tier now, as of the last sync, or their own index); choose precise, stale or "
+                "approximate")
     checks = (("instances", 1, "one router instance"), ("local_load", False, "the fleet's shared load"),
               ("kv_pressure", False, "no KV-pressure model"), ("restart_replica", -1, "no cache event"),
               ("load_refresh_ms", 0, "loads read as they are"), ("miss_smallest_tree", False, "SGLang's current rule"))
