@@ -264,12 +264,23 @@ def test_tiers_study_on_the_vllm_replica():
         s = np.sort(ref["ttft_ms"])
         assert float(got.ttft_p50_s) == s[-(-50 * len(s) // 100) - 1] / 1000
         assert float(got.ttft_p99_s) == s[-(-99 * len(s) // 100) - 1] / 1000
+    # study.load_mode=overlap: the async model, one cell against the reference
+    da = run_study(compose_config(SMALL + ["study.load_mode=overlap", "grid.router=[random]", "grid.cpu_gbps=[2.0]"]))
+    ta = tv.cpu_tier(capacity_blocks=400, read_gbps=2.0, block_bytes=tier_block_bytes("llama3_8b", 16), overlap="async")
+    ref = _reference(w, "random", jax.random.key(0), R, ta, S=256, Q=4096, **kn)
+    got = da.sel(workload="design", router="random", cpu_capacity="400", cpu_gbps=2.0)
+    s = np.sort(ref["ttft_ms"])
+    assert float(got.ttft_p99_s) == s[-(-99 * len(s) // 100) - 1] / 1000
+    cpu_rate = ref["cpu_hit_blocks"].sum() * 16 / inp
+    assert cpu_rate > 0 and float(got.hit_rate_by_tier.sel(tier="cpu")) == pytest.approx(cpu_rate, rel=1e-12)
+    assert da.attrs["load_mode"] == "overlap"
 
 
 @pytest.mark.parametrize("override,key", [
     ("study.lower={disk: {capacity_blocks: 100}}", "study.lower"),
     ("engine.backend=jax", "engine.backend=jax"),
-    ("study.load_mode=overlap", "study.load_mode"),
+    ("study.load_mode=lazy", "study.load_mode"),
+    ("study.offload=write_through", "study.offload"),
     ("study.cpu_policy=sieve", "study.cpu_policy"),
     ("grid.router=[gie]", "grid.router"),
     ("study.replica=sglang", "study.replica"),

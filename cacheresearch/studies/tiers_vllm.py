@@ -13,8 +13,9 @@ The cells are the fcfs grid's (``grid.cpu_capacity_blocks`` x ``grid.cpu_gbps`` 
   llama-3.1-8b on one H100) and vLLM's scheduler limits (``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192);
   the pool per replica is the fcfs cells' gpu tier (``kv_blocks(model, gpu)``);
 * only the cpu tier: ``study.lower`` (pool, disk) is refused, and so is the global-pool question (its
-  ``pool_*`` variables are NaN); ``offload`` is ``evict``, ``load_mode`` ``serial`` (the ``sync`` overlap model),
-  ``gpu_policy`` / ``cpu_policy`` ``lru`` and ``view`` ``precise``.
+  ``pool_*`` variables are NaN); ``offload`` is ``evict``, ``gpu_policy`` / ``cpu_policy`` ``lru`` and ``view``
+  ``precise``; ``load_mode`` ``serial`` runs the ``sync`` overlap model (the admitting step waits for the load),
+  ``overlap`` the ``async`` one (the request waits for its load in the queue while the others step).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ VLLM_ROUTER = {"random": "random", "round_robin": "round_robin", "prefix_hash": 
                "tier_scorer": "weighted_scorers", "weighted_scorers": "weighted_scorers",
                "tier_kv_cost": "kv_cost", "kv_cost": "kv_cost", "tier_cache_aware": "cache_aware",
                "cache_aware": "cache_aware", "tier_preble": "preble_e2", "preble_e2": "preble_e2"}
+#: study.load_mode -> the vllm replica's overlap model (cacheresearch/tiers/vllm.py)
+OVERLAP_OF = {"serial": "sync", "overlap": "async"}
 _KNOBS = ("prefix_weight_pct", "load_weight_pct", "queue_threshold", "overlap_weight_pct", "cache_threshold_pm",
           "balance_abs", "balance_rel_pct", "preble_rel_pct", "preble_abs", "chwbl_c_pct", "vnodes")
 
@@ -45,7 +48,10 @@ def check_vllm(c: dict, routers: list, backend: str) -> None:
         names = ", ".join(sorted(c["lower"]))
         raise StudyError(f"study.lower: {names} on study.replica=vllm; the vllm replica models a cpu tier only "
                          "(grid.cpu_capacity_blocks); use study.replica=fcfs for pool and disk tiers")
-    fixed = dict(offload="evict", load_mode="serial", gpu_policy="lru", cpu_policy="lru", view="precise")
+    if str(c["load_mode"]) not in ("serial", "overlap"):
+        raise StudyError(f"study.load_mode: {c['load_mode']!r}; choose serial (the vllm replica's sync overlap) or "
+                         "overlap (async)")
+    fixed = dict(offload="evict", gpu_policy="lru", cpu_policy="lru", view="precise")
     for k, v in fixed.items():
         if str(c[k]) != v:
             raise StudyError(f"study.{k}: {c[k]!r} on study.replica=vllm; the vllm replica's cpu tier runs "
@@ -91,7 +97,7 @@ def run_vllm_cells(w, R: int, caps: list, gbps: list, routers: list, c: dict, *,
         for ci, cap in enumerate(caps):
             for gi, bw in enumerate(gbps):
                 t = cpu_tier(capacity_blocks=cap, read_gbps=bw, latency_us=float(v["latency_us"]),
-                             block_bytes=block_bytes)
+                             block_bytes=block_bytes, overlap=OVERLAP_OF[str(c["load_mode"])])
                 for ri, rt in enumerate(routers):
                     cells.append((ci, gi, ri))
                     tiers.append(t)
