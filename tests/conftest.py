@@ -55,7 +55,7 @@ SLOW_CASES = {
 #: (``--dist loadfile --no-loadscope-reorder``): longest-first keeps one long file from running alone at the end.
 #: A scheduling hint only: a file missing here runs after these, in collection order.
 LONG_FILES = {
-    "test_blocks_jax.py": 200,
+    "test_blocks_jax.py": 65,
     "test_engine.py": 97, "test_fit_shapes.py": 91, "test_fleet.py": 78, "test_bench.py": 73, "test_ttl_trace.py": 66,
     "test_batch.py": 63, "test_routing_experiments.py": 57, "test_replay.py": 41, "test_chunks.py": 41,
     "test_fit_hard.py": 40, "test_fit.py": 34, "test_sweep.py": 27, "test_libcachesim_parity.py": 25,

@@ -17,6 +17,7 @@ from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 
 from cacheresearch.backends.numba_policies import block_replay_grid
 from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params, request_bits, simulate, simulate_grid, stack_params
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS
 from cacheresearch.workload.synthetic import tenant_workload
@@ -37,6 +38,7 @@ def engine_and_reference(w, policy, kw, replicas, router, seed):
     return m, ref
 
 
+@pytest.mark.slow  # the numba backend runs the same check against the same reference (test_numba_blocks.py)
 @settings(HYP, max_examples=25)
 @given(w=tree_workloads(), data=st.data(), router=st.sampled_from(sorted(ROUTERS)), knobs=knob_sets,
        replicas=st.integers(1, R_MAX), seed=st.integers(0, 3))
@@ -50,6 +52,7 @@ def test_every_router_and_view_on_block_policies_matches_reference(w, data, rout
     np.testing.assert_array_equal(np.asarray(m.max_occupancy)[:replicas], ref["max_occupancy"])
 
 
+@pytest.mark.slow  # likewise (test_numba_blocks.py's views test)
 @settings(HYP, max_examples=15)
 @given(w=tree_workloads(), data=st.data(), router=st.sampled_from(list(CACHE_ROUTERS)), knobs=knob_sets,
        replicas=st.integers(2, R_MAX))
@@ -98,3 +101,20 @@ def test_s3fifo_sizes_follow_the_double_rule(tenants):
     m = simulate_grid(compile_stream(tenants), stack_params(ps), keys, max_replicas=1, per_request=True, queue=False)
     ref = block_replay_grid(tenants, ps, keys, max_replicas=1)
     np.testing.assert_array_equal(np.asarray(m.hit_blocks), ref.hit_blocks)
+
+
+def test_cache_routers_and_views_equal_the_numba_backend(tenants):
+    """The default suite's check of the scan with the load- and cache-reading routers on every view (one JAX
+    program): s3fifo x four router / view pairs, every Metrics field equal to the numba backend, which equals the
+    fleet reference under hypothesis (test_numba_blocks.py); every policy and the hypothesis runs: ``-m slow``."""
+    ps = [make_params("s3fifo", capacity_blocks=20, replicas=3, router=rt, view=vw, stale_lag_ms=500,
+                      index_capacity=30, prefill_tps=2000, decode_us_per_token=250)
+          for rt, vw in (("cache_aware", "precise"), ("preble_e2", "stale"), ("kv_cost", "approximate"),
+                         ("least_loaded", "precise"))]
+    s = [compile_stream(tenants, block_ids=True)]
+    args = (s, np.zeros(len(ps), np.int64), ps, np.arange(len(ps)))
+    a, _ = simulate_cells(*args, max_replicas=3, per_request=True, backend="numba")
+    b, _ = simulate_cells(*args, max_replicas=3, per_request=True, backend="jax")
+    for f in a._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    assert int(np.asarray(a.hit_blocks).sum()) > 0
