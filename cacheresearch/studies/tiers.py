@@ -19,6 +19,10 @@ against the gpu-only cell of the same router, less the DRAM they take, per day.
 The global-pool question (``pool_*`` variables, one figure panel): at the same DRAM per replica, the gpu
 alone, a local cpu tier, or one pool holding ``replicas`` x that (at the pool's bandwidth), each under
 random routing and under the tier-aware scorer.
+
+``study.replica=vllm`` runs the grid's cells on the vllm replica instead (:mod:`cacheresearch.studies.tiers_vllm`,
+``experiments/tiers_vllm.md``): the numba vllm backend with a cpu tier per replica, the same variables, no pool
+question.
 """
 
 from __future__ import annotations
