@@ -38,8 +38,8 @@ def tiers():
 
 
 @pytest.fixture(scope="module")
-def col():
-    return compat.tier_column()
+def col(checks):
+    return compat.tier_column(checks)
 
 
 def refusal_problem(cell: compat.Cell, o: compat.Outcome) -> str:
@@ -154,7 +154,7 @@ def test_tier_table_runs_and_its_refusals_are_one_line(tiers):
 def test_tier_column_cells_run_and_refusals_name_the_knob(checks, col):
     ran = compat.run_tier_column(col)
     assert ran and all(o.ok for o in ran.values()), {c: o.message for c, o in ran.items() if not o.ok}
-    keys = ("replica.scheduler", "cache.policy", "fleet.router", "fleet.knobs.")
+    keys = ("engine.backend", "cache.policy", "fleet.router", "fleet.knobs.")
     for c, o in col.items():
         if not o.ok:
             assert "\n" not in o.message and o.message.startswith(keys), (c, o.message)
@@ -164,3 +164,6 @@ def test_tier_column_cells_run_and_refusals_name_the_knob(checks, col):
     want = [c for c in col if c.replica == "fcfs" and c.router in TWIN and c.policy in TIER_POLICIES
             and c.view in ("-", "precise", "stale", "approximate")]
     assert want and all(col[c].ok for c in want), [c for c in want if not col[c].ok]
+    # every vllm cell the numba vllm backend runs under the pool's lru runs with its cpu tier
+    vl = [c for c in col if c.replica == "vllm" and c.policy == "lru" and checks[c, "numba"].ok]
+    assert vl and all(col[c].ok for c in vl) and all(ran[c].ok for c in vl)

@@ -93,8 +93,9 @@ def test_refusals_are_one_line(router, policy, knobs, key):
     assert why is not None and why.startswith(key) and "\n" not in why
     with pytest.raises(TierError, match=key):
         tier_config_of(p, block_bytes=1)
-    assert refusal(make_params("lru", capacity_blocks=10, replicas=2, router="random"), "vllm").startswith(
-        "replica.scheduler")
+    assert refusal(make_params("lru", capacity_blocks=10, replicas=2, router="random"), "vllm") is None
+    assert refusal(make_params("sieve", capacity_blocks=10, replicas=2, router="random"), "vllm").startswith(
+        "cache.policy")
 
 
 SMALL_GRID = ["workload.tenant.n_tenants=10", "workload.tenant.prefix_tokens=800", "workload.tenant.n_requests=120",
@@ -122,7 +123,9 @@ def test_main_grid_with_a_cpu_tier(tmp_path):
     (["tiers.cpu.capacity_blocks=100", "tiers.cpu.policy=ttl_refresh"], "tiers.cpu.policy"),
     (["tiers.pool.capacity_blocks=100000000000"], "tiers.pool.capacity_blocks"),
     (["tiers.cpu.capacity_blocks=100", "grid.router=[power_of_two]"], "fleet.router"),
-    (["tiers.cpu.capacity_blocks=100", "replica=vllm"], "replica.scheduler"),
+    (["tiers.pool.capacity_blocks=100", "replica=vllm"], "tiers.pool.capacity_blocks"),
+    (["tiers.cpu.capacity_blocks=100", "replica=vllm", "engine.backend=jax"], "engine.backend=jax"),
+    (["tiers.cpu.capacity_blocks=100", "replica=vllm", "cache.policy=sieve"], "cache.policy"),
     (["grid.cpu_capacity_blocks=[0,-5]"], "grid.cpu_capacity_blocks"),
     (["tiers.cpu.capacity_blocks=100", "tiers.offload=sideways"], "tiers.offload"),
 ])
@@ -141,3 +144,16 @@ def test_dense_keys_number_blocks_by_first_appearance():
     assert K == np.unique(w.keys).size and np.all(np.diff(first) > 0)
     # the same blocks share an id, different blocks do not
     assert np.array_equal(ids[:, None] == ids[None, :], w.keys.reshape(-1)[:, None] == w.keys.reshape(-1)[None, :])
+
+
+def test_main_grid_with_a_cpu_tier_on_the_vllm_replica(tmp_path):
+    """replica=vllm: the tiered cells run on the numba vllm backend (tiers/vllm.py, equal to the reference in
+    test_tiers_vllm.py); the cpu tier only adds hits and says what it served."""
+    ds = run_experiment(SMALL_GRID + ["replica=vllm", "grid.cpu_capacity_blocks=[0,400]"], tmp_path)
+    by = ds.hit_rate_by_tier
+    assert np.allclose(by.sum("tier"), ds.token_hit_rate)
+    assert (by.sel(tier=["pool", "disk"]) == 0).all() and (by.sel(cpu_capacity_blocks=0, tier="cpu") == 0).all()
+    assert float(by.sel(cpu_capacity_blocks=400, tier="cpu").min()) > 0
+    assert (ds.tier_written_blocks.sel(cpu_capacity_blocks=400, tier="cpu") > 0).all()
+    assert (ds.token_hit_rate.sel(cpu_capacity_blocks=400) > ds.token_hit_rate.sel(cpu_capacity_blocks=0)).all()
+    assert "KV tiers: input tokens served by each tier" in (tmp_path / "summary.txt").read_text()

@@ -40,7 +40,7 @@ import numpy as np
 
 from cacheresearch.workload import MAX_ARRIVAL_MS, Workload, WorkloadError
 
-__all__ = ["Stream", "StreamShape", "compile_stream", "pad_stream", "stack_streams", "run_structure",
+__all__ = ["first_seen", "Stream", "StreamShape", "compile_stream", "pad_stream", "stack_streams", "run_structure",
            "stream_shape", "default_chunk_runs", "with_stateful_singletons", "with_block_ids"]
 
 
@@ -332,7 +332,7 @@ def _gie_fields(g, n: int) -> dict:
                 gie_n=jnp.asarray(np.concatenate([cnt, [0]]).astype(np.int32)), gie_space=jnp.zeros(G, jnp.int8))
 
 
-def _first_seen(ids: np.ndarray) -> np.ndarray:
+def first_seen(ids: np.ndarray) -> np.ndarray:
     """Dense ids renumbered in order of first appearance in the stream: a block's id then lies near the ids
     of the blocks that arrived with it, so the per-block state the policies walk (lists, bits, counters
     indexed by id) is touched in nearly sequential memory instead of at random (a ranking by key value
@@ -348,7 +348,7 @@ def _first_seen(ids: np.ndarray) -> np.ndarray:
 def _block_fields(w: Workload, on: bool) -> dict:
     if not on:
         return dict(block_id=jnp.zeros(1, jnp.int32), block_space=jnp.zeros(0, jnp.int8))
-    ids = _first_seen(w.dense_ids()) if w.total_blocks else np.zeros(0, np.int64)
+    ids = first_seen(w.dense_ids()) if w.total_blocks else np.zeros(0, np.int64)
     U = int(ids.max()) + 1 if ids.size else 1
     return dict(block_id=jnp.asarray(np.concatenate([ids, [U]]).astype(np.int32)),
                 block_space=jnp.zeros(U, jnp.int8))
@@ -401,7 +401,7 @@ def with_block_ids(s: Stream) -> Stream:
     S = int(np.asarray(s.n_blocks)[:n].astype(np.int64).sum())
     keys = (np.asarray(s.key_hi)[:S].astype(np.uint64) << np.uint64(32)) | np.asarray(s.key_lo)[:S].astype(np.uint64)
     _, ids = np.unique(keys, return_inverse=True)
-    ids = _first_seen(ids.reshape(-1))
+    ids = first_seen(ids.reshape(-1))
     U = int(ids.max()) + 1 if S else 1
     bid = np.full(int(np.asarray(s.key_hi).shape[-1]), U, np.int32)
     bid[:S] = ids

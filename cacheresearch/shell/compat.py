@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from cacheresearch.cache.policies import POLICIES
@@ -202,11 +203,15 @@ def tier_matrix() -> tuple[dict[tuple[str, str, str], Outcome], dict[str, str]]:
     return out, refused
 
 
-def tier_column(cs: list[Cell] | None = None) -> dict[Cell, Outcome]:
-    """{cell: outcome} of the cell with a CPU tier in the grid (:func:`cacheresearch.tiers.fleet.refusal`)."""
+def tier_column(checks: dict, cs: list[Cell] | None = None) -> dict[Cell, Outcome]:
+    """{cell: outcome} of the cell with a CPU tier in the grid (:func:`cacheresearch.tiers.fleet.refusal`; a vllm
+    cell's tier runs on the numba vllm backend, so a cell that backend does not cover (``checks``) has none)."""
     out = {}
     for c in cells() if cs is None else cs:
         why = tier_refusal(cell_params(c), c.replica)
+        if why is None and c.replica == "vllm" and not checks[c, "numba"].ok:
+            why = ("engine.backend: the vllm replica's cpu tier runs on the numba vllm backend (tiers/vllm.py), "
+                   "which does not cover this cell (its N column)")
         out[c] = Outcome(True) if why is None else Outcome(False, "TierError", why)
     return out
 
@@ -214,16 +219,36 @@ def tier_column(cs: list[Cell] | None = None) -> dict[Cell, Outcome]:
 def run_tier_column(col: dict) -> dict[Cell, Outcome]:
     """Run the cells the tier column accepts, with a CPU tier of twice the gpu's blocks, in one call of the
     tiered engine: {cell: outcome} (finite metrics, or the exception)."""
-    w, _ = tiny_workload()
-    cs = sorted(c for c, o in col.items() if o.ok)
-    ps = [cell_params(c) for c in cs]
-    try:
-        cfgs = [tier_config_of(p, tiers={"cpu": {"capacity_blocks": 2 * CAPACITY}}, block_bytes=2**21) for p in ps]
-        m, _, _ = run_tier_cells([w], [0] * len(cs), ps, list(range(len(cs))), cfgs, max_replicas=REPLICAS)
-    except Exception as e:  # noqa: BLE001 - recorded: the test fails on it
-        return {c: Outcome.of(e) for c in cs}
-    return {c: Outcome(True) if _finite(m, k) else Outcome(False, "NotFinite", "metrics not finite")
-            for k, c in enumerate(cs)}
+    w, stream = tiny_workload()
+    out = {}
+    for replica in REPLICA_MODELS:
+        cs = sorted(c for c, o in col.items() if o.ok and c.replica == replica)
+        if not cs:
+            continue
+        ps = [cell_params(c) for c in cs]
+        try:
+            if replica == "vllm":
+                from cacheresearch.core.params import stack_params  # noqa: PLC0415
+                from cacheresearch.core.simulate import static_options  # noqa: PLC0415
+                from cacheresearch.metrics.core import finalize  # noqa: PLC0415
+                from cacheresearch.tiers.vllm import cpu_tier, run_stream_tiered  # noqa: PLC0415
+
+                st = static_options(stack_params(ps), max_replicas=REPLICAS, per_request=True, scheduler="vllm",
+                                    max_running=int(max(int(p.max_num_seqs) for p in ps)))
+                keys = jax.vmap(jax.random.key)(np.arange(len(cs), dtype=np.uint32))
+                r = run_stream_tiered(stream, ps, keys, st, [cpu_tier(capacity_blocks=2 * CAPACITY,
+                                                                      block_bytes=2**21)] * len(cs))
+                m = finalize(r.metrics, st)
+            else:
+                cfgs = [tier_config_of(p, tiers={"cpu": {"capacity_blocks": 2 * CAPACITY}}, block_bytes=2**21)
+                        for p in ps]
+                m, _, _ = run_tier_cells([w], [0] * len(cs), ps, list(range(len(cs))), cfgs, max_replicas=REPLICAS)
+        except Exception as e:  # noqa: BLE001 - recorded: the test fails on it
+            out.update({c: Outcome.of(e) for c in cs})
+            continue
+        out.update({c: Outcome(True) if _finite(m, k) else Outcome(False, "NotFinite", "metrics not finite")
+                    for k, c in enumerate(cs)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the page
@@ -369,7 +394,8 @@ def markdown(checks: dict, tiers: tuple[dict, dict], col: dict) -> str:
 
 def page() -> str:
     """The page as the engine has it now (its checks; nothing compiled)."""
-    return markdown(check_matrix(), tier_matrix(), tier_column())
+    checks = check_matrix()
+    return markdown(checks, tier_matrix(), tier_column(checks))
 
 
 if __name__ == "__main__":

@@ -404,7 +404,7 @@ def _fix(ds: xr.Dataset, keep: tuple[str, ...], prefer: dict | None = None) -> t
     prefer = prefer or {}
     sel = {}
     for d in ds.dims:
-        if d in keep or d == "prefix":  # the per-prefix variables' own dim (cacheresearch.metrics.prefix)
+        if d in keep or d in ("prefix", "tier"):  # dims of a few variables only (per prefix; hit_rate_by_tier)
             continue
         vals = list(ds[d].values)
         sel[d] = prefer[d] if d in prefer and prefer[d] in vals else vals[-1]
@@ -427,6 +427,23 @@ def routing_table(ds: xr.Dataset, sel: dict) -> str:
                      f("ttft_p90_s") + " s", f("ttft_p99_s") + " s", f("load_imbalance"), f("prefix_copies"),
                      f("overflow_share", True)])
     return _render(rows)
+
+
+def tier_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
+    """KV tiers (``hit_rate_by_tier``): per router, the share of input tokens each tier served, at every cpu tier
+    size of the grid, with TTFT p50 / p99 (the other dims at ``pref``)."""
+    keep = ("router", "cpu_capacity_blocks") if "cpu_capacity_blocks" in ds.dims else ("router",)
+    sub, sel = _fix(ds, keep, dict(pref, **({x: top} if top is not None else {})))
+    caps = list(sub["cpu_capacity_blocks"].values) if "cpu_capacity_blocks" in sub.dims else [None]
+    rows = [["router", "cpu tier (blocks)", "hit rate", "gpu", "cpu", "pool", "disk", "TTFT p50", "p99"]]
+    for r in sub["router"].values:
+        for c in caps:
+            cell = sub.sel(router=r, **({"cpu_capacity_blocks": c} if c is not None else {}))
+            by = cell["hit_rate_by_tier"]
+            rows.append([str(r), "-" if c is None else f"{int(c):,}", f"{100 * float(cell['token_hit_rate']):.1f}%"]
+                        + [f"{100 * float(by.sel(tier=t)):.1f}%" for t in ("gpu", "cpu", "pool", "disk")]
+                        + [f"{float(cell['ttft_p50_s']):.3f} s", f"{float(cell['ttft_p99_s']):.3f} s"])
+    return f"KV tiers: input tokens served by each tier ({_sel_text(sel)}):\n" + _render(rows)
 
 
 def slo_crossing(da: xr.DataArray, x: str, slo: float) -> str:
@@ -494,6 +511,9 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
     if kind in ("routing", "hot_tenant") and "policy" in ds.dims and ds.sizes["policy"] > 1:
         out.append("")
         out.append(policy_summary(ds, pref, x, top))
+    if kind in ("routing", "hot_tenant") and "hit_rate_by_tier" in ds:
+        out.append("")
+        out.append(tier_summary(ds, pref, x, top))
     if kind == "llmd_blog":
         var = "ttft_p90_s"
         sub, sel = _fix(ds, ("router", x), {})

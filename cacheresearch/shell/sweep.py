@@ -647,7 +647,8 @@ def grid_cells(cfg, plan: Plan):
     st_all = static_options(grid_p, max_replicas=plan.max_replicas, **opts)
     opts.update(match=st_all.match, max_instances=st_all.max_instances)
     seeds = np.asarray([c["seed"] for c in cells], dtype=np.uint32)
-    tcfg = _tier_configs(cfg, cells, params, tiered, idx, kept)
+    tcfg = _tier_configs(cfg, cells, params, tiered, idx, kept) if not vllm else {}
+    vtier = _vllm_tiers(cfg, cells, tiered, idx, kept) if vllm else {}
     timing = {"build_s": t_build, "simulate_s": 0.0, "compile_s": 0.0, "batches": 0}
     plain = np.setdiff1d(np.arange(len(cells)), tiered)
     parts = []
@@ -660,17 +661,22 @@ def grid_cells(cfg, plan: Plan):
         t0 = time.perf_counter()
         order = sorted(kept)
         of = np.asarray([order.index(int(idx[g])) for g in tiered])
-        _log(f"running {len(tiered)} configurations with KV tiers on the tiered engine ...")
-        m, by_tier, written = run_cells([kept[s] for s in order], of, [params[g] for g in tiered], seeds[tiered],
-                                        [tcfg[g] for g in tiered], max_replicas=plan.max_replicas)
+        if vllm:
+            _log(f"running {len(tiered)} configurations with a cpu tier on the numba vllm backend ...")
+            st_t = static_options(stack_params([params[g] for g in tiered]), max_replicas=plan.max_replicas,
+                                  per_request=True, **opts)
+            m, by_tier, written = _run_vllm_tiers(streams, idx, tiered, params, seeds, vtier, st_t, _backend(cfg))
+        else:
+            _log(f"running {len(tiered)} configurations with KV tiers on the tiered engine ...")
+            m, by_tier, written = run_cells([kept[s] for s in order], of, [params[g] for g in tiered], seeds[tiered],
+                                            [tcfg[g] for g in tiered], max_replicas=plan.max_replicas)
         timing["tiers_s"] = time.perf_counter() - t0
         parts.append((np.asarray(tiered), m))
         tok = np.zeros((len(cells), 4), np.int64)
         tok[tiered] = by_tier
         wr = np.zeros((len(cells), 4), np.int64)
         wr[tiered] = written
-        timing["tiers"] = dict(cells=np.asarray(tiered), tokens=tok, written=wr,
-                               block_bytes={g: tcfg[g].block_bytes for g in tiered})
+        timing["tiers"] = dict(cells=np.asarray(tiered), tokens=tok, written=wr)
     return _merge_metrics(len(cells), parts), idx, workloads, timing
 
 
@@ -706,6 +712,72 @@ def _tier_configs(cfg, cells, params, tiered, idx, kept) -> dict:
             raise SweepError(str(e) if str(e).startswith(("tiers.", "fleet.", "cache.", "replica."))
                              else f"tiers: {e}") from None
     return out
+
+
+def _vllm_tiers(cfg, cells, tiered, idx, kept) -> dict:
+    """The vllm replica's cpu tier of each tiered cell (:func:`cacheresearch.tiers.vllm.cpu_tier`: the cpu tier only;
+    ``tiers.load_mode`` serial: the admitting step waits for the loads (``sync``), overlap: ``async``)."""
+    if not tiered:
+        return {}
+    from cacheresearch.tiers import TierError, tier_block_bytes  # noqa: PLC0415
+    from cacheresearch.tiers.vllm import cpu_tier  # noqa: PLC0415
+
+    tc = OmegaConf.to_container(cfg.tiers, resolve=True)
+    for t in ("pool", "disk"):
+        if int((tc.get(t) or {}).get("capacity_blocks") or 0) > 0:
+            raise SweepError(f"tiers.{t}.capacity_blocks: the vllm replica has a cpu tier only (a pool or disk tier "
+                             "runs on the fcfs replica)")
+    if tc.get("offload", "evict") != "evict":
+        raise SweepError(f"tiers.offload: {tc.get('offload')!r}; the vllm replica's cpu tier offloads on eviction")
+    if any(int(x) != y for x, y in zip(tc.get("tier_weights_pct", (100, 80, 60, 40)), (100, 80, 60, 40))):
+        raise SweepError("tiers.tier_weights_pct: the vllm replica's routers read the gpu pool only (no tier weights)")
+    cpu = {k: v for k, v in (tc.get("cpu") or {}).items() if v is not None and k != "capacity_blocks"}
+    lm = str(tc.get("load_mode", "serial"))
+    if lm not in ("serial", "overlap"):
+        raise SweepError(f"tiers.load_mode: {lm!r}; choose serial (the step waits: sync) or overlap (async)")
+    out = {}
+    for g in tiered:
+        try:
+            bb = tier_block_bytes(str(tc.get("model", "llama3_8b")), int(kept[int(idx[g])].block_tokens),
+                                  str(tc.get("kv_dtype", "bf16")))
+            out[g] = cpu_tier(capacity_blocks=int(cells[g].get("cpu_capacity_blocks") or 0), block_bytes=bb,
+                              overlap="sync" if lm == "serial" else "async", **cpu)
+        except (TierError, ValueError, TypeError) as e:
+            raise SweepError(str(e) if str(e).startswith("tiers.") else f"tiers: {e}") from None
+    return out
+
+
+def _run_vllm_tiers(streams, idx, tiered, params, seeds, vtier: dict, st, backend: str):
+    """The tiered cells on the numba vllm backend (:func:`cacheresearch.tiers.vllm.run_stream_tiered`), per stream:
+    (finalized metrics [cells], tokens by tier [cells, 4], blocks written per tier [cells, 4])."""
+    import jax  # noqa: PLC0415
+
+    from cacheresearch.metrics.core import finalize  # noqa: PLC0415
+    from cacheresearch.tiers import TierError  # noqa: PLC0415
+    from cacheresearch.tiers.vllm import run_stream_tiered  # noqa: PLC0415
+
+    tiered = np.asarray(tiered)
+    n_out = max(int(np.asarray(s.n_requests)) for s in streams)
+    parts, tok, wr = [], np.zeros((len(tiered), 4), np.int64), np.zeros((len(tiered), 4), np.int64)
+    for sid in np.unique(idx[tiered]):
+        loc = np.flatnonzero(idx[tiered] == sid)
+        gs = tiered[loc]
+        keys = jax.vmap(jax.random.key)(np.asarray(seeds[gs], np.uint32))
+        try:
+            r = run_stream_tiered(streams[int(sid)], [params[g] for g in gs], keys, st, [vtier[g] for g in gs],
+                                  n_out=n_out, backend=backend)
+        except (TierError, ValueError) as e:
+            raise SweepError(str(e)) from None
+        m = finalize(r.metrics, st)
+        n = int(np.asarray(streams[int(sid)].n_requests))
+        bt = int(streams[int(sid)].block_tokens)
+        ht = np.asarray(m.hit_tokens)[:, :n].astype(np.int64)
+        cpu_tok = np.minimum(np.asarray(r.cpu_hit_blocks)[:, :n].astype(np.int64) * bt, ht)
+        tok[loc, 1] = cpu_tok.sum(axis=1)
+        tok[loc, 0] = ht.sum(axis=1) - tok[loc, 1]
+        wr[loc, 1] = np.asarray(r.offloaded_blocks)
+        parts.append((loc, m))
+    return _merge_metrics(len(tiered), parts), tok, wr
 
 
 def _merge_metrics(G: int, parts: list):
@@ -850,6 +922,18 @@ GRID_COORD_DOCS = {
 }
 
 
+def _tier_variables(ti, metrics, inp, dims, shape) -> dict:
+    """``hit_rate_by_tier`` and ``tier_written_blocks`` (dims + ``tier``); an untiered cell's hits are its gpu's."""
+    G = len(inp)
+    tok = np.array(ti["tokens"]) if ti is not None else np.zeros((G, 4), np.int64)
+    wr = np.array(ti["written"]) if ti is not None else np.zeros((G, 4), np.int64)
+    plain = np.setdiff1d(np.arange(G), ti["cells"] if ti is not None else [])
+    tok[plain, 0] = combine_limbs(metrics.hit_tokens_hi, metrics.hit_tokens_lo)[plain]
+    denom = np.maximum(inp, 1).astype(np.float64)[:, None]
+    return {"hit_rate_by_tier": (dims + ["tier"], (tok / denom).reshape(tuple(shape) + (4,))),
+            "tier_written_blocks": (dims + ["tier"], wr.reshape(tuple(shape) + (4,)))}
+
+
 def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     """The results as an xarray Dataset (dims = list-valued grid keys, coordinates as given)."""
     shape, dims = plan.shape, plan.dims
@@ -880,16 +964,8 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     cells = list(plan.cells())
     che = [workloads[int(idx[g])].get("che", {}).get(_che_case(cfg, c), np.nan) for g, c in enumerate(cells)]
     data["che_lru_hit_rate"] = grid(che, np.float64)
-    ti = timing.get("tiers")
-    if ti is not None or "cpu_capacity_blocks" in dims:  # KV tiers: the tokens each tier served
-        G = len(cells)
-        tok = np.array(ti["tokens"]) if ti is not None else np.zeros((G, 4), np.int64)
-        wr = np.array(ti["written"]) if ti is not None else np.zeros((G, 4), np.int64)
-        plain = np.setdiff1d(np.arange(G), ti["cells"] if ti is not None else [])
-        tok[plain, 0] = combine_limbs(metrics.hit_tokens_hi, metrics.hit_tokens_lo)[plain]
-        denom = np.maximum(inp[idx], 1).astype(np.float64)[:, None]
-        data["hit_rate_by_tier"] = (dims + ["tier"], (tok / denom).reshape(tuple(shape) + (4,)))
-        data["tier_written_blocks"] = (dims + ["tier"], wr.reshape(tuple(shape) + (4,)))
+    if timing.get("tiers") is not None or "cpu_capacity_blocks" in dims:  # KV tiers: the tokens each tier served
+        data.update(_tier_variables(timing.get("tiers"), metrics, inp[idx], dims, shape))
         coords["tier"] = np.asarray(["gpu", "cpu", "pool", "disk"])
     if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
         data.update({

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from cacheresearch.core.stream import _first_seen
+from cacheresearch.core.stream import first_seen
 from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
 from cacheresearch.tiers.policies import BLOCK_CODES, block_get, block_stored, init_scalars, s3fifo_sizes
 from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
@@ -544,13 +544,13 @@ def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat
 
 def dense_keys(workload) -> tuple[np.ndarray, int]:
     """The workload's block keys as dense ids ``0..K-1`` (int32) and ``K``, numbered in order of first
-    appearance (:func:`cacheresearch.core.stream._first_seen`): the blocks a request brings in get neighbouring
+    appearance (:func:`cacheresearch.core.stream.first_seen`): the blocks a request brings in get neighbouring
     ids, so the tiers' per-block lists are walked in nearly sequential memory. No result depends on the
     numbering."""
     if workload.keys.size == 0:
         return np.zeros(0, np.int32), 1
     uniq, inv = np.unique(workload.keys, return_inverse=True)
-    return _first_seen(inv.reshape(-1)).astype(np.int32), int(uniq.size)
+    return first_seen(inv.reshape(-1)).astype(np.int32), int(uniq.size)
 
 
 def _fixed(workload, cfg: TieredConfig, bits0):

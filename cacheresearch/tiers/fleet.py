@@ -25,7 +25,7 @@ from cacheresearch.metrics.core import LIMB, Metrics, finalize
 from cacheresearch.routers import REGISTRY
 from cacheresearch.routers.views import VIEWS
 from cacheresearch.tiers.engine import dense_keys, run_tiers
-from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, _why_not, make_config
+from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, make_config, why_not
 
 __all__ = ["TWIN", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
 
@@ -50,13 +50,19 @@ def _val(p, name):
 
 
 def refusal(p, scheduler: str = "fcfs") -> str | None:
-    """Why the tiered engine cannot run cell ``p`` (a knob's name and the reason, one line), or None."""
-    if scheduler != "fcfs":
-        return ("replica.scheduler: tiers in the grid run on the fcfs replica (the vllm replica's tiers: "
-                "experiment=tiers study.replica=vllm)")
+    """Why cell ``p`` cannot run with a lower tier (a knob's name and the reason, one line), or None. On the fcfs
+    replica: the tiered engine's limits; on the vllm replica: its cpu tier's (``tiers/vllm.py``: the pool's lru;
+    the numba vllm backend's coverage decides the routers and views)."""
     pol = _POLICY_OF.get(_val(p, "policy"), "?")
+    if scheduler == "vllm":  # the numba vllm backend's cpu tier (tiers/vllm.py); its coverage decides the rest
+        if pol != "lru":
+            return (f"cache.policy: {pol!r}; the vllm replica's cpu tier runs behind the pool's lru (vLLM's free "
+                    "queue) only")
+        return None
+    if scheduler != "fcfs":
+        return f"replica.scheduler: {scheduler!r}; tiers run on the fcfs and vllm replicas"
     if pol not in TIER_POLICIES:
-        return (f"cache.policy: {pol!r} cannot run as the gpu tier ({_why_not(pol)}); choose one of "
+        return (f"cache.policy: {pol!r} cannot run as the gpu tier ({why_not(pol)}); choose one of "
                 f"{', '.join(TIER_POLICIES)}")
     rule = _RULE_OF.get(_val(p, "router"), "?")
     if rule not in TWIN:
@@ -83,7 +89,8 @@ def tier_config_of(p, *, tiers: dict | None = None, block_bytes: int, offload: s
                    where: str = "tiers.") -> TieredConfig:
     """The tiered configuration of fleet cell ``p`` (one configuration's :class:`Params`) with ``tiers``
     (``{cpu: {capacity_blocks, read_gbps, ...}, pool: ..., disk: ...}``) behind its gpu cache."""
-    why = refusal(p, scheduler)
+    why = refusal(p, scheduler) if scheduler == "fcfs" else "replica.scheduler: the tiered engine runs the fcfs " \
+        "replica (the vllm replica's cpu tier: tiers/vllm.py)"
     if why:
         raise TierError(why)
     view = _VIEW_OF[_val(p, "view")]

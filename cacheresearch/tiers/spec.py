@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from cacheresearch.replica.hardware import GIB, kv_bytes_per_token
 
-__all__ = ["TIER_NAMES", "LOWER_TIERS", "TIER_POLICIES", "OFFLOAD_MODES", "LOAD_MODES", "TIER_ROUTERS",
+__all__ = ["why_not", "tier_spec", "TIER_NAMES", "LOWER_TIERS", "TIER_POLICIES", "OFFLOAD_MODES", "LOAD_MODES",
+           "TIER_ROUTERS",
            "TIER_VIEWS", "TierSpec", "TieredConfig", "TierError", "tier_block_bytes", "make_config", "DEFAULT_TIERS"]
 
 TIER_NAMES = ("gpu", "cpu", "pool", "disk")
@@ -152,7 +153,7 @@ def _num(key, v, *, lo=0.0, integer=False):
     return int(v) if integer else float(v)
 
 
-def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSpec:
+def tier_spec(name: str, given: dict | None, block_bytes: int, where: str) -> TierSpec:
     d = dict(DEFAULT_TIERS[name])
     for k, v in (given or {}).items():
         if k not in d:
@@ -162,7 +163,7 @@ def _tier(name: str, given: dict | None, block_bytes: int, where: str) -> TierSp
     cap = _num(key + "capacity_blocks", d["capacity_blocks"], integer=True)
     pol = d["policy"]
     if pol not in TIER_POLICIES:
-        raise TierError(f"{key}policy: {pol!r} cannot run on a tier ({_why_not(pol)}); choose one of "
+        raise TierError(f"{key}policy: {pol!r} cannot run on a tier ({why_not(pol)}); choose one of "
                         f"{', '.join(TIER_POLICIES)}")
     rbw = _num(key + "read_gbps", d["read_gbps"])
     wbw = _num(key + "write_gbps", d["write_gbps"])
@@ -189,7 +190,7 @@ _TIER_TWIN = {"weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cac
               "preble_e2": "tier_preble"}
 
 
-def _why_not(policy: str) -> str:
+def why_not(policy: str) -> str:
     """Why a registered policy cannot run on a tier, in words."""
     if policy in ("ttl_refresh", "ttl_fixed"):
         return "a TTL needs a clock; a tier is a keyed store with a capacity and no clock"
@@ -215,7 +216,7 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     bb = tier_block_bytes(model, block_tokens, kv_dtype) if block_bytes is None else int(block_bytes)
     if bb < 1:
         raise TierError(f"{where}block_bytes: must be >= 1, got {block_bytes!r}")
-    specs = tuple(_tier(n, tiers.get(n), bb, where) for n in LOWER_TIERS)
+    specs = tuple(tier_spec(n, tiers.get(n), bb, where) for n in LOWER_TIERS)
     gpu = _num("cache.capacity_blocks", gpu_blocks, integer=True)
     if router not in TIER_ROUTERS:
         tiered = _TIER_TWIN.get(router)
@@ -227,7 +228,7 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
         raise TierError(f"replicas: must be >= 1, got {replicas!r}")
     gp = kw.get("gpu_policy", "lru")
     if gp not in TIER_POLICIES:
-        raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier ({_why_not(gp)}); choose one of "
+        raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier ({why_not(gp)}); choose one of "
                         f"{', '.join(TIER_POLICIES)}")
     vw = kw.get("view", "precise")
     if vw not in TIER_VIEWS:

@@ -45,7 +45,7 @@ import numpy as np
 
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import Metrics
-from cacheresearch.tiers.spec import TierError, _tier
+from cacheresearch.tiers.spec import TierError, tier_spec
 
 __all__ = ["VllmCpuTier", "VllmTierResult", "cpu_tier", "check_backend", "run_stream_tiered", "OVERLAP_MODES"]
 
@@ -77,7 +77,7 @@ def cpu_tier(*, capacity_blocks=0, read_gbps=50.0, write_gbps=None, latency_us=1
     GB/s (1e9 bytes/s), ``latency_us`` in microseconds. Errors are one line naming the key (``where`` + cpu.*)."""
     if isinstance(block_bytes, bool) or not isinstance(block_bytes, (int, np.integer)) or block_bytes < 1:
         raise TierError(f"{where}block_bytes: must be an integer >= 1, got {block_bytes!r}")
-    spec = _tier("cpu", dict(capacity_blocks=capacity_blocks, read_gbps=read_gbps,
+    spec = tier_spec("cpu", dict(capacity_blocks=capacity_blocks, read_gbps=read_gbps,
                              write_gbps=read_gbps if write_gbps is None else write_gbps, latency_us=latency_us,
                              policy=policy, memory_gib=memory_gib), int(block_bytes), where)
     if overlap not in OVERLAP_MODES:
