@@ -39,6 +39,10 @@ POLICY_CODE = {"lru": 0, "fifo": 1, **BLOCK_CODES}
 VIEW_CODE = {"precise": 0, "stale": 1, "approximate": 2}
 _C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
+# The larger helpers are compiled as functions of their own, not inlined into numba's IR: IR inlining of every
+# call site made the kernel's first compile take about 4 minutes (35 s-1 min this way); the small ones stay
+# inlined (a call per block that passes the store's arrays costs their reference counts).
+_JF = numba.njit(cache=True)
 
 #: One configuration's stores. Rows: ``nxt``, ``prv`` (int32), ``pres`` (int8) [rows, K]; ``head``, ``tail``,
 #: ``size``, ``code``, ``cap``, ``prow`` (its row in the per-block arrays, -1 for lru / fifo), ``cs``, ``cg``
@@ -120,7 +124,7 @@ def _front(S, row, k):
     _fr(S.nxt, S.prv, S.head, S.tail, row, k)
 
 
-@_J
+@_JF
 def _touch_seq(S, row, keys, e0, n, step, lru):
     """Touch ``keys[e0 + j]`` for ``j`` = 0 .. n-1 (``step`` 1) or n-1 .. 0 (``step`` -1): a held block moves to
     the front (``lru``), a new one is linked there."""
@@ -146,7 +150,7 @@ def _pop_tail(S, row):
     return k
 
 
-@_J
+@_JF
 def _evict(S, row, cap, vic):
     """Evict from the LRU end down to ``cap``; victims into ``vic`` in eviction order; returns how many."""
     nxt, prv, pres, head, tail, size, se, sv, ep = S.nxt, S.prv, S.pres, S.head, S.tail, S.size, S.se, S.sv, S.ep
@@ -188,32 +192,43 @@ def _get(S, row, k):
     return v
 
 
-@_J
-def _write(S, row, buf, m, vic):
-    """Write ``buf[:m]`` in order into ``row`` (lru: touches, then evict to capacity; else one get each);
-    the victims into ``vic`` in eviction order; returns how many."""
-    if S.code[row] == 0:
-        _touch_seq(S, row, buf, 0, m, 1, True)
-        return _evict(S, row, S.cap[row], vic)
+@_JF
+def _get_seq(S, row, keys, e0, n, step, vic):
+    """One ``get`` of each of ``keys[e0 + j]``, ``j`` = 0 .. n-1 (``step`` 1) or n-1 .. 0 (``step`` -1), on a
+    ``fifo`` or per-block row; the victims into ``vic`` in eviction order; returns how many."""
     nv = 0
-    for x in range(m):
-        v = _get(S, row, buf[x])
+    for x in range(n):
+        v = _get(S, row, keys[e0 + (x if step > 0 else n - 1 - x)])
         if v >= 0:
             vic[nv] = v
             nv += 1
     return nv
 
 
-@_J
-def _refresh(S, row, k):
-    """A read hit of ``k`` in a lower tier: lru moves it to the front, fifo changes nothing, the per-block
-    policies take it as a get (a hit: no eviction)."""
-    c = S.code[row]
-    if c == 0:
-        _unlink(S, row, k)
-        _front(S, row, k)
-    elif c >= 2:
-        _get(S, row, k)
+@_JF
+def _write(S, row, buf, m, vic):
+    """Write ``buf[:m]`` in order into ``row`` (lru: touches, then evict to capacity; else one get each);
+    the victims into ``vic`` in eviction order; returns how many."""
+    if S.code[row] == 0:
+        _touch_seq(S, row, buf, 0, m, 1, True)
+        return _evict(S, row, S.cap[row], vic)
+    return _get_seq(S, row, buf, 0, m, 1, vic)
+
+
+@_JF
+def _refresh_hits(S, rowof, r, keys, e0, h, where):
+    """The hit blocks read in a lower tier (reverse prompt order): lru moves each to the front, fifo changes
+    nothing, the per-block policies take each as a get (a hit: no eviction)."""
+    nxt, prv, head, tail = S.nxt, S.prv, S.head, S.tail
+    for j in range(h - 1, -1, -1):
+        if where[j] >= 1:
+            row = rowof[where[j], r]
+            c = S.code[row]
+            if c == 0:
+                _ul(nxt, prv, head, tail, row, keys[e0 + j])
+                _fr(nxt, prv, head, tail, row, keys[e0 + j])
+            elif c >= 2:
+                _get(S, row, keys[e0 + j])
 
 
 @_J
@@ -226,7 +241,7 @@ def _tier_of(pres, se, sv, ep, rowof, r, k, snap):
     return -1
 
 
-@_J
+@_JF
 def _match(S, rowof, keys, e0, n, rr, w, vw):
     """The router's tier-weighted leading-run match on replica ``rr``: ``sum_t w_t h_t // 100`` in view
     ``vw[0]`` (precise, stale); ``approximate``: the index row ``vw[1] + rr``'s run at the gpu weight."""
@@ -247,7 +262,7 @@ def _match(S, rowof, keys, e0, n, rr, w, vw):
     return m // 100
 
 
-@_J
+@_JF
 def _argmin_q(q, R, o):
     best = -1
     for d in range(R):
@@ -257,7 +272,7 @@ def _argmin_q(q, R, o):
     return best
 
 
-@_J
+@_JF
 def _chwbl(q, R, h, ring_pos, ring_r, c_pct):
     """Consistent hashing with bounded loads: the first ring node at or after ``h`` (wrapping; ring sorted by
     position, replica, node) whose replica's queue is below ``ceil(c (total + 1) / R)``."""
@@ -272,7 +287,7 @@ def _chwbl(q, R, h, ring_pos, ring_r, c_pct):
     return -1
 
 
-@_J
+@_JF
 def _preble(q, act, score, R, o, n, ca):
     """Preble E2 on the matches in ``score``: rebalance, exploit (longest match, fewest active blocks), explore."""
     qmax, qmin = q[:R].max(), q[:R].min()
@@ -295,7 +310,7 @@ def _preble(q, act, score, R, o, n, ca):
     return best
 
 
-@_J
+@_JF
 def _route(S, rowof, vw, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T, ow, ca):
     """``least_loaded`` (3), ``tier_scorer`` (4), ``tier_kv_cost`` (5), ``tier_cache_aware`` (6) or ``tier_preble``
     (7): the fleet's rules (ties by rotation from ``b0``) on the tier-weighted match in the view ``vw``.
@@ -343,7 +358,7 @@ def _route(S, rowof, vw, keys, e0, n, q, act, score, b0, R, rcode, w, pw, lw, T,
     return best
 
 
-@_J
+@_JF
 def _load_ms(ht_row, bbytes, mbps, lat_ns):
     """ceil(sum over lower tiers with hits of (ceil(bytes * 1000 / MB/s) + latency ns) / 1e6)."""
     load_ns = 0
@@ -355,7 +370,7 @@ def _load_ms(ht_row, bbytes, mbps, lat_ns):
     return (load_ns + 999_999) // 1_000_000
 
 
-@_J
+@_JF
 def _gpu_touch(S, g, keys, e0, n, h, where):
     """Touch the request's blocks leaf-first (reverse order) in lru gpu row ``g``: the list then starts
     ``k_0 .. k_{n-1}``. Fast path, same result: when the blocks held on the gpu are exactly a leading segment
@@ -406,22 +421,16 @@ def _gpu_touch(S, g, keys, e0, n, h, where):
         last = k
 
 
-@_J
+@_JF
 def _gpu(S, g, keys, e0, n, h, where, vic):
     """The request's blocks into gpu row ``g`` leaf-first; its victims into ``vic`` (eviction order)."""
     if S.code[g] == 0:
         _gpu_touch(S, g, keys, e0, n, h, where)
         return _evict(S, g, S.cap[g], vic)
-    nv = 0
-    for j in range(n - 1, -1, -1):
-        v = _get(S, g, keys[e0 + j])
-        if v >= 0:
-            vic[nv] = v
-            nv += 1
-    return nv
+    return _get_seq(S, g, keys, e0, n, -1, vic)
 
 
-@_J
+@_JF
 def _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through):
     """``evict``: the gpu's victims down the present lower tiers (each tier's victims to the next, the last
     tier's dropped); ``write_through``: the computed blocks (reverse order) into every present lower tier."""
@@ -446,7 +455,7 @@ def _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through)
         nv = nv2
 
 
-@_J
+@_JF
 def _lookup(S, rowof, r, keys, e0, n, where, ht):
     """The hit on ``r``: the leading run held in any of its tiers, each block in the first that holds it."""
     pres, se, sv, ep = S.pres, S.se, S.sv, S.ep
@@ -514,9 +523,7 @@ def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat
         h = _lookup(S, rowof, r, keys, e0, n, where, o_ht[i])
         o_hit[i] = h
         o_tok[i] = min(h * bt, inp[i])
-        for j in range(h - 1, -1, -1):  # read refresh in the lower tiers
-            if where[j] >= 1:
-                _refresh(S, rowof[where[j], r], keys[e0 + j])
+        _refresh_hits(S, rowof, r, keys, e0, h, where)  # read refresh in the lower tiers
         nv = _gpu(S, rowof[0, r], keys, e0, n, h, where, vic)
         _offload(S, rowof, r, keys, e0, n, h, nv, vic, vic2, written, write_through)
         if vw[0] == 2:  # the router's index of what it routed: leaf-first LRU

@@ -29,6 +29,7 @@ __all__ = ["BLOCK_CODES", "block_get", "block_stored", "init_scalars", "s3fifo_s
 #: and 1 ``fifo`` run on the engine's own lists; 2-5 here.
 BLOCK_CODES = {"sieve": 2, "s3fifo": 3, "lfu": 4, "arc": 5}
 _J = numba.njit(cache=True, inline="always")
+_JF = numba.njit(cache=True)  # block_get: one function, called (not IR-inlined) from each site of the engine
 
 
 def s3fifo_sizes(capacity: int) -> tuple[int, int]:
@@ -175,7 +176,7 @@ def _arc_get(o_, n_, w_, s, pr, k, C):
     return -1
 
 
-@_J
+@_JF
 def block_get(code, o_, n_, w_, a_, s, pr, hd, tl, ct, k, C, cs, cg):
     """One libCacheSim ``get`` of ``k`` on a row of policy ``code`` (:data:`BLOCK_CODES`) of capacity ``C``
     (``cs``, ``cg``: S3-FIFO's small and ghost sizes); returns the evicted block or -1."""
