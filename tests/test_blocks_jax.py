@@ -104,9 +104,9 @@ def test_s3fifo_sizes_follow_the_double_rule(tenants):
 
 
 def test_cache_routers_and_views_equal_the_numba_backend(tenants):
-    """The default suite's check of the scan with the load- and cache-reading routers on every view (one JAX
-    program): s3fifo x four router / view pairs, every Metrics field equal to the numba backend, which equals the
-    fleet reference under hypothesis (test_numba_blocks.py); every policy and the hypothesis runs: ``-m slow``."""
+    """The scan with the load- and cache-reading routers on every view (one JAX program, ``-m slow`` with the
+    hypothesis runs): s3fifo x four router / view pairs, every Metrics field equal to the numba backend, which
+    equals the fleet reference under hypothesis in the default suite (test_numba_blocks.py)."""
     ps = [make_params("s3fifo", capacity_blocks=20, replicas=3, router=rt, view=vw, stale_lag_ms=500,
                       index_capacity=30, prefill_tps=2000, decode_us_per_token=250)
           for rt, vw in (("cache_aware", "precise"), ("preble_e2", "stale"), ("kv_cost", "approximate"),

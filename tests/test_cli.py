@@ -72,17 +72,37 @@ def test_plain_overrides_pass_the_check():
     assert check_overrides(["experiment=llmd_blog,nope"]).startswith("experiment=nope: unknown experiment")
 
 
-@pytest.mark.parametrize("args, needle", [
+#: bad input, one line naming the key: three through the module's entry point (a process each: exit status 2,
+#: the line last on stderr, no traceback), the rest through the same shell in this process
+ENTRY_ERRORS = [
     (["experiment=nope"], "experiment=nope: unknown experiment"),
     (["experiment=seed_fleet", "cache.policy=nopol"], "cache.policy: unknown policy 'nopol'; choose one of"),
     (["experiment=replay", "trace.path=missing.jsonl"], "trace.path: file not found: missing.jsonl"),
-    (["experiment=seed_fleet", "grid.nokey=[1,2]"], "grid.nokey: unknown key"),
+]
+SHELL_ERRORS = [
+    (["experiment=seed_fleet", "grid.nokey=[1,2]"], "grid.nokey"),
     (["grid.policy=[lru,nopol]"], "grid.policy: unknown policy 'nopol'; choose one of"),
     (["cache.ttl_s=300"], "cache.ttl_s: a TTL is set but no policy of the grid ['lru'] has one"),
     (["grid.policy=[lru,sieve]", "grid.ttl_s=[60,300]"], "grid.ttl_s: a TTL is set but no policy of the grid"),
     (["fleet.knobs.s3fifo_small_pm=200"], "fleet.knobs.s3fifo_small_pm: a knob of the policies ['s3fifo'], none"),
     (["grid.policy=[sieve]", "grid.s3fifo_ghost_pm=[100,200]"], "grid.s3fifo_ghost_pm: a knob of the policies"),
-])
+]
+
+
+@pytest.mark.parametrize("args, needle", SHELL_ERRORS)
+def test_shell_errors_are_one_line(tmp_path, args, needle):
+    from cacheresearch.shell.overrides import check_overrides  # noqa: PLC0415
+    from cacheresearch.shell.sweep import run_experiment  # noqa: PLC0415
+
+    msg = check_overrides(args)  # what the entry point prints before Hydra composes (None: the shell decides)
+    if msg is None:
+        with pytest.raises(ValueError) as e:  # noqa: PT011 - SweepError, a ValueError naming the key
+            run_experiment(args + ["launch.progress=false"], tmp_path)
+        msg = str(e.value)
+    assert "\n" not in msg.strip() and needle in msg, msg[-2000:]
+
+
+@pytest.mark.parametrize("args, needle", ENTRY_ERRORS)
 def test_module_entry_point_errors_are_one_line(tmp_path, args, needle):
     p = subprocess.run([sys.executable, "-m", "cacheresearch.sweep", *args, f"hydra.run.dir={tmp_path}",
                         "launch.progress=false"], cwd=tmp_path, capture_output=True, text=True, timeout=300)

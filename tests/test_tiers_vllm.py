@@ -73,7 +73,7 @@ def _compare(w, *, R, router, tier, seed=0, **kn):
     return m, cpu, off, ref
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), cap=st.integers(30, 150), cpu=st.integers(1, 120),
        budget=st.sampled_from([16, 48, 200, 4096]), seqs=st.integers(1, 6), R=st.integers(1, 3),
        out=st.integers(0, 30), gbps=st.sampled_from([0.5, 4.0, 50.0]), lat=st.sampled_from([0.0, 10.0, 700.0]),
