@@ -15,7 +15,7 @@ Semantics (the contract, ``experiments/tiers.md``), per request ``i`` at ``now``
    ``sum_t w_t h_t // 100``; ``tier_kv_cost`` its ``kv_cost`` (temperature 0) with that match (and
    ``active_blocks[r]`` = blocks of the requests in flight on ``r``); ``tier_cache_aware`` its
    ``cache_aware`` (miss to the least loaded) with that match; ``tier_preble`` its ``preble_e2``;
-   ``chwbl`` its ``chwbl`` (no cache read);
+   ``chwbl`` its ``chwbl`` (no cache read); ``power_of_two`` its ``power_of_two`` (the request's words 1 and 2);
 4. lookup on ``r``: ``h`` = that leading run, ``h_t`` its blocks by tier; ``hit_tokens = min(h * B, input)``;
 5. read refresh: the blocks hit in a lower tier are read there (reverse prompt order): ``lru`` moves them
    to the front, a per-block policy takes each as a ``get`` (a hit);
@@ -89,10 +89,11 @@ def _new(policy, cap):
     return OrderedDict() if policy == "lru" else BLOCK_ORACLES[policy](int(cap))
 
 
-def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
+def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None, bits=None) -> dict:
     """Run ``workload`` on the tiered fleet ``cfg`` (a :class:`cacheresearch.tiers.TieredConfig`).
     ``fixed_route``: int [N] replicas for the load-free routers; ``bits0``: uint32 [N], the requests'
-    first random words (tie-breaking offset of the load- and cache-reading routers; zeros by default)."""
+    first random words (tie-breaking offset of the load- and cache-reading routers; zeros by default);
+    ``bits``: uint32 [N, 4], every random word of a request (``power_of_two`` reads columns 1 and 2)."""
     R = cfg.replicas
     N = workload.n_requests
     bt = int(workload.block_tokens)
@@ -158,7 +159,8 @@ def reference_tiers(workload, cfg, *, fixed_route=None, bits0=None) -> dict:
             else:
                 m, rule = [0] * R, cfg.router
             pk = keys[min(cfg.prefix_blocks, n) - 1] if n > 0 else 0
-            r = route_one(rule, i=i, n=n, prefix_key=pk, bits=[int(bits0[i]), 0, 0, 0], R=R, match=m, queue=queue,
+            bi = [int(bits0[i]), 0, 0, 0] if bits is None else [int(bits0[i])] + [int(x) for x in bits[i, 1:]]
+            r = route_one(rule, i=i, n=n, prefix_key=pk, bits=bi, R=R, match=m, queue=queue,
                           active_blocks=active, tree_size=[0] * R, ring=ring, kn=kn)
         out["replica"][i] = r
         where = lookup(r, keys, (gpu, low))

@@ -15,7 +15,7 @@ from test_engine import HYP, tree_workloads
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.tiers import TIER_POLICIES, TIER_VIEWS, TierError, make_config, run_tiers, tier_block_bytes
-from cacheresearch.tiers.engine import _fixed, seed_bits
+from cacheresearch.tiers.engine import _fixed, all_bits, seed_bits
 from cacheresearch.workload import Workload
 from cacheresearch.workload.synthetic import tenant_workload
 
@@ -26,7 +26,8 @@ FIELDS = ("replica", "hit_blocks", "hit_tokens", "hit_tier", "ttft_ms", "load_ms
 def reference(w, cfg, seed):
     b0 = seed_bits(seed, w.n_requests).astype(np.int64) if cfg.replicas > 1 else np.zeros(w.n_requests, np.int64)
     fixed = _fixed(w, cfg, b0) if cfg.router in FIXED else None
-    return reference_tiers(w, cfg, fixed_route=fixed, bits0=b0)
+    bits = all_bits(seed, w.n_requests) if cfg.router == "power_of_two" and cfg.replicas > 1 else None
+    return reference_tiers(w, cfg, fixed_route=fixed, bits0=b0, bits=bits)
 
 
 def assert_equal_to_reference(w, cfgs, seeds):
@@ -45,7 +46,7 @@ TIER = st.fixed_dictionaries(dict(capacity_blocks=st.sampled_from([0, 0, 1, 3, 8
 CONFIG = st.fixed_dictionaries(dict(
     gpu_blocks=st.integers(0, 40), cpu=TIER, pool=TIER, disk=TIER, replicas=st.integers(1, 3),
     router=st.sampled_from(["random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost",
-                            "tier_cache_aware", "tier_preble", "chwbl"]),
+                            "tier_cache_aware", "tier_preble", "chwbl", "power_of_two"]),
     preble_abs=st.sampled_from([0, 8]), vnodes=st.sampled_from([1, 3, 100]),
     balance_abs=st.sampled_from([0, 1, 64]),
     offload=st.sampled_from(["evict", "write_through"]), load_mode=st.sampled_from(["serial", "overlap"]),
@@ -83,13 +84,13 @@ def test_engine_equals_reference_on_tenants():
                                                   disk=dict(capacity_blocks=25)),
                         replicas=3, router=r, offload=o, load_mode=m, block_bytes=131_072 * 16, prefill_tps=2000)
             for r in ("random", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware",
-                      "tier_preble", "chwbl")
+                      "tier_preble", "chwbl", "power_of_two")
             for o, m in (("evict", "serial"), ("write_through", "overlap"))]
     assert_equal_to_reference(w, cfgs, [3] * len(cfgs))
 
 
 @pytest.mark.parametrize("router", ["random", "round_robin", "prefix_hash", "least_loaded", "weighted_scorers",
-                                    "kv_cost", "cache_aware", "preble_e2", "chwbl"])
+                                    "kv_cost", "cache_aware", "preble_e2", "chwbl", "power_of_two"])
 def test_untiered_is_the_existing_engine_bitwise(router):
     """Every lower tier at capacity 0: replica, hit blocks and TTFT are the fcfs engine's, request by request
     (tier_scorer / tier_kv_cost with weights (100, x, x, x) are weighted_scorers / kv_cost on the precise view)."""

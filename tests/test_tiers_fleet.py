@@ -22,7 +22,7 @@ from cacheresearch.workload.synthetic import tenant_workload
 UNTRACKED = {"prefix_copies", "overflow_share", "max_occupancy", "occupancy", "match", "copies_sum", "copies_n",
              "over_n", "over_q"}
 ROUTERS = ["random", "least_loaded", "prefix_hash", "kubeai_chwbl", "sglang_cache_aware", "dynamo_kv",
-           "llmd_precise", "preble", "llmd_approximate"]
+           "llmd_precise", "preble", "llmd_approximate", "power_of_two"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,6 @@ def test_tiered_cells_sum_their_requests_and_equal_the_reference(small):
 
 
 @pytest.mark.parametrize("router, policy, knobs, key", [
-    ("power_of_two", "lru", {}, "fleet.router"),
     ("gie", "lru", {}, "fleet.router"),
     ("random", "ttl_refresh", {}, "cache.policy"),
     ("llmd_precise", "lru", {"instances": 2}, "fleet.knobs.instances"),
@@ -122,7 +121,7 @@ def test_main_grid_with_a_cpu_tier(tmp_path):
     (["tiers.cpu.capacity_blocks=100", "tiers.cpu.read_gbps=0"], "tiers.cpu.read_gbps"),
     (["tiers.cpu.capacity_blocks=100", "tiers.cpu.policy=ttl_refresh"], "tiers.cpu.policy"),
     (["tiers.pool.capacity_blocks=100000000000"], "tiers.pool.capacity_blocks"),
-    (["tiers.cpu.capacity_blocks=100", "grid.router=[power_of_two]"], "fleet.router"),
+    (["tiers.cpu.capacity_blocks=100", "grid.router=[gie]"], "fleet.router"),
     (["tiers.pool.capacity_blocks=100", "replica=vllm"], "tiers.pool.capacity_blocks"),
     (["tiers.cpu.capacity_blocks=100", "replica=vllm", "engine.backend=jax"], "engine.backend=jax"),
     (["tiers.cpu.capacity_blocks=100", "replica=vllm", "cache.policy=sieve"], "cache.policy"),

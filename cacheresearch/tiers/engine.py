@@ -34,7 +34,7 @@ from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 __all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE", "POLICY_CODE", "VIEW_CODE"]
 
 ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
-               "tier_kv_cost": 5, "tier_cache_aware": 6, "tier_preble": 7, "chwbl": 8}
+               "tier_kv_cost": 5, "tier_cache_aware": 6, "tier_preble": 7, "chwbl": 8, "power_of_two": 9}
 POLICY_CODE = {"lru": 0, "fifo": 1, **BLOCK_CODES}
 VIEW_CODE = {"precise": 0, "stale": 1, "approximate": 2}
 _C30 = 2**30
@@ -470,9 +470,18 @@ def _lookup(S, rowof, r, keys, e0, n, where, ht):
     return h
 
 
+@_JF
+def _two_choices(q, R, b1, b2):
+    """``power_of_two`` (:mod:`cacheresearch.routers.power_of_two`): replicas ``a = floor(b1 R / 2**32)`` and
+    ``b = (a + 1 + floor(b2 (R - 1) / 2**32)) mod R`` (``a`` when R = 1); ``b`` if its queue is shorter, else ``a``."""
+    a = (b1 * R) >> 32
+    b = (a + 1 + ((b2 * (R - 1)) >> 32)) % R if R > 1 else a
+    return b if q[b] < q[a] else a
+
+
 @numba.njit(cache=True, nogil=True)
 def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat_ns, ca, w, hpref, ring_pos,
-            ring_r):
+            ring_r, bits12):
     """``kn``: R, block tokens, block bytes, write_through, overlap, router code, prefix / load weights, queue
     threshold, overlap weight, prefill tokens/s, decode us/token, max blocks, chwbl c, view, index row 0,
     stale lag ms, index capacity."""
@@ -515,6 +524,8 @@ def _kernel(S, rowof, arrival, off, keys, inp, outp, route, bits0, kn, mbps, lat
             q[r] = cnt[r] - ptr[r]
         if rcode == 0:
             r = route[i]
+        elif rcode == 9:
+            r = _two_choices(q, R, bits12[i, 0], bits12[i, 1])
         elif rcode == 8:
             r = _chwbl(q, R, hpref[i], ring_pos, ring_r, c_pct)
         else:
@@ -582,6 +593,15 @@ def _ring(workload, cfg: TieredConfig):
                     for p, b in zip(pos, nb)], np.int64)
     nodes = sorted((prefix_hash_u64((r << 32) | v), r, v) for r in range(cfg.replicas) for v in range(cfg.vnodes))
     return h, np.asarray([x[0] for x in nodes], np.int64), np.asarray([x[1] for x in nodes], np.int64)
+
+
+def all_bits(seed: int, n: int) -> np.ndarray:
+    """The engine's per-request random words under PRNG seed ``seed`` (``request_bits``: uint32 [n, 4])."""
+    import jax  # noqa: PLC0415
+
+    from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
+
+    return np.asarray(request_bits(jax.random.key(seed), n + 1))[:n] if n else np.zeros((0, 4), np.uint32)
 
 
 def seed_bits(seed: int, n: int) -> np.ndarray:
@@ -662,11 +682,13 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
         route = _fixed(workload, cfg, b0) if ROUTER_CODE[cfg.router] == 0 else np.zeros(n, np.int64)
         ring = _ring(workload, cfg) if cfg.router == "chwbl" else (np.zeros(n, np.int64), np.zeros(1, np.int64),
                                                                    np.zeros(1, np.int64))
-        pre.append((b0, route, ring))
+        b12 = (all_bits(s, n)[:, 1:3].astype(np.int64) if cfg.router == "power_of_two" and cfg.replicas > 1
+               else np.zeros((n, 2), np.int64))
+        pre.append((b0, route, ring, b12))
 
     def one(g):
         cfg = configs[g]
-        b0, route, ring = pre[g]
+        b0, route, ring, b12 = pre[g]
         tiers = [cfg.tier(t) for t in LOWER_TIERS]
         S, rowof, irow0 = _layout(cfg, int(K), L)
         out = _kernel(S, rowof, *arrays, route, b0, _knobs(workload, cfg, maxn, irow0),
@@ -674,7 +696,7 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
                       np.asarray([int(round(t.latency_us * 1000)) for t in tiers], np.int64),
                       np.asarray([cfg.cache_threshold_pm, cfg.balance_abs, cfg.balance_rel_pct, cfg.preble_rel_pct,
                                   cfg.preble_abs], np.int64),
-                      np.asarray(cfg.tier_weights_pct, np.int64), *ring)
+                      np.asarray(cfg.tier_weights_pct, np.int64), *ring, np.ascontiguousarray(b12))
         return TierResult(*out)
 
     if threads <= 1 or len(configs) <= 1:

@@ -31,8 +31,9 @@ __all__ = ["TWIN", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
 
 #: the fleet's router rule -> the tiered engine's router (the cache-reading rules count the match per tier)
 TWIN = {"random": "random", "round_robin": "round_robin", "prefix_hash": "prefix_hash",
-        "least_loaded": "least_loaded", "chwbl": "chwbl", "weighted_scorers": "tier_scorer",
-        "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware", "preble_e2": "tier_preble"}
+        "least_loaded": "least_loaded", "chwbl": "chwbl", "power_of_two": "power_of_two",
+        "weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware",
+        "preble_e2": "tier_preble"}
 #: knobs copied from the cell onto the tiered configuration
 _KNOBS = ("prefix_blocks", "prefill_tps", "decode_us_per_token", "prefix_weight_pct", "load_weight_pct",
           "queue_threshold", "overlap_weight_pct", "cache_threshold_pm", "balance_abs", "balance_rel_pct",
@@ -40,8 +41,7 @@ _KNOBS = ("prefix_blocks", "prefill_tps", "decode_us_per_token", "prefix_weight_
 _RULE_OF = {r.id: r.name for r in REGISTRY.routers()}
 _POLICY_OF = {s.id: n for n, s in POLICIES.items()}
 _VIEW_OF = {v: k for k, v in VIEWS.items()}
-_WHY = {"power_of_two": "the tiered engine has no two-choice rule; least_loaded reads the same queues",
-        "gie": "the tiered engine has no GIE scorer set (queue, kv-cache, prefix and load-aware scores); "
+_WHY = {"gie": "the tiered engine has no GIE scorer set (queue, kv-cache, prefix and load-aware scores); "
                "weighted_scorers is llm-d's prefix + load pair"}
 
 

@@ -54,9 +54,10 @@ LOAD_MODES = ("serial", "overlap")
 #: above ``cache_threshold_pm``, else the least loaded) on the same match.
 #: ``tier_preble``: Preble's E2 (exploit the replicas holding the longest match when its tail is shorter,
 #: else explore by load + blocks left; rebalance when imbalanced) on the same match; ``chwbl``:
-#: consistent hashing with bounded loads (KubeAI), which reads no cache.
+#: consistent hashing with bounded loads (KubeAI), which reads no cache; ``power_of_two``: the shorter queue of two
+#: random replicas (the engine's ``bits[1]``, ``bits[2]``).
 TIER_ROUTERS = ("random", "round_robin", "prefix_hash", "least_loaded", "tier_scorer", "tier_kv_cost",
-                "tier_cache_aware", "tier_preble", "chwbl")
+                "tier_cache_aware", "tier_preble", "chwbl", "power_of_two")
 
 
 class TierError(ValueError):
