@@ -101,14 +101,28 @@ def test_reference_case_reloads_and_preempts(overlap):
     assert int(np.asarray(m.hit_blocks).sum()) > int(np.asarray(m0.hit_blocks).sum())
 
 
-@pytest.mark.parametrize("router,R,kn", [
+ZERO_CASES = [
     ("llmd_precise", 3, dict(capacity_blocks=40, max_num_batched_tokens=48, max_num_seqs=4)),
     ("kubeai_chwbl", 2, dict(capacity_blocks=60, max_num_batched_tokens=200, max_num_seqs=3, view="stale",
                              stale_lag_ms=150)),
-])
+]
+
+
+@pytest.mark.parametrize("router,R,kn", ZERO_CASES)
+def test_capacity_zero_is_todays_numba(router, R, kn):
+    """cpu capacity 0 (per-block mode, lru) gives every Metrics field of today's numba backend (run mode) bit for
+    bit (which equals the JAX replica: test_numba_vllm.py; here directly under -m slow)."""
+    _capacity_zero(router, R, kn, jax_too=False)
+
+
+@pytest.mark.slow  # one JAX vllm program a case (about 30 s each on 2 cores)
+@pytest.mark.parametrize("router,R,kn", ZERO_CASES)
 def test_capacity_zero_is_todays_numba_and_jax(router, R, kn):
-    """cpu capacity 0 (per-block mode, lru) gives every Metrics field of today's numba backend (run mode) and of the
-    JAX replica bit for bit (the float32 KV and queue integrals included, on these cases)."""
+    """... and of the JAX replica bit for bit (the float32 KV and queue integrals included, on these cases)."""
+    _capacity_zero(router, R, kn, jax_too=True)
+
+
+def _capacity_zero(router, R, kn, *, jax_too: bool):
     w = _workload(3, 20)
     s = compile_stream(w, stateful_singletons=True)
     p = make_params("lru", replicas=R, router=router, **kn)
@@ -121,6 +135,8 @@ def test_capacity_zero_is_todays_numba_and_jax(router, R, kn):
     for f in mn._fields:
         np.testing.assert_array_equal(np.asarray(getattr(mt, f)), np.asarray(getattr(mn, f)), err_msg=f)
     assert res.cpu_hit_blocks.sum() == 0 and int(res.offloaded_blocks[0]) == 0
+    if not jax_too:
+        return
     mj = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=6, queue_slots=64)
     for f in mj._fields:
         a, b = np.asarray(getattr(mj, f)), np.asarray(getattr(mt, f))[0]
