@@ -27,13 +27,16 @@ from cacheresearch.routers.views import VIEWS
 from cacheresearch.tiers.engine import dense_keys, run_tiers
 from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, make_config, why_not
 
-__all__ = ["TWIN", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
+__all__ = ["TWIN", "UNTRACKED", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
 
 #: the fleet's router rule -> the tiered engine's router (the cache-reading rules count the match per tier)
 TWIN = {"random": "random", "round_robin": "round_robin", "prefix_hash": "prefix_hash",
         "least_loaded": "least_loaded", "chwbl": "chwbl", "power_of_two": "power_of_two",
         "weighted_scorers": "tier_scorer", "kv_cost": "tier_kv_cost", "cache_aware": "tier_cache_aware",
         "preble_e2": "tier_preble"}
+#: Metrics fields the tiered engine does not track (prefix copies and overflow, occupancy, router matches)
+UNTRACKED = frozenset({"prefix_copies", "overflow_share", "max_occupancy", "occupancy", "match", "copies_sum",
+                       "copies_n", "over_n", "over_q"})
 #: knobs copied from the cell onto the tiered configuration
 _KNOBS = ("prefix_blocks", "prefill_tps", "decode_us_per_token", "prefix_weight_pct", "load_weight_pct",
           "queue_threshold", "overlap_weight_pct", "cache_threshold_pm", "balance_abs", "balance_rel_pct",
