@@ -1,42 +1,31 @@
-"""The per-block policies (``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``) as compiled loops (numba).
+"""The per-block policies on fixed routes (numba): every registered per-block policy, one kernel each.
 
-These are libCacheSim's policies (:mod:`cacheresearch.cache.block`), equal to libCacheSim 0.3.5
-access for access on object streams and to their plain-Python oracles (``tests/reference_blocks.py``)
-request by request on prefix streams. Their state is per block: a partly evicted run is readmitted
-block by block into different queues (or frequency buckets), so runs do not compress them.
-
-Structures, per replica, all O(1) per access (amortised), one compiled loop per policy
-(:mod:`cacheresearch.backends._block_kernels`):
-
-* ``fifo``: a ring of ``min(C, U)`` slots and a presence array (a hit changes nothing);
-* ``sieve``: one doubly linked list over block ids (int32 ``older`` / ``newer``), the visited bit and
-  the hand (each visited bit is cleared once per setting, so the hand's walk is amortised O(1));
-* ``s3fifo``: small, main and ghost lists, ``where[k]`` naming a block's list (0 absent, 1 small, 2
-  main, 3 ghost), a frequency per block; ``arc``: T1, T2, B1, B2 and the target ``p`` (float64, as
-  libCacheSim's double);
-* ``lfu``: one list per frequency (bucket ``f`` is list ``f``) and the lowest non-empty frequency,
-  kept as libCacheSim keeps it (reset to 1 on an insertion, raised by a scan at an eviction).
-
-The lists' heads, tails and counts are the replica's scalars, held in locals while one request is
-processed (a kernel that dispatched on the policy per block and kept the heads in arrays spent
-about 60 ns per access on the agentic trace; these, end to end, 25 to 66 ns: within 3x of the LRU
-numba backend on the same stream, ``bench.policies.cost_per_access``).
+These are libCacheSim's policies, equal to libCacheSim 0.3.5 access for access on object streams and to
+their plain-Python oracles (``tests/reference_blocks.py``) request by request on prefix streams. Each runs
+its one kernel file (:mod:`cacheresearch.cache.kernels`) through the dispatch generated from the registry
+(:mod:`cacheresearch.cache.kernels.dispatch`): the same code the fcfs fleet, the vllm pool and the KV tiers
+run. Their state is per block (a partly evicted run is readmitted block by block into different queues or
+frequency buckets), so runs do not compress them; every structure is O(1) per access (amortised).
 
 Routing is fixed before the run (routers that read neither load nor cache, decisions from
 :func:`cacheresearch.analysis.mrc.route_requests_many`, as the LRU numba backend); configurations run
-in parallel threads. The cache-reading routers (and their views) and the queue model are not
-available here: they read a run store, and these policies keep block queues instead.
+in parallel threads. The cache-reading routers, their views and the queue model are the fleet backend's
+(:mod:`cacheresearch.backends.numba_blocks`).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from cacheresearch.analysis.mrc import route_requests_many
-from cacheresearch.cache.block import BLOCK_POLICY_IDS, block_sizes
-from cacheresearch.cache.policies import POLICIES
+from cacheresearch.cache.block import block_sizes
+from cacheresearch.cache.kernels import dispatch
+from cacheresearch.cache.kernels.lists import lead
+from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
 from cacheresearch.workload import Workload
 
@@ -57,15 +46,59 @@ class BlockMetrics(NamedTuple):
     replica: np.ndarray
     block_hits: np.ndarray
 
-_KERNELS: dict = {}
+NS = 16  # a row's scalars (cacheresearch.cache.kernels)
+D = None  # the dispatch on a policy code (cacheresearch.cache.kernels.dispatch.bind)
 
 
-def _kernel(name: str):
-    if not _KERNELS:
-        from cacheresearch.backends import _block_kernels as k  # noqa: PLC0415 (numba compiles on first use)
+@numba.njit(cache=True)
+def _config(g, c, C, x1, x2, x3, ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh, occ_out, mocc, nreq, bh):
+    """Configuration ``g`` (policy ``c``, capacity ``C``) over the stream on its fixed routes ``rep[g]``."""
+    N = rep.shape[1]
+    top = D.top(c)
+    Lb = L if D.BUCKETS[c] else 1
+    o_, n_ = np.full((R, U), -1, np.int32), np.full((R, U), -1, np.int32)
+    w_, a_ = np.zeros((R, U), np.int32), np.zeros((R, U), np.int32)
+    s = np.zeros((R, NS), np.int64)
+    pr = np.zeros((R, 1), np.float64)
+    hd, tl, ct = np.full((R, Lb), -1, np.int32), np.full((R, Lb), -1, np.int32), np.zeros((R, Lb), np.int32)
+    for r in range(R):
+        D.init(c, s[r])
+    for i in range(N):
+        r = rep[g, i]
+        a, n = off[i], nb[i]
+        h = lead(w_[r], ids, a, n, top)
+        hits = 0
+        for j in range(a + n - 1, a - 1, -1):
+            k = ids[j]
+            w = w_[r, k]
+            if w >= 1 and w <= top:
+                hits += 1
+            D.get(c, o_[r], n_[r], w_[r], a_[r], s[r], pr[r], hd[r], tl[r], ct[r], k, C, x1, x2, x3)
+        o = D.occ(c, s[r])
+        if o > mocc[g, r]:
+            mocc[g, r] = o
+        nreq[g, r] += 1
+        hb[g, i] = h
+        ht[g] += inp[i] if h > inp[i] // bt else h * bt
+        rh[g] += 1 if h > 0 else 0
+        bh[g] += hits
+    for r in range(R):
+        occ_out[g, r] = D.occ(c, s[r])
 
-        _KERNELS.update(fifo=k.run_fifo, sieve=k.run_sieve, s3fifo=k.run_s3fifo, lfu=k.run_lfu, arc=k.run_arc)
-    return _KERNELS[name]
+
+@numba.njit(parallel=True, cache=True)
+def _run(code, ids, off, nb, inp, bt, rep, cap, x1, x2, x3, R, U, L):
+    """Configurations ``g`` (policy ``code[g]``) over the stream on fixed routes ``rep``: one ``get`` per block,
+    leaf-first, after the lookup; returns (hit_blocks [G, N], hit_tokens, requests_hit, occupancy [G, R],
+    max_occupancy, requests per replica, block hits)."""
+    G, N = rep.shape
+    hb, ht, rh = np.zeros((G, N), np.int32), np.zeros(G, np.int64), np.zeros(G, np.int64)
+    occ_out, mocc, nreq = np.zeros((G, R), np.int32), np.zeros((G, R), np.int32), np.zeros((G, R), np.int32)
+    bh = np.zeros(G, np.int64)
+    for g in numba.prange(G):
+        _config(np.int64(g), code[g], cap[g], x1[g], x2[g], x3[g], ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh,
+                occ_out, mocc, nreq, bh)
+    return hb, ht, rh, occ_out, mocc, nreq, bh
 
 
 def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: int = 1) -> BlockMetrics:
@@ -81,9 +114,9 @@ def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: in
     G = P["policy"].shape[0]
     names = {v.id: k for k, v in POLICIES.items()}
     pol = [names[int(x)] for x in P["policy"]]
-    bad = sorted(set(pol) - set(BLOCK_POLICY_IDS))
+    bad = sorted(set(pol) - set(block_policies()))
     if bad:
-        raise ValueError(f"policies {bad} are not per-block policies ({', '.join(BLOCK_POLICY_IDS)}): use the "
+        raise ValueError(f"policies {bad} are not per-block policies ({', '.join(block_policies())}): use the "
                          "JAX engine or the LRU numba backend (backends.numba_cache)")
     rnames = {v: k for k, v in ROUTERS.items()}
     rt = [rnames[int(x)] for x in P["router"]]
@@ -113,20 +146,14 @@ def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: in
     nb = workload.n_blocks.astype(np.int64)
     inp = workload.input_tokens.astype(np.int64)
     cap = P["capacity"].astype(np.int64)
-    out = [np.zeros((G, N), np.int32), np.zeros(G, np.int64), np.zeros(G, np.int64),
-           np.zeros((G, max_replicas), np.int32), np.zeros((G, max_replicas), np.int32),
-           np.zeros((G, max_replicas), np.int32), np.zeros(G, np.int64)]
-    for name in dict.fromkeys(pol):
-        gs = np.asarray([g for g in range(G) if pol[g] == name])
-        args = (ids, off, nb, inp, int(workload.block_tokens), rep[gs], cap[gs], int(max_replicas), U)
-        if name == "s3fifo":
-            sizes = np.asarray([block_sizes(name, int(cap[g]), {k: P[k][g] for k in P}) for g in gs], np.int64)
-            args += (sizes[:, 0].copy(), sizes[:, 1].copy(), sizes[:, 2].copy())
-        elif name == "lfu":  # a list per frequency: at most a block's accesses, +1, and bucket 0 unused
-            args += (_hot(workload, ids) + 2,)
-        got = _kernel(name)(*args)
-        for o, v in zip(out, got):
-            o[gs] = v
+    D = dispatch.bind(sys.modules[__name__])
+    codes = dispatch.codes()
+    code = np.asarray([codes[p] for p in pol], np.int64)
+    sizes = np.asarray([block_sizes(pol[g], int(cap[g]), {k: P[k][g] for k in P}) for g in range(G)],
+                       np.int64).reshape(G, 3)
+    L = _hot(workload, ids) + 2 if any(D.BUCKETS[c] for c in code) else 1  # a bucket per frequency, +1, 0 unused
+    out = _run(code, ids, off, nb, inp, int(workload.block_tokens), rep, cap, sizes[:, 0].copy(),
+               sizes[:, 1].copy(), sizes[:, 2].copy(), int(max_replicas), U, L)
     hb, ht, rh, occ, mocc, nreq, bh = out
     total = float(workload.input_tokens.sum())
     rate = ht / total if total > 0 else np.zeros(G)
@@ -160,3 +187,6 @@ def block_replay(workload: Workload, policy: str, capacity_blocks: int, *, repli
 
     p = make_params(policy, capacity_blocks=capacity_blocks, replicas=replicas, router=router, **knobs)
     return block_replay_grid(workload, [p], None if key is None else [key], max_replicas=int(replicas))
+
+
+dispatch.bind(sys.modules[__name__])

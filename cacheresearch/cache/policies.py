@@ -12,9 +12,10 @@ Families (``engine``) and what implements them:
 * ``priority`` (:mod:`.priority`): ranks runs beyond recency (``lfu_perfect``, ``length_aware``);
 * ``s3fifo_sosp`` (:mod:`.s3fifo`): S3-FIFO with the paper's Algorithm 1 rules after a whole request
   is stored (the project's earlier ``s3fifo``), per block in the JAX scan;
-* ``blocks`` (:mod:`.block`): libCacheSim's own policies, per block (``fifo``, ``sieve``, ``s3fifo``,
-  ``lfu`` = in-cache LFU, ``arc``); the numba backend :mod:`cacheresearch.backends.numba_policies`
-  runs them, the JAX scan refuses them.
+* ``blocks``: libCacheSim's own policies, per block (``fifo``, ``sieve``, ``s3fifo``, ``lfu`` = in-cache
+  LFU, ``arc``), each one numba kernel file (``kernel=``, :mod:`cacheresearch.cache.kernels`) that every
+  numba engine runs through the dispatch generated from this registry (the fcfs fleet, the vllm pool, the
+  KV tiers); the JAX scan runs those with a rule in :mod:`.blocks` and refuses the others in one line.
 
 Common semantics: the hit of a request is the longest leading run of its block keys present on the
 chosen replica at lookup (before any insertion or eviction for that request); then the request's
@@ -29,7 +30,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = ["POLICIES", "PolicySpec", "policy_spec", "is_priority", "PRIORITY_IDS", "S3FIFO_ID", "BLOCK_IDS", "INF",
-           "register_policy", "policies_markdown", "ENGINES"]
+           "register_policy", "policies_markdown", "ENGINES", "block_policies", "BLOCK_POLICY_IDS", "BUILTIN_POLICIES",
+           "unregister_policy"]
 
 INF = 2**31 - 1  # "no limit" for capacity and TTL (int32)
 
@@ -49,6 +51,7 @@ class PolicySpec(NamedTuple):
     engine: str = "run_store"  # the rule family that implements it (module docstring)
     knobs: tuple = ()  # names of the knobs it reads (declared in cache.block.BLOCK_KNOBS)
     doc: str = ""
+    kernel: str = ""  # engine "blocks": the module of its numba kernel (cacheresearch.cache.kernels)
 
 
 POLICIES: dict[str, PolicySpec] = {}
@@ -56,7 +59,9 @@ POLICIES: dict[str, PolicySpec] = {}
 
 def register_policy(name: str, spec: PolicySpec) -> PolicySpec:
     """Declare a policy; refuse a declaration its rule family does not implement."""
-    from cacheresearch.cache.block import BLOCK_KNOBS, BLOCK_POLICY_IDS  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
+
+    from cacheresearch.cache.block import BLOCK_KNOBS  # noqa: PLC0415
 
     if name in POLICIES or spec.id in {p.id for p in POLICIES.values()}:
         raise ValueError(f"policy {name!r} or id {spec.id} is already registered")
@@ -67,7 +72,7 @@ def register_policy(name: str, spec: PolicySpec) -> PolicySpec:
             raise ValueError(f"policy {name!r}: the run store restamps every access, so under a capacity it is "
                              "LRU whatever refresh_on_hit says (refresh_on_hit=False only keeps a TTL's write "
                              "time); a policy whose hits do not reorder (FIFO) is a per-block policy: "
-                             "engine='blocks' (cache/block.py, backends/numba_policies.py)")
+                             "engine='blocks' with its kernel (cacheresearch/cache/kernels/)")
         if spec.uses_capacity and spec.uses_ttl:
             raise ValueError(f"policy {name!r}: the run store's policies take a capacity or a TTL, not both")
         if spec.priority or spec.block_state:
@@ -77,9 +82,13 @@ def register_policy(name: str, spec: PolicySpec) -> PolicySpec:
     if spec.engine == "s3fifo_sosp" and not spec.block_state:
         raise ValueError(f"policy {name!r}: the s3fifo_sosp rule keeps per-block state (block_state=True)")
     if spec.engine == "blocks":
-        if name not in BLOCK_POLICY_IDS:
-            raise ValueError(f"policy {name!r}: the per-block kernels implement {BLOCK_POLICY_IDS} only "
-                             "(add a kernel to backends/numba_policies.py and cache/block.py)")
+        try:
+            found = bool(spec.kernel) and importlib.util.find_spec(spec.kernel) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise ValueError(f"policy {name!r}: engine 'blocks' needs kernel= the module of its numba kernel "
+                             f"(cacheresearch/cache/kernels/fifo.py is one), got {spec.kernel!r}")
         if not spec.uses_capacity or spec.uses_ttl:
             raise ValueError(f"policy {name!r}: the per-block policies take a capacity and no TTL")
     unknown = set(spec.knobs) - {k.name for k in BLOCK_KNOBS}
@@ -89,7 +98,20 @@ def register_policy(name: str, spec: PolicySpec) -> PolicySpec:
     return spec
 
 
+def unregister_policy(name: str) -> None:
+    """Remove a policy registered at run time (a plug-in's); the package's own cannot be removed."""
+    if name in BUILTIN_POLICIES:
+        raise ValueError(f"policy {name!r} is one of the package's own")
+    POLICIES.pop(name, None)
+
+
+def block_policies() -> tuple[str, ...]:
+    """The per-block policies registered now (the package's and any plug-in's), in their code order."""
+    return tuple(n for n, p in POLICIES.items() if p.engine == "blocks")
+
+
 _S3K = ("s3fifo_small_pm", "s3fifo_ghost_pm", "s3fifo_promote")
+_K = "cacheresearch.cache.kernels."
 for _name, _spec in (
     ("lru", PolicySpec(0, True, False, True, True, doc="leaf-first LRU (vLLM / SGLang): a request's first "
                        "block ends most recent; prefix-closed")),
@@ -106,15 +128,21 @@ for _name, _spec in (
     ("s3fifo_sosp", PolicySpec(7, True, False, True, True, block_state=True, engine="s3fifo_sosp",
                                doc="S3-FIFO, SOSP'23 Algorithm 1 after the whole request is stored, no "
                                "warm-up rule, M overflow evicted at once (not libCacheSim's)")),
-    ("fifo", PolicySpec(8, True, False, True, False, engine="blocks", doc="libCacheSim FIFO")),
-    ("sieve", PolicySpec(9, True, False, True, False, engine="blocks", doc="libCacheSim Sieve (NSDI'24)")),
-    ("s3fifo", PolicySpec(10, True, False, True, False, engine="blocks", knobs=_S3K,
+    ("fifo", PolicySpec(8, True, False, True, False, engine="blocks", kernel=_K + "fifo", doc="libCacheSim FIFO")),
+    ("sieve", PolicySpec(9, True, False, True, False, engine="blocks", kernel=_K + "sieve",
+                         doc="libCacheSim Sieve (NSDI'24)")),
+    ("s3fifo", PolicySpec(10, True, False, True, False, engine="blocks", kernel=_K + "s3fifo", knobs=_S3K,
                           doc="libCacheSim S3FIFO (SOSP'23; its warm-up and lazy main trim)")),
-    ("lfu", PolicySpec(11, True, False, True, False, engine="blocks",
+    ("lfu", PolicySpec(11, True, False, True, False, engine="blocks", kernel=_K + "lfu",
                        doc="libCacheSim LFU: in-cache (counts forgotten at eviction), ties by bucket arrival")),
-    ("arc", PolicySpec(12, True, False, True, False, engine="blocks", doc="libCacheSim ARC (FAST'03)")),
+    ("arc", PolicySpec(12, True, False, True, False, engine="blocks", kernel=_K + "arc",
+                       doc="libCacheSim ARC (FAST'03)")),
 ):
     register_policy(_name, _spec)
+#: the package's own policies (a plug-in registered later is not one)
+BUILTIN_POLICIES = tuple(POLICIES)
+#: the package's own per-block policies (:func:`block_policies`: with any plug-in's)
+BLOCK_POLICY_IDS = block_policies()
 BLOCK_IDS = tuple(p.id for p in POLICIES.values() if p.engine == "blocks")
 
 
