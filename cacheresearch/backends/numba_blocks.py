@@ -1,5 +1,5 @@
-"""The numba CPU backend of libCacheSim's per-block policies (``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``) on the
-fcfs replica, with every router and view the engine routes by.
+"""The numba CPU backend of libCacheSim's per-block policies (every registered one: ``fifo``, ``sieve``, ``s3fifo``,
+``lfu``, ``arc``, ...) on the fcfs replica, with every router and view the engine routes by.
 
 The JAX engine runs these policies in its scan (:mod:`cacheresearch.cache.blocks`): every block a loop
 iteration of a traced program, which on a CPU costs microseconds per block. This backend runs the same
@@ -8,13 +8,14 @@ fleet as compiled loops, one configuration per thread (``prange``), per request 
 
 1. the stale view's sync (a copy of every replica's block lists when ``now - last sync >= stale_lag_ms``);
 2. the loads from the fcfs ring of the last ``queue_slots`` dispatches (``local_load``: instance ``u``'s);
-3. every replica's precise match (leading blocks stored: :func:`~cacheresearch.backends._block_kernels.lead`),
+3. every replica's precise match (leading blocks stored: :func:`~cacheresearch.cache.kernels.lists.lead`),
    the router's view (precise, stale, or the approximate index of ``(instance, replica)``: a leaf-first
    LRU over the runs the router sent, the run-compressed store of :mod:`cacheresearch.backends.numba_cache`),
    the tree sizes (blocks stored; the approximate view: the index's);
 4. the route (:func:`cacheresearch.backends.numba_vllm._route`, the registered rules as compiled code);
-5. one ``get`` per block, leaf-first, in the chosen replica's policy (the ``serve_*`` loops of
-   :mod:`cacheresearch.backends._block_kernels`, equal to libCacheSim access for access);
+5. one ``get`` per block, leaf-first, in the chosen replica's policy (its kernel file in
+   :mod:`cacheresearch.cache.kernels`, through the dispatch generated from the registry; equal to libCacheSim
+   access for access);
 6. the fcfs dispatch (:mod:`cacheresearch.replica.fcfs`'s integer formulas).
 
 The outputs are :mod:`cacheresearch.backends.numba_cache`'s, so the metrics are assembled by the same code
@@ -26,23 +27,24 @@ capacity).
 
 from __future__ import annotations
 
+import sys
+
 import numba
 import numpy as np
 
-from cacheresearch.backends import _block_kernels as bk
 from cacheresearch.backends import numba_cache as nc
 from cacheresearch.backends import numba_vllm as nv
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
-from cacheresearch.cache.policies import POLICIES
+from cacheresearch.cache.kernels import dispatch
+from cacheresearch.cache.kernels.lists import lead
+from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import Metrics
 from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
 
-__all__ = ["coverage", "run_stream", "state_bytes", "POLICY_CODES"]
+__all__ = ["coverage", "run_stream", "state_bytes"]
 
-#: the kernel's policy codes
-POLICY_CODES = {name: c for c, name in enumerate(BLOCK_POLICY_IDS)}
-_FIFO, _SIEVE, _S3, _LFU, _ARC = (POLICY_CODES[k] for k in ("fifo", "sieve", "s3fifo", "lfu", "arc"))
+NS = 16  # a row's scalars (cacheresearch.cache.kernels)
+D = None  # the dispatch on a policy code (cacheresearch.cache.kernels.dispatch.bind)
 _T_BIG = 2**62
 _JIT = numba.njit(cache=True)
 
@@ -53,7 +55,7 @@ def coverage(params: list, st) -> list[str]:
     if st.scheduler != "fcfs":
         out.append(f"the {st.scheduler} replica with a per-block policy")
     pol_names = {v.id: k for k, v in POLICIES.items()}
-    pols = sorted({pol_names[int(p.policy)] for p in params} - set(BLOCK_POLICY_IDS))
+    pols = sorted({pol_names[int(p.policy)] for p in params} - set(block_policies()))
     if pols:
         out.append(f"policies {pols} (not per-block policies)")
     rnames = {v: k for k, v in ROUTERS.items()}
@@ -74,8 +76,8 @@ def coverage(params: list, st) -> list[str]:
 
 
 def state_bytes(stream: Stream, st) -> int:
-    """One thread's state: the block lists ``[R, U]`` (where, older, newer, frequency or visited bit, and the
-    stale copy), the lfu buckets or fifo ring, the approximate index rows and the fcfs ring."""
+    """One thread's state: the block lists ``[R, U]`` (where, older, newer, the per-block extra, and the stale
+    copy), the lfu buckets, the approximate index rows and the fcfs ring."""
     U = max(int(stream.n_distinct), 1)
     R = st.max_replicas
     K, E = int(stream.n_keys), int(stream.log.shape[-2])
@@ -86,45 +88,10 @@ def state_bytes(stream: Stream, st) -> int:
 
 # ------------------------------------------------------------------------------ the kernel
 @_JIT
-def _serve(code, r, ids, a, n, C, cs, cm, cg, th, M, where, older, newer, aux, bh, bt_, bc, ring, st, pr):
-    """One request's gets on replica ``r`` in policy ``code``: the gets that hit."""
-    if code == _FIFO:
-        return bk.serve_fifo(where[r], ring[r], st[r], ids, a, n, C, M)
-    if code == _SIEVE:
-        return bk.serve_sieve(older[r], newer[r], where[r], aux[r], st[r], ids, a, n, C)
-    if code == _S3:
-        return bk.serve_s3fifo(older[r], newer[r], where[r], aux[r], st[r], ids, a, n, C, cs, cm, cg, th)
-    if code == _LFU:
-        return bk.serve_lfu(older[r], newer[r], where[r], bh[r], bt_[r], bc[r], st[r], ids, a, n, C)
-    return bk.serve_arc(older[r], newer[r], where[r], st[r], pr[r], ids, a, n, C)
-
-
-@_JIT
-def _occ(code, s):
-    """Blocks stored on a replica (scalars ``s``)."""
-    if code == _FIFO or code == _LFU:
-        return s[1] if code == _FIFO else s[0]
-    if code == _SIEVE:
-        return s[2]
-    return s[2] + s[5]
-
-
-@_JIT
-def _init_scalars(code, R):
-    st = np.full((R, 12), -1, np.int64)
-    if code == _FIFO:
-        st[:, :] = 0
-    elif code == _LFU:
-        st[:, 0], st[:, 1] = 0, 1
-    elif code == _SIEVE:
-        st[:, 2] = 0
-    elif code == _S3:  # small, main, ghost counts; something evicted
-        for x in (2, 5, 8, 9):
-            st[:, x] = 0
-    else:  # arc: T1, T2, B1, B2 counts
-        for x in (2, 5, 8, 11):
-            st[:, x] = 0
-    return st
+def _serve(code, r, ids, a, n, C, x1, x2, x3, o_, n_, w_, a_, s, pr, hd, tl, ct):
+    """One request's gets (leaf-first) on replica ``r`` in policy ``code``."""
+    for j in range(a + n - 1, a - 1, -1):
+        D.get(code, o_[r], n_[r], w_[r], a_[r], s[r], pr[r], hd[r], tl[r], ct[r], ids[j], C, x1, x2, x3)
 
 
 @_JIT
@@ -161,11 +128,11 @@ def _views(i, u, nrep, R, pi, rq, log0, K, ids, top, where, snap, sync, stale, i
         snap[:nrep] = where[:nrep]  # the router's copy of every replica's lists
         sync[0], sync[1] = now, 1
     for r in range(nrep):
-        mt[r] = bk.lead(where[r], ids, a, n, top)
+        mt[r] = lead(where[r], ids, a, n, top)
         mv[r] = mt[r]
-        tree[r] = _occ(code, st[r])
+        tree[r] = D.occ(code, st[r])
         if stale and pi[nv.VIEW] == 2:
-            mv[r] = bk.lead(snap[r], ids, a, n, top)
+            mv[r] = lead(snap[r], ids, a, n, top)
         if index and pi[nv.VIEW] == 1:
             row = u * R + r
             mv[r] = nc.leading(ist[row], itim, ithr[row], log0, rq[i, nv.QE0], rq[i, nv.QNR], K, now, _T_BIG, True)
@@ -200,18 +167,15 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
     """One configuration: the fleet over the stream, request by request."""
     N = rq.shape[0]
     E = log0.shape[0]
-    cm = C - cs
-    Uc = U if code != _FIFO else 1
-    where = np.zeros((R, U), np.int32)
-    older, newer = np.full((R, Uc), -1, np.int32), np.full((R, Uc), -1, np.int32)
-    aux = np.zeros((R, U if code == _SIEVE or code == _S3 else 1), np.int32)  # visited bit, frequency
-    Lb = L if code == _LFU else 1
+    where, older, newer, aux = np.zeros((R, U), np.int32), np.full((R, U), -1, np.int32), \
+        np.full((R, U), -1, np.int32), np.zeros((R, U), np.int32)
+    Lb = L if D.BUCKETS[code] else 1
     bh, bt_, bc = np.full((R, Lb), -1, np.int32), np.full((R, Lb), -1, np.int32), np.zeros((R, Lb), np.int32)
-    M = max(min(C, U), 1) if code == _FIFO else 1
-    ring_f = np.zeros((R, M), np.int32)
-    st = _init_scalars(code, R)
+    st = np.zeros((R, NS), np.int64)
+    for x in range(R):
+        D.init(code, st[x])
     pr = np.zeros((R, 1), np.float64)
-    top = 1 if code == _FIFO or code == _SIEVE else (L if code == _LFU else 2)
+    top = D.top(code)
     snap = np.zeros((R if stale else 1, U if stale else 1), np.int32)
     sync = np.zeros(2, np.int64)
     rows = NI * R if index else 1
@@ -238,7 +202,7 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
                    st, iocc, mt, mv, tree)
         else:
             for x in range(nrep):
-                tree[x] = _occ(code, st[x])
+                tree[x] = D.occ(code, st[x])
         for x in range(R):
             q[x], a_[x] = 0, 0
             if queue:
@@ -263,9 +227,9 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
         if per_req:
             for x in range(nrep):
                 mreq[g, i, x] = mv[x]
-        h = bk.lead(where[r], ids, a, n, top)
-        _serve(code, r, ids, a, n, C, cs, cm, cg, th, M, where, older, newer, aux, bh, bt_, bc, ring_f, st, pr)
-        o = _occ(code, st[r])
+        h = lead(where[r], ids, a, n, top)
+        _serve(code, r, ids, a, n, C, cs, cg, th, older, newer, where, aux, st, pr, bh, bt_, bc)
+        o = D.occ(code, st[r])
         per_r[g, 1, r] = max(per_r[g, 1, r], o)
         per_r[g, 2, r] += 1
         hit_blocks[g, i] = h
@@ -279,7 +243,7 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
             ttft_out[g, i] = _dispatch(r, i, u, now, inp, ht, rq, ptps, dus, Q, fin, fblk, fins, head,
                                        busy, bms, ints[g])
     for x in range(R):
-        per_r[g, 0, x] = _occ(code, st[x])
+        per_r[g, 0, x] = D.occ(code, st[x])
         per_r[g, 3, x] = busy[x]
         per_r[g, 4, x] = bms[x]
 
@@ -326,8 +290,9 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas
     ring = np.asarray(ring_positions(R, st.max_vnodes)).astype(np.int64)
-    names = {v.id: k for k, v in POLICIES.items()}
-    code = np.asarray([POLICY_CODES[names[int(x)]] for x in P["policy"]], np.int64)
+    dispatch.bind(sys.modules[__name__])
+    names, codes = {v.id: k for k, v in POLICIES.items()}, dispatch.codes()
+    code = np.asarray([codes[names[int(x)]] for x in P["policy"]], np.int64)
     i64 = {f: P[f].astype(np.int64) for f in ("capacity", "s3fifo_small", "s3fifo_ghost", "s3fifo_promote",
                                              "prefill_tps", "decode_us_per_token")}
     nrep = np.clip(P["replicas"].astype(np.int64), 1, R)
@@ -339,3 +304,6 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         bool(st.per_request))
     return nc.assemble(stream, P, st, rep, nrep, (hb, ttft, mreq, ints, per_r), n_out)
 
+
+
+dispatch.bind(sys.modules[__name__])

@@ -39,12 +39,12 @@ from cacheresearch.studies.base import Study, StudyError
 from cacheresearch.studies.tiers_vllm import VLLM_DEFAULTS, check_vllm, engine_backend, run_vllm_cells
 from cacheresearch.tiers import (
     TIER_NAMES,
-    TIER_POLICIES,
     TIER_VIEWS,
     TierError,
     make_config,
     run_tiers,
     tier_block_bytes,
+    tier_policies,
 )
 from cacheresearch.tiers.engine import dense_keys
 from cacheresearch.tiers.fleet import tokens_by_tier
@@ -214,7 +214,7 @@ def tiers_study(cfg):
     g = _grid(cfg)
     if not c["workloads"]:
         raise StudyError("study.workloads must name at least one workload")
-    for k, allowed in (("gpu_policy", TIER_POLICIES), ("cpu_policy", TIER_POLICIES), ("view", TIER_VIEWS)):
+    for k, allowed in (("gpu_policy", tier_policies()), ("cpu_policy", tier_policies()), ("view", TIER_VIEWS)):
         if c[k] not in allowed:
             raise StudyError(f"study.{k}: {c[k]!r} cannot run on the tiered engine; choose one of {', '.join(allowed)}")
     routers, gbps = list(g["router"]), [float(x) for x in g["cpu_gbps"]]

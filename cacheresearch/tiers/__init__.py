@@ -1,7 +1,7 @@
 """KV tiers and offloading: a replica's cache as GPU, CPU memory, a pool shared by the fleet, and disk.
 
-Each lower tier (:mod:`~cacheresearch.tiers.spec`) has a capacity in blocks, a policy (``lru``, or
-libCacheSim's per-block ``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``: :mod:`~cacheresearch.tiers.policies`),
+Each lower tier (:mod:`~cacheresearch.tiers.spec`) has a capacity in blocks, a policy (``lru``, or any
+registered per-block policy: ``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``, :mod:`cacheresearch.cache.kernels`),
 read and write bandwidth and a latency; the gpu tier runs any of the same policies (``gpu_policy``).
 Per request (arrival order), on its replica ``r``:
 
@@ -44,8 +44,9 @@ from cacheresearch.tiers.spec import (
     TierSpec,
     make_config,
     tier_block_bytes,
+    tier_policies,
 )
 
 __all__ = ["TierResult", "run_tiers", "dense_keys", "TieredConfig", "TierSpec", "TierError", "make_config",
            "tier_block_bytes", "DEFAULT_TIERS", "LOAD_MODES", "LOWER_TIERS", "OFFLOAD_MODES", "TIER_NAMES",
-           "TIER_POLICIES", "TIER_ROUTERS", "TIER_VIEWS"]
+           "TIER_POLICIES", "TIER_ROUTERS", "TIER_VIEWS", "tier_policies"]

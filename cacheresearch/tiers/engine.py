@@ -3,9 +3,10 @@
 Semantics: :mod:`cacheresearch.tiers` (and ``tests/reference_tiers.py``, the plain-Python oracle this
 kernel equals request by request). Every row is a doubly linked list over dense key ids (``nxt`` /
 ``prv`` / ``pres`` rows of ``K`` entries, head = most recent) run by the row's policy: ``lru`` (the
-engine's leaf-first LRU: touches, then evict to capacity) and ``fifo`` on the lists themselves, the other
-per-block policies (``sieve``, ``s3fifo``, ``lfu``, ``arc``: libCacheSim's ``get``) through
-:mod:`~cacheresearch.tiers.policies`, with their own per-block arrays; ``pres`` (stored, not a ghost)
+engine's leaf-first LRU: touches, then evict to capacity) on the lists themselves, every per-block policy
+(``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``, ...: libCacheSim's ``get`` naming its victim) through its
+one kernel (:mod:`cacheresearch.cache.kernels`, the dispatch generated from the registry) on the row's
+links and its own per-block arrays; ``pres`` (stored, not a ghost)
 is kept for every row and is what lookups and routers read. A touch, an insert and an eviction are O(1),
 a request O(blocks x tiers) (plus O(replicas x matched blocks) for the tier routers).
 
@@ -19,6 +20,7 @@ engine's bit for bit (``tests/test_tiers.py``). Configurations run in threads (t
 
 from __future__ import annotations
 
+import sys
 from collections import namedtuple
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -26,16 +28,18 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from cacheresearch.cache.block import BLOCK_KNOBS, block_sizes
+from cacheresearch.cache.kernels import dispatch
 from cacheresearch.core.stream import first_seen
 from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
-from cacheresearch.tiers.policies import BLOCK_CODES, block_get, block_stored, init_scalars, s3fifo_sizes
 from cacheresearch.tiers.spec import LOWER_TIERS, TieredConfig
 
-__all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE", "POLICY_CODE", "VIEW_CODE"]
+__all__ = ["TierResult", "run_tiers", "dense_keys", "ROUTER_CODE", "policy_code", "VIEW_CODE"]
 
 ROUTER_CODE = {"random": 0, "round_robin": 0, "prefix_hash": 0, "least_loaded": 3, "tier_scorer": 4,
                "tier_kv_cost": 5, "tier_cache_aware": 6, "tier_preble": 7, "chwbl": 8, "power_of_two": 9}
-POLICY_CODE = {"lru": 0, "fifo": 1, **BLOCK_CODES}
+D = None  # the dispatch on a per-block policy code (cacheresearch.cache.kernels.dispatch.bind)
+NS = 16  # a per-block row's scalars
 VIEW_CODE = {"precise": 0, "stale": 1, "approximate": 2}
 _C30 = 2**30
 _J = numba.njit(cache=True, inline="always")
@@ -45,12 +49,13 @@ _J = numba.njit(cache=True, inline="always")
 _JF = numba.njit(cache=True)
 
 #: One configuration's stores. Rows: ``nxt``, ``prv`` (int32), ``pres`` (int8) [rows, K]; ``head``, ``tail``,
-#: ``size``, ``code``, ``cap``, ``prow`` (its row in the per-block arrays, -1 for lru / fifo), ``cs``, ``cg``
-#: (S3-FIFO's small and ghost sizes) [rows]. Per-block rows: ``wh``, ``ax`` (int32 [P, K]), ``st`` (int64
-#: [P, 12]), ``pp`` (float64 [P, 1]), ``bh``, ``bt``, ``bc`` (lfu's buckets, int32 [P, L]). Stale view:
+#: ``size``, ``code`` (:func:`policy_code`), ``cap``, ``prow`` (its row in the per-block arrays, -1 for lru), ``cs``,
+#: ``cg``, ``cp`` (the policy's sizes: S3-FIFO's small, ghost, promotion) [rows]. Per-block rows: ``wh``, ``ax``
+#: (int32 [P, K]), ``st`` (int64 [P, NS]), ``pp`` (float64 [P, 1]), ``bh``, ``bt``, ``bc`` (buckets, int32 [P, L]).
+#: Stale view:
 #: ``se`` (the epoch of the saved value, int32), ``sv`` (the value as of the sync, int8) [rows, K], ``ep``
 #: (current epoch, stale on) [2].
-Stores = namedtuple("Stores", "nxt prv pres head tail size code cap prow cs cg wh ax st pp bh bt bc se sv ep")
+Stores = namedtuple("Stores", "nxt prv pres head tail size code cap prow cs cg cp wh ax st pp bh bt bc se sv ep")
 
 
 class TierResult(NamedTuple):
@@ -165,28 +170,27 @@ def _evict(S, row, cap, vic):
     return nv
 
 
+#: libCacheSim's default sizes for a tier's policy (a tier has no knobs of its own)
+_S3_DEFAULTS = {k.name: k.default for k in BLOCK_KNOBS}
+
+
+def policy_code(name: str) -> int:
+    """A row's policy code: 0 the engine's lru, ``1 + c`` per-block policy ``c`` of the registry's dispatch."""
+    return 0 if name == "lru" else 1 + dispatch.codes()[name]
+
+
 @_J
 def _get(S, row, k):
-    """libCacheSim's ``get`` of ``k`` on a ``fifo`` or per-block row; returns the evicted block or -1."""
-    C = S.cap[row]
-    code = S.code[row]
-    if code == 1:
-        if S.pres[row, k] or C < 1:
-            return -1
-        v = -1
-        while S.size[row] + 1 > C:
-            v = _pop_tail(S, row)
-        _setp(S, row, k, 1)
-        S.size[row] += 1
-        _front(S, row, k)
-        return v
+    """libCacheSim's ``get`` of ``k`` on a per-block row; returns the evicted block or -1."""
+    code = S.code[row] - 1
     p = S.prow[row]
     w_ = S.wh[p]
-    v = block_get(code, S.nxt[row], S.prv[row], w_, S.ax[p], S.st[p], S.pp[p], S.bh[p], S.bt[p], S.bc[p], k, C,
-                  S.cs[row], S.cg[row])
+    v = D.get(code, S.nxt[row], S.prv[row], w_, S.ax[p], S.st[p], S.pp[p], S.bh[p], S.bt[p], S.bc[p], k, S.cap[row],
+              S.cs[row], S.cg[row], S.cp[row])
     if v >= 0:
         _setp(S, row, v, 0)
-    st = 1 if block_stored(code, w_[k]) else 0
+    w = w_[k]
+    st = 1 if w >= 1 and w <= D.top(code) else 0
     if st != S.pres[row, k]:
         _setp(S, row, k, st)
     return v
@@ -217,8 +221,8 @@ def _write(S, row, buf, m, vic):
 
 @_JF
 def _refresh_hits(S, rowof, r, keys, e0, h, where):
-    """The hit blocks read in a lower tier (reverse prompt order): lru moves each to the front, fifo changes
-    nothing, the per-block policies take each as a get (a hit: no eviction)."""
+    """The hit blocks read in a lower tier (reverse prompt order): lru moves each to the front, the per-block
+    policies take each as a get (a hit: no eviction)."""
     nxt, prv, head, tail = S.nxt, S.prv, S.head, S.tail
     for j in range(h - 1, -1, -1):
         if where[j] >= 1:
@@ -227,7 +231,7 @@ def _refresh_hits(S, rowof, r, keys, e0, h, where):
             if c == 0:
                 _ul(nxt, prv, head, tail, row, keys[e0 + j])
                 _fr(nxt, prv, head, tail, row, keys[e0 + j])
-            elif c >= 2:
+            else:
                 _get(S, row, keys[e0 + j])
 
 
@@ -617,31 +621,34 @@ def _layout(cfg: TieredConfig, K: int, L: int):
     first row (-1: none)."""
     R = int(cfg.replicas)
     rowof = np.full((4, R), -1, np.int64)
-    spec = [(POLICY_CODE[cfg.gpu_policy], int(cfg.gpu_blocks))] * R
+    spec = [(cfg.gpu_policy, int(cfg.gpu_blocks))] * R
     rowof[0] = np.arange(R)
     for t, name in enumerate(LOWER_TIERS, start=1):
         tier = cfg.tier(name)
         if tier.capacity_blocks > 0:
             n = 1 if tier.shared else R
             rowof[t] = len(spec) + (np.zeros(R, np.int64) if tier.shared else np.arange(R))
-            spec += [(POLICY_CODE[tier.policy], int(tier.capacity_blocks))] * n
+            spec += [(tier.policy, int(tier.capacity_blocks))] * n
     irow0 = -1
     if cfg.view == "approximate":
         irow0 = len(spec)
-        spec += [(0, min(int(cfg.index_capacity), K))] * R
-    code = np.asarray([c for c, _ in spec], np.int64)
+        spec += [("lru", min(int(cfg.index_capacity), K))] * R
+    code = np.asarray([policy_code(c) for c, _ in spec], np.int64)
     cap = np.asarray([c for _, c in spec], np.int64)
-    P = int((code >= 2).sum())
+    P = int((code >= 1).sum())
     prow = np.full(len(spec), -1, np.int64)
-    prow[code >= 2] = np.arange(P)
-    sizes = np.asarray([s3fifo_sizes(c) if k == 3 else (0, 0) for k, c in spec], np.int64).reshape(-1, 2)
+    prow[code >= 1] = np.arange(P)
+    sizes = np.asarray([block_sizes(n, c, _S3_DEFAULTS) if n != "lru" else (0, 0, 0) for n, c in spec],
+                       np.int64).reshape(-1, 3)
     nr, Pk = len(spec), max(P, 1)
-    st = np.stack([init_scalars(int(c)) for c in code[code >= 2]]) if P else np.zeros((1, 12), np.int64)
-    Lb = L if (code == 4).any() else 1
+    st = np.zeros((Pk, NS), np.int64)
+    for x, c in enumerate(code[code >= 1]):
+        D.init(int(c) - 1, st[x])
+    Lb = L if any(D.BUCKETS[c - 1] for c in code[code >= 1]) else 1
     stale = cfg.view == "stale"
     S = Stores(np.full((nr, K), -1, np.int32), np.full((nr, K), -1, np.int32), np.zeros((nr, K), np.int8),
                np.full(nr, -1, np.int64), np.full(nr, -1, np.int64), np.zeros(nr, np.int64), code, cap, prow,
-               np.ascontiguousarray(sizes[:, 0]), np.ascontiguousarray(sizes[:, 1]),
+               np.ascontiguousarray(sizes[:, 0]), np.ascontiguousarray(sizes[:, 1]), np.ascontiguousarray(sizes[:, 2]),
                np.zeros((Pk, K if P else 1), np.int32), np.zeros((Pk, K if P else 1), np.int32), st,
                np.zeros((Pk, 1), np.float64), np.full((Pk, Lb), -1, np.int32), np.full((Pk, Lb), -1, np.int32),
                np.zeros((Pk, Lb), np.int32), np.full((nr, K) if stale else (1, 1), -1, np.int32),
@@ -659,6 +666,7 @@ def _knobs(workload, cfg: TieredConfig, maxn: int, irow0: int) -> np.ndarray:
 
 def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int = 2, dense=None) -> list[TierResult]:
     """Run every configuration on ``workload`` (configuration ``g`` with PRNG seed ``seeds[g]``, default 0)."""
+    dispatch.bind(sys.modules[__name__])
     n = workload.n_requests
     keys, K = dense if dense is not None else dense_keys(workload)
     seeds = [0] * len(configs) if seeds is None else list(seeds)
@@ -703,3 +711,6 @@ def run_tiers(workload, configs: list[TieredConfig], seeds=None, *, threads: int
         return [one(g) for g in range(len(configs))]
     with ThreadPoolExecutor(threads) as ex:
         return list(ex.map(one, range(len(configs))))
+
+
+dispatch.bind(sys.modules[__name__])

@@ -25,7 +25,7 @@ from cacheresearch.metrics.core import LIMB, Metrics, finalize
 from cacheresearch.routers import REGISTRY
 from cacheresearch.routers.views import VIEWS
 from cacheresearch.tiers.engine import dense_keys, run_tiers
-from cacheresearch.tiers.spec import TIER_POLICIES, TieredConfig, TierError, make_config, why_not
+from cacheresearch.tiers.spec import TieredConfig, TierError, make_config, tier_policies, why_not
 
 __all__ = ["TWIN", "UNTRACKED", "refusal", "tier_config_of", "run_cells", "tokens_by_tier"]
 
@@ -64,9 +64,9 @@ def refusal(p, scheduler: str = "fcfs") -> str | None:
         return None
     if scheduler != "fcfs":
         return f"replica.scheduler: {scheduler!r}; tiers run on the fcfs and vllm replicas"
-    if pol not in TIER_POLICIES:
+    if pol not in tier_policies():
         return (f"cache.policy: {pol!r} cannot run as the gpu tier ({why_not(pol)}); choose one of "
-                f"{', '.join(TIER_POLICIES)}")
+                f"{', '.join(tier_policies())}")
     rule = _RULE_OF.get(_val(p, "router"), "?")
     if rule not in TWIN:
         why = _WHY.get(rule, "the tiered engine does not model it")

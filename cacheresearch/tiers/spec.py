@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from cacheresearch.cache.policies import BLOCK_POLICY_IDS, POLICIES, block_policies
 from cacheresearch.replica.hardware import GIB, kv_bytes_per_token
 
 __all__ = ["why_not", "tier_spec", "TIER_NAMES", "LOWER_TIERS", "TIER_POLICIES", "OFFLOAD_MODES", "LOAD_MODES",
@@ -26,11 +27,17 @@ TIER_NAMES = ("gpu", "cpu", "pool", "disk")
 LOWER_TIERS = TIER_NAMES[1:]
 #: Policies a tier can run (the gpu tier and every lower tier): ``lru``, the engine's leaf-first LRU (a
 #: request's touches, then evict from the LRU end down to capacity: today's gpu cache), and libCacheSim's
-#: per-block policies ``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc`` (``tests/reference_blocks.py``:
-#: every access, a read hit or a write, is one ``get``; a miss evicts before it inserts). A tier is a keyed
-#: store with no clock of its own, so the TTL policies cannot run on one, nor the priority policies
-#: (``lfu_perfect``, ``length_aware``), which need the whole request's history.
-TIER_POLICIES = ("lru", "fifo", "sieve", "s3fifo", "lfu", "arc")
+#: per-block policies, every one the registry holds (``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``, and any
+#: plug-in: :func:`tier_policies`; ``tests/reference_blocks.py``: every access, a read hit or a write, is one
+#: ``get``; a miss evicts before it inserts). A tier is a keyed store with no clock of its own, so the TTL
+#: policies cannot run on one, nor the priority policies (``lfu_perfect``, ``length_aware``), which need the
+#: whole request's history. This tuple: the package's own.
+TIER_POLICIES = ("lru", *BLOCK_POLICY_IDS)
+
+
+def tier_policies() -> tuple[str, ...]:
+    """The policies a tier runs now: ``lru`` and every registered per-block policy (plug-ins included)."""
+    return ("lru", *block_policies())
 #: What the cache-reading tier routers see: ``precise`` (every tier now), ``stale`` (every tier as of the
 #: last sync, every ``stale_lag_ms``: the fleet's stale view), ``approximate`` (the router's own index of
 #: what it routed, ``index_capacity`` blocks per replica, leaf-first LRU: it knows no tiers, so its match
@@ -163,9 +170,9 @@ def tier_spec(name: str, given: dict | None, block_bytes: int, where: str) -> Ti
     key = f"{where}{name}."
     cap = _num(key + "capacity_blocks", d["capacity_blocks"], integer=True)
     pol = d["policy"]
-    if pol not in TIER_POLICIES:
+    if pol not in tier_policies():
         raise TierError(f"{key}policy: {pol!r} cannot run on a tier ({why_not(pol)}); choose one of "
-                        f"{', '.join(TIER_POLICIES)}")
+                        f"{', '.join(tier_policies())}")
     rbw = _num(key + "read_gbps", d["read_gbps"])
     wbw = _num(key + "write_gbps", d["write_gbps"])
     lat = _num(key + "latency_us", d["latency_us"])
@@ -201,6 +208,8 @@ def why_not(policy: str) -> str:
         return "it touches a request's blocks in prompt order; a tier's lru is the engine's leaf-first lru"
     if policy in ("lfu_perfect", "length_aware", "s3fifo_sosp"):
         return "it ranks a request's runs by their history in the engine's run store, which a tier does not keep"
+    if policy in POLICIES:
+        return f"its rule family {POLICIES[policy].engine!r} keeps no per-block kernel a tier could run"
     return "not a registered policy"
 
 
@@ -228,9 +237,9 @@ def make_config(*, gpu_blocks: int, tiers: dict | None = None, replicas: int = 1
     if int(replicas) < 1:
         raise TierError(f"replicas: must be >= 1, got {replicas!r}")
     gp = kw.get("gpu_policy", "lru")
-    if gp not in TIER_POLICIES:
+    if gp not in tier_policies():
         raise TierError(f"{where}gpu.policy: {gp!r} cannot run on a tier ({why_not(gp)}); choose one of "
-                        f"{', '.join(TIER_POLICIES)}")
+                        f"{', '.join(tier_policies())}")
     vw = kw.get("view", "precise")
     if vw not in TIER_VIEWS:
         raise TierError(f"{where}view: {vw!r}; choose one of {', '.join(TIER_VIEWS)}")
