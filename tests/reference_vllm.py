@@ -23,13 +23,16 @@ pool evicts while the blocks held exceed the capacity, one victim at a time; a p
             the ghost (the ghost's oldest key leaves past its size); main's oldest is reinserted when pinned
             (frequency kept) or hit (``min(f, 3) - 1``), else it leaves; when every block in main is pinned the
             eviction goes to small.
+``lfu``     libCacheSim's in-cache LFU: a newcomer at frequency 1 (the newest of its bucket), a hit moves the block
+            to the newest end of the next frequency; the victim is the least frequent block no running request
+            holds, the oldest of its frequency (pinned blocks keep their place).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-__all__ = ["POOL_ORACLES", "FifoPool", "SievePool", "S3FifoPool"]
+__all__ = ["POOL_ORACLES", "FifoPool", "SievePool", "S3FifoPool", "LfuPool"]
 
 
 class FifoPool:
@@ -129,4 +132,28 @@ class S3FifoPool:
                     return t
 
 
-POOL_ORACLES = {"fifo": FifoPool, "sieve": SievePool, "s3fifo": S3FifoPool}
+class LfuPool:
+    def __init__(self, capacity, **_):
+        self.freq: dict = {}
+        self.order: dict = {}  # block -> when it entered its frequency (oldest first within a frequency)
+        self.clock = 0
+
+    def _stamp(self, k):
+        self.clock += 1
+        self.order[k] = self.clock
+
+    def insert(self, k):
+        self.freq[k] = 1
+        self._stamp(k)
+
+    def hit(self, k):
+        self.freq[k] += 1
+        self._stamp(k)
+
+    def victim(self, pinned):
+        k = min((b for b in self.freq if not pinned(b)), key=lambda b: (self.freq[b], self.order[b]))
+        del self.freq[k], self.order[k]
+        return k
+
+
+POOL_ORACLES = {"fifo": FifoPool, "sieve": SievePool, "s3fifo": S3FifoPool, "lfu": LfuPool}

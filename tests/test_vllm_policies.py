@@ -20,7 +20,8 @@ from cacheresearch.workload.synthetic import tenant_workload
 nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
 
 _PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")
-POLICIES = ("lru", "ttl_refresh", "fifo", "sieve", "s3fifo")
+POLICIES = ("lru", "ttl_refresh", "fifo", "sieve", "s3fifo", "lfu")
+BLOCK = ("fifo", "sieve", "s3fifo", "lfu")
 
 
 def _workload(seed, out, n_tenants=4, rate=30, dur=2):
@@ -50,7 +51,7 @@ def _compare(w, policy, *, R, router, cap, ttl_ms=200, S=6, Q=64, seed=0, **kn):
     s = compile_stream(w, stateful_singletons=True)
     p = _params(policy, cap, ttl_ms, replicas=R, router=router, **kn)
     key = jax.random.key(seed)
-    m = _run(s, [p], [key], R=R, S=S, Q=Q, blocks=(policy,) if policy in ("fifo", "sieve", "s3fifo") else ())
+    m = _run(s, [p], [key], R=R, S=S, Q=Q, blocks=(policy,) if policy in BLOCK else ())
     bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
     k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
     k.update(kn)
@@ -78,7 +79,7 @@ def test_pool_policies_equal_reference(seed, cap, budget, seqs, R, out, policy, 
              max_num_seqs=seqs)
 
 
-@pytest.mark.parametrize("policy", ["fifo", "sieve", "s3fifo"])
+@pytest.mark.parametrize("policy", BLOCK)
 @pytest.mark.parametrize("view", ["approximate", "stale"])
 def test_per_block_policies_with_views(policy, view):
     kn = dict(index_capacity=60) if view == "approximate" else dict(stale_lag_ms=300)

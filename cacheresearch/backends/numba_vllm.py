@@ -16,13 +16,16 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   the release counter disjoint from every other run's, so lowest-stamp-first is the order the runs
   were released in (tail first within a request); the pointer skips entries whose run was pinned
   again, restamped or emptied (amortised O(1) per evicted run, where the JAX pool scans all runs);
-* the pool's free-block order as any policy of :data:`POLICY_MODES` (the JAX pool keeps vLLM's LRU only):
-  ``ttl_refresh`` is that free queue with free runs released more than the TTL before a step or an
-  arrival leaving the pool (their release times grow along the queue, so they lead it); the per-block
-  policies ``fifo``, ``sieve``, ``s3fifo`` (libCacheSim's rules) run on the stream with every block a run
-  of its own (:func:`_block_log`), every cached block in the policy's lists: a computed block enters them,
-  an admitted request's cached blocks are its hits, and the eviction's victim is never pinned (fifo moves
-  a pinned block to the head, sieve's hand passes it, s3fifo moves it to / keeps it in main);
+* the pool's free-block order as ``lru`` / ``unbounded`` (vLLM's free queue), ``ttl_refresh`` or any registered
+  per-block policy whose kernel has a pool's rules (:func:`cacheresearch.cache.kernels.dispatch.pool_refusal`;
+  the JAX pool keeps vLLM's LRU only): ``ttl_refresh`` is that free queue with free runs released more than the
+  TTL before a step or an arrival leaving the pool (their release times grow along the queue, so they lead
+  it); a per-block policy (``fifo``, ``sieve``, ``s3fifo``, ``lfu``: libCacheSim's rules, its one kernel file in
+  :mod:`cacheresearch.cache.kernels` through the dispatch generated from the registry) runs on the stream
+  with every block a run of its own (:func:`_block_log`), every cached block in the policy's lists: a
+  computed block enters them (``admit``), an admitted request's cached blocks are its hits (``touch``), and
+  the eviction's ``victim`` is never pinned (fifo moves a pinned block to the head, sieve's hand passes it,
+  s3fifo moves it to / keeps it in main, lfu takes the least frequent, least recent unpinned block);
   ``tests/reference_vllm.py`` states the rules and ``tests/test_vllm_policies.py`` checks them;
 * a cpu tier per replica (:mod:`cacheresearch.tiers.vllm`, ``pc[PC_CPU] > 0``, per-block mode behind the lru pool):
   an LRU list over block ids in the per-block policies' links, fed by the pool's evictions (:func:`_cpu_put`),
@@ -47,15 +50,18 @@ replica.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit, prange
 
-from cacheresearch.cache.policies import POLICIES
+from cacheresearch.cache.kernels import dispatch
+from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import LIMB, Metrics
 from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
 
-__all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "POLICIES_COVERED"]
+__all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "pool_policies", "pool_refusal"]
 
 PS_MS = 10**9
 MS_LIM = 2**31 - 1
@@ -66,7 +72,32 @@ BIG = 2**31 - 1
 ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
                 "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
 GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
-POLICIES_COVERED = ("lru", "unbounded", "ttl_refresh", "fifo", "sieve", "s3fifo")
+D = None  # the dispatch on a per-block policy code (cacheresearch.cache.kernels.dispatch.bind)
+
+
+#: Why the vllm pool refuses a policy of the run store's families (one line each); a per-block policy's reason is its
+#: kernel's (:func:`cacheresearch.cache.kernels.dispatch.pool_refusal`).
+VLLM_REFUSED = {
+    "lru_plain": "vLLM frees a request's blocks tail first, so its LRU is leaf-first (lru)",
+    "ttl_fixed": "a fixed expiry counts from a block's write, and chunked prefill writes one run's blocks over "
+                 "several steps while the pool keeps one time per run (ttl_refresh counts from the release)",
+    "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
+    "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
+    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); libCacheSim's per-block s3fifo runs on the pool",
+}
+
+
+def pool_refusal(name: str) -> str:
+    """Why the vllm pool cannot run policy ``name``, in one line."""
+    if name in block_policies():
+        return dispatch.pool_refusal(name) or "it runs on the pool"
+    return VLLM_REFUSED.get(name, "not a pool order")
+
+
+def pool_policies() -> tuple[str, ...]:
+    """The pool's policies now: vLLM's free queue (``lru``, ``unbounded``), ``ttl_refresh`` and every registered
+    per-block policy whose kernel has a pool's rules (plug-ins included)."""
+    return ("lru", "unbounded", "ttl_refresh", *(n for n in block_policies() if dispatch.pool_refusal(n) is None))
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
@@ -104,9 +135,8 @@ def coverage(params: list, st) -> list[str]:
     if st.scheduler != "vllm":
         out.append(f"the {st.scheduler} replica (this is the vllm replica's backend)")
     pol_names = {v.id: k for k, v in POLICIES.items()}
-    pols = sorted({pol_names[int(p.policy)] for p in params} - set(POLICIES_COVERED))
-    if pols:
-        out.append(f"policies {pols}")
+    for pol in sorted({pol_names[int(p.policy)] for p in params} - set(pool_policies())):
+        out.append(f"policy {pol!r} on the vllm pool ({pool_refusal(pol)})")
     rnames = {v: k for k, v in ROUTERS.items()}
     rts = sorted({rnames[int(p.router)] for p in params} - set(ROUTER_CODES))
     if rts:
@@ -143,23 +173,22 @@ def state_bytes(stream: Stream, st) -> int:
 # the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits;
 # the cpu tier (cacheresearch/tiers/vllm.py): capacity in blocks (0: absent), read bandwidth (MB/s), latency per
 # load (ps), bytes per block
-PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB, PC_ASYNC = range(10)
-NPC = 10
+PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB, PC_ASYNC, PC_CODE, PC_LB = range(12)
+NPC = 12  # PC_CODE: the per-block policy's dispatch code; PC_LB: its frequency buckets (0: none)
 # the waiting ring, columns of wq [R, Q, NWQ]: request, tokens generated before a preemption, preemptions; a cpu
 # load in flight (async): when it lands (ps; -1: none), the hit blocks allocated and their cpu part
 NWQ = 6
-M_LRU, M_TTL, M_FIFO, M_SIEVE, M_S3 = range(5)  # run-store modes below M_FIFO; per-block modes from it
-#: policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
-POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL, "fifo": M_FIFO, "sieve": M_SIEVE,
-                "s3fifo": M_S3}
-# per block (a run of one block in block mode) [R, NB, K]: list links, list (0 absent, 1 fifo / sieve / small,
-# 2 main, 3 ghost), frequency (sieve: visited), release time (ttl_refresh, ps)
-B_OLD, B_NEW, B_WHERE, B_FREQ, B_TIME = range(5)
-NB = 5
-# per replica [R, NPQ]: lists 1-3 as (head = newest, tail = oldest, count) at 3 (q - 1); s3fifo's evicted-yet flag;
-# sieve's hand
-Q_EV, Q_HAND = 9, 10
-NPQ = 11
+M_LRU, M_TTL, M_BLOCK = range(3)  # vLLM's free queue, its TTL variant, a per-block policy (PC_CODE)
+#: run-store policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
+POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL}
+# per block (a run of one block in block mode) [R, NB, max(K, buckets)]: the kernel row's links, list, per-block
+# extra (cacheresearch.cache.kernels), release time (ttl_refresh, ps), the frequency buckets' heads, tails, counts
+B_OLD, B_NEW, B_WHERE, B_FREQ, B_TIME, B_HD, B_TL, B_CT = range(8)
+NB = 8
+# per replica [R, NPQ]: a per-block policy's scalars (NS), then its float scalar (as float64 bits); the cpu tier
+# (lru pool) uses list 1 as (head = newest, tail = oldest, count) at 0-2
+NS = 16
+NPQ = NS + 1
 
 
 @njit(cache=True)
@@ -197,90 +226,26 @@ def _lunlink(r, k, pbl, pq):
 
 @njit(cache=True)
 def _admit_block(r, k, pbl, pq, pc):
-    """A block enters the pool's policy (computed): fifo and sieve at the head (sieve unvisited); s3fifo
-    into main when its key is a ghost (the key leaves the ghost) or, before anything was evicted, once small
-    holds its share, else into small; frequency 0."""
-    mode = pc[PC_MODE]
-    pbl[r, B_FREQ, k] = 0
-    if mode != M_S3:
-        _lpush(r, 1, k, pbl, pq)
-    elif pbl[r, B_WHERE, k] == 3:
-        _lunlink(r, k, pbl, pq)
-        _lpush(r, 2, k, pbl, pq)
-    elif pq[r, Q_EV] == 0 and pq[r, 2] >= pc[PC_SMALL]:
-        _lpush(r, 2, k, pbl, pq)
-    else:
-        _lpush(r, 1, k, pbl, pq)
+    """A computed block enters the pool's per-block policy (its kernel's ``admit``)."""
+    D.admit(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
+            pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], k, 0, pc[PC_SMALL], pc[PC_GHOST],
+            pc[PC_PROMOTE])
 
 
 @njit(cache=True)
-def _hit_block(r, k, pbl, pc):
-    """A cached block reused by an admitted request: sieve marks it visited, s3fifo adds 1 to its frequency."""
-    if pc[PC_MODE] == M_SIEVE:
-        pbl[r, B_FREQ, k] = 1
-    elif pc[PC_MODE] == M_S3:
-        pbl[r, B_FREQ, k] += 1
-
-
-@njit(cache=True)
-def _victim_s3(r, cap, pref, pbl, pq, pc):
-    """libCacheSim S3FIFO's eviction, a pinned block counting as one in use: small's oldest moves to main
-    (frequency 0) when pinned or hit ``promote`` times, else leaves (its key to the ghost); main's oldest is
-    reinserted when pinned (frequency kept) or hit (``min(f, 3) - 1``), else leaves. Main is skipped when
-    every block in it is pinned."""
-    pq[r, Q_EV] = 1
-    cs = pc[PC_SMALL]
-    while True:
-        if pq[r, 5] > cap - cs or pq[r, 2] == 0:
-            run_pinned = 0
-            while pq[r, 5] > 0 and run_pinned < pq[r, 5]:
-                t = pq[r, 4]
-                _lunlink(r, t, pbl, pq)
-                if pref[r, t] > 0:
-                    _lpush(r, 2, t, pbl, pq)
-                    run_pinned += 1
-                elif pbl[r, B_FREQ, t] >= 1:
-                    _lpush(r, 2, t, pbl, pq)
-                    pbl[r, B_FREQ, t] = min(pbl[r, B_FREQ, t], 3) - 1
-                    run_pinned = 0
-                else:
-                    return t
-        while pq[r, 2] > 0:
-            t = pq[r, 1]
-            _lunlink(r, t, pbl, pq)
-            if pref[r, t] > 0 or pbl[r, B_FREQ, t] >= pc[PC_PROMOTE]:
-                _lpush(r, 2, t, pbl, pq)
-                pbl[r, B_FREQ, t] = 0
-            else:
-                if pc[PC_GHOST] > 0:
-                    while pq[r, 8] + 1 > pc[PC_GHOST]:
-                        _lunlink(r, pq[r, 7], pbl, pq)
-                    _lpush(r, 3, t, pbl, pq)
-                return t
+def _hit_block(r, k, pbl, pq, pc):
+    """A cached block reused by an admitted request (its kernel's ``touch``)."""
+    D.touch(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
+            pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], k)
 
 
 @njit(cache=True)
 def _victim(r, cap, pref, pbl, pq, pc):
-    """The per-block policy's next victim, unlinked (the caller checked that an unpinned cached block exists).
-    A pinned block cannot be freed: fifo moves it to the head, sieve's hand passes it (its bit kept)."""
-    mode = pc[PC_MODE]
-    if mode == M_S3:
-        return _victim_s3(r, cap, pref, pbl, pq, pc)
-    if mode == M_FIFO:
-        while True:
-            t = pq[r, 1]
-            _lunlink(r, t, pbl, pq)
-            if pref[r, t] == 0:
-                return t
-            _lpush(r, 1, t, pbl, pq)
-    o = pq[r, 1] if pq[r, Q_HAND] < 0 else pq[r, Q_HAND]  # sieve: from the hand toward the head, wrapping
-    while pref[r, o] > 0 or pbl[r, B_FREQ, o] > 0:
-        if pref[r, o] == 0:
-            pbl[r, B_FREQ, o] = 0
-        o = pq[r, 1] if pbl[r, B_NEW, o] < 0 else pbl[r, B_NEW, o]
-    pq[r, Q_HAND] = pbl[r, B_NEW, o]
-    _lunlink(r, o, pbl, pq)
-    return o
+    """The per-block policy's next victim, never pinned, unlinked (the caller checked that an unpinned cached
+    block exists): its kernel's ``victim``."""
+    return D.victim(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
+                    pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], cap, pc[PC_SMALL],
+                    pc[PC_GHOST], pc[PC_PROMOTE], pref[r])
 
 
 @njit(cache=True)
@@ -384,7 +349,7 @@ def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             rs[r, PINNED] -= ps[r, run]
             if pc[PC_MODE] == M_TTL:
                 pbl[r, B_TIME, run] = rs[r, CLOCK]
-            if ps[r, run] > 0 and pc[PC_MODE] < M_FIFO:
+            if ps[r, run] > 0 and pc[PC_MODE] != M_BLOCK:
                 _push(r, run, stamp, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, CTR] = ctr + n
 
@@ -411,7 +376,7 @@ def _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Evict unpinned cached blocks until ``cached + work <= cap``: lowest free-queue stamp first (vLLM's
     LRU), or a per-block policy's victims (:func:`_victim`); True when nothing evictable was left
     (replica.pool.evict_lru's ``stuck``)."""
-    if pc[PC_MODE] >= M_FIFO:
+    if pc[PC_MODE] == M_BLOCK:
         while rs[r, CACHED] + rs[r, WORK] > cap:
             if rs[r, CACHED] - rs[r, PINNED] <= 0:
                 return True
@@ -448,7 +413,7 @@ def _extend(r, h, target_blocks, rq, log0, rs, ps, pbl, pq, pc):
         t = min(max(target_blocks - j0, 0), m)
         if t > ps[r, run]:
             g = t - ps[r, run]
-            if pc[PC_MODE] >= M_FIFO:
+            if pc[PC_MODE] == M_BLOCK:
                 _admit_block(r, run, pbl, pq, pc)
             ps[r, run] = t
             rs[r, CACHED] += g
@@ -662,10 +627,10 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
                 if pref[r, run] == 0:
                     rs[r, PINNED] += ps[r, run]
                 pref[r, run] += 1
-            if pc[PC_MODE] >= M_FIFO:  # every cached block the request reuses is a hit of the policy, deepest first
+            if pc[PC_MODE] == M_BLOCK:  # every cached block the request reuses is a hit of the policy, deepest first
                 for q in range(p - 1, -1, -1):
                     if ps[r, log0[e0 + q, 0]] > 0:
-                        _hit_block(r, log0[e0 + q, 0], pbl, pc)
+                        _hit_block(r, log0[e0 + q, 0], pbl, pq, pc)
             if ch > 0:  # the cpu hits are read (touched deepest first: the leading one ends most recent) and loaded
                 for q in range(hit - 1, hit - ch - 1, -1):
                     _lunlink(r, log0[e0 + q, 0], pbl, pq)
@@ -1339,10 +1304,13 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
          ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
-    pbl = np.zeros((R, NB, K if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int64)  # per-block state
+    pbl = np.zeros((R, NB, max(K, pc[PC_LB]) if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int64)
     pq = np.full((R, NPQ), -1, np.int64)
-    for x in (2, 5, 8, Q_EV):
-        pq[:, x] = 0
+    for x in range(R):
+        pq[x, 2] = 0  # the cpu tier's list: empty
+        if pc[PC_MODE] == M_BLOCK:
+            D.init(pc[PC_CODE], pq[x, :NS])
+            pq[x, NS] = 0  # the float scalar 0.0
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
     frun, fst = np.zeros((R, L), np.int32), np.zeros((R, L), np.int32)
     rs = np.zeros((R, NRS), np.int64)
@@ -1504,12 +1472,14 @@ def _pool_config(P: dict) -> np.ndarray:
     names = {v.id: k for k, v in POLICIES.items()}
     G = P["policy"].shape[0]
     pc = np.zeros((G, NPC), np.int64)
-    pc[:, PC_MODE] = [POLICY_MODES[names[int(x)]] for x in P["policy"]]
+    codes = dispatch.codes()
+    pc[:, PC_MODE] = [POLICY_MODES.get(names[int(x)], M_BLOCK) for x in P["policy"]]
+    pc[:, PC_CODE] = [codes.get(names[int(x)], -1) for x in P["policy"]]
     pc[:, PC_TTL] = P["ttl_ms"].astype(np.int64) * PS_MS
     pc[:, PC_SMALL] = P["s3fifo_small"]
     pc[:, PC_GHOST] = P["s3fifo_ghost"]
     pc[:, PC_PROMOTE] = P["s3fifo_promote"]
-    small = (pc[:, PC_MODE] == M_S3) & (pc[:, PC_SMALL] < 2)
+    small = (pc[:, PC_CODE] == codes.get("s3fifo", -2)) & (pc[:, PC_SMALL] < 2)
     if small.any():
         raise ValueError("s3fifo on the vllm pool needs a small queue of at least 2 blocks (s3fifo_small_pm x "
                          "capacity): libCacheSim admits no block as large as small, and a computed block cannot "
@@ -1551,7 +1521,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     if missing:
         raise ValueError(f"the numba vllm backend does not model {'; '.join(missing)}")
     pc = _pool_config(P)
-    per_block = pc[:, PC_MODE] >= M_FIFO
+    per_block = pc[:, PC_MODE] == M_BLOCK
     if per_block.all() or not per_block.any():
         return _run_part(stream, P, pc, keys, st, n_out, bool(per_block.all()))
     parts = [np.nonzero(~per_block)[0], np.nonzero(per_block)[0]]
@@ -1573,6 +1543,10 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
     if per_block:
         log0, K = _block_log(stream, n)
         host["n_runs"], host["entry0"] = host["n_blocks"], host["offset"]
+        D = dispatch.bind(sys.modules[__name__])
+        hot = int(np.bincount(log0[:-1, 0]).max(initial=0)) if log0.shape[0] > 1 else 0
+        pc = pc.copy()
+        pc[:, PC_LB] = [hot + 2 if D.BUCKETS[c] else 0 for c in pc[:, PC_CODE]]  # a bucket per frequency, 0 unused
     else:
         log0 = np.ascontiguousarray(np.asarray(stream.log[0]).astype(np.int64))
         run_len = np.asarray(stream.run_len)
@@ -1689,3 +1663,6 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         kv_acc=np.where(active, fs[:, :, 0], np.float32(0)).astype(np.float32),
         q_acc=np.where(active, fs[:, :, 1], np.float32(0)).astype(np.float32),
     )
+
+
+dispatch.bind(sys.modules[__name__])

@@ -34,11 +34,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
-
 __all__ = [
     "BlockState", "init_blocks", "block_request", "block_match", "block_occ", "n_lists", "TOP",
-    "block_state_bytes",
+    "block_state_bytes", "JAX_RULES",
 ]
 
 #: presence: 1 <= W <= TOP[policy] (lfu: any frequency)
@@ -364,8 +362,10 @@ def _get_arc(a: dict, c: _Ctx, k, C, kn, do):
     return a, hit
 
 
+#: The JAX rules, by policy name: a per-block policy without one runs on the numba engines only, and the JAX
+#: engine refuses it in one line (core.simulate.check_bounds).
 _GET = {"fifo": _get_fifo, "sieve": _get_sieve, "s3fifo": _get_s3fifo, "lfu": _get_lfu, "arc": _get_arc}
-assert tuple(_GET) == BLOCK_POLICY_IDS
+JAX_RULES = tuple(_GET)
 
 
 def _occ(a: dict, name: str, r):

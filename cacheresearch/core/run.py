@@ -44,10 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cacheresearch.backends import numba_cache
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
-from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID
+from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, block_policies
 from cacheresearch.core.simulate import (
-    VLLM_NUMBA_POLICIES,
     VLLM_POLICIES,
     Metrics,
     Static,
@@ -208,7 +206,9 @@ def _compiled(st: Static, devices: list, *args):
     return exe
 
 
-_BLOCK_OF = {POLICIES[n].id: n for n in BLOCK_POLICY_IDS}
+def _block_of(policy_id: int) -> str:
+    """The per-block policy of id ``policy_id`` ("" for another family); plug-ins included."""
+    return next((n for n in block_policies() if POLICIES[n].id == policy_id), "")
 
 
 def _needs(p) -> tuple[bool, bool, bool, bool, str]:
@@ -216,7 +216,7 @@ def _needs(p) -> tuple[bool, bool, bool, bool, str]:
     a configuration needs: each per-block policy is its own program (its state and step, nothing of the others')."""
     cache = int(p.router) in {ROUTERS[n] for n in CACHE_ROUTERS}
     return (bool(cache and int(p.view) == VIEWS["approximate"]), bool(cache and int(p.view) == VIEWS["stale"]),
-            int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID, _BLOCK_OF.get(int(p.policy), ""))
+            int(p.policy) in PRIORITY_IDS, int(p.policy) == S3FIFO_ID, _block_of(int(p.policy)))
 
 
 def cell_order(params: list, stream_of) -> np.ndarray:
@@ -366,11 +366,13 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        covers = (f"the vllm replica with the policies {list(VLLM_NUMBA_POLICIES)} and every router (gie included; "
+        from cacheresearch.backends.numba_vllm import pool_policies  # noqa: PLC0415
+
+        covers = (f"the vllm replica with the policies {list(pool_policies())} and every router (gie included; "
                   "kv_cost at temperature 0) on every view, with the load scrape"
                   if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
                   "and the routers that read neither load nor cache, and with the per-block policies "
-                  f"{list(BLOCK_POLICY_IDS)} and every router (kv_cost at temperature 0) on the precise, "
+                  f"{list(block_policies())} and every router (kv_cost at temperature 0) on the precise, "
                   "approximate and stale views")
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
                            "backend=auto (the JAX engine for the rest) or backend=jax", tuple(refused))

@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.cache.blocks import BlockState, block_match, block_occ, block_request, init_blocks
-from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
+from cacheresearch.cache.blocks import JAX_RULES, BlockState, block_match, block_occ, block_request, init_blocks
+from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_priority
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
 from cacheresearch.cache.store import StoreState, evict, flush, init_store, leaf_stamp, stored_len
@@ -655,19 +655,8 @@ def _block_names(blocks) -> tuple:
 SCHEDULERS = ("fcfs", "vllm")
 #: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
 VLLM_POLICIES = ("lru", "unbounded")
-#: ... and the numba vllm backend's (backends/numba_vllm.py): the free-block order as any of these.
-VLLM_NUMBA_POLICIES = VLLM_POLICIES + ("ttl_refresh", "fifo", "sieve", "s3fifo")
-#: Why the vllm pool refuses the others (one line each).
-VLLM_REFUSED = {
-    "lru_plain": "vLLM frees a request's blocks tail first, so its LRU is leaf-first (lru)",
-    "ttl_fixed": "a fixed expiry counts from a block's write, and chunked prefill writes one run's blocks over "
-                 "several steps while the pool keeps one time per run (ttl_refresh counts from the release)",
-    "lfu": "its frequency buckets are not kept in the vllm pool (fifo, sieve, s3fifo are)",
-    "arc": "its ghost lists and adaptive target are not kept in the vllm pool (fifo, sieve, s3fifo are)",
-    "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
-    "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
-    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); libCacheSim's per-block s3fifo runs on the pool",
-}
+#: The numba vllm backend's pool orders and why it refuses the others:
+#: :func:`cacheresearch.backends.numba_vllm.pool_policies` and ``pool_refusal`` (from the policy registry).
 
 
 def default_window() -> int:
@@ -723,7 +712,12 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
     if np.any(np.asarray(params.client_permits) > 0) and st.scheduler != "vllm":
         raise ValueError("client_permits (a closed-loop client) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
-                  and p.id in BLOCK_IDS})
+                  and p.engine == "blocks"})
+    if backend != "numba" and st.scheduler != "vllm":
+        nojax = [b for b in blk if b not in JAX_RULES]
+        if nojax:
+            raise ValueError(f"policy {nojax[0]!r} on the JAX engine: it has a numba kernel and no JAX rule "
+                             "(cacheresearch/cache/blocks.py); run it on engine.backend=numba or auto")
     if set(blk) - set(st.blocks):
         raise ValueError(f"policies {sorted(set(blk) - set(st.blocks))} keep per-block state that this program "
                          "does not compile (static option blocks=)")
@@ -749,11 +743,13 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
     if s3.any() and not st.s3:
         raise ValueError("policy s3fifo_sosp needs s3=True")
     if st.scheduler == "vllm":
+        from cacheresearch.backends.numba_vllm import pool_policies, pool_refusal  # noqa: PLC0415
+
         names = {p.id: n for n, p in POLICIES.items()}
-        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_NUMBA_POLICIES))
+        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(pool_policies()))
         if bad:
-            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {VLLM_REFUSED.get(bad[0], 'not a pool order')}; "
-                             f"the vllm pool takes {list(VLLM_NUMBA_POLICIES)}")
+            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {pool_refusal(bad[0])}; "
+                             f"the vllm pool takes {list(pool_policies())}")
         bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_POLICIES))
         if bad and backend != "numba":
             raise ValueError(f"policies {bad} on the JAX vllm replica: its pool is vLLM's leaf-first LRU over runs (no "
