@@ -280,6 +280,10 @@ def _validate(w, u: Unified, num_blocks: int, max_num_seqs: int, pre: int, dec: 
                         ("prefill_us_per_token", pre, 0), ("decode_us_per_token", dec, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if w.n_requests and not np.array_equal(w.n_blocks, w.input_tokens // w.block_tokens):
+        i = int(np.argmax(w.n_blocks != w.input_tokens // w.block_tokens))
+        raise ValueError(f"request {i}: {w.n_blocks[i]} block keys for {w.input_tokens[i]} tokens "
+                         f"(one key per full {w.block_tokens}-token block)")
     if any(g.kind == "sliding_window" and g.sliding_window < 2 for g in u.groups):
         raise ValueError("sliding_window must be >= 2")
 
