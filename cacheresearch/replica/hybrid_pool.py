@@ -37,7 +37,7 @@ right after the step (vLLM releases them within the next steps: an assumption of
 single-step allocation, which overstates a window group's peak by the decode's out-of-window blocks).
 
 Plain Python and NumPy. A later integration calls :func:`hit_blocks` at lookup and :func:`window_free_upto`
-after each step (module ``docs``: experiments/hybrid_kv.md, "What an integration needs").
+after each step (experiments/hybrid_kv.md, "What an integration needs").
 """
 
 from __future__ import annotations
