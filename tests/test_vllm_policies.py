@@ -127,7 +127,7 @@ def test_jax_vllm_replica_refuses_the_numba_pool_orders():
         assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("policy, why", [("lfu", "frequency buckets"), ("ttl_fixed", "chunked prefill"),
+@pytest.mark.parametrize("policy, why", [("arc", "ARC picks its victim"), ("ttl_fixed", "chunked prefill"),
                                          ("lru_plain", "tail first")])
 def test_refused_pool_orders_name_the_reason(policy, why):
     from cacheresearch.core.simulate import check_bounds
