@@ -50,6 +50,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from cacheresearch.backends.capabilities import POOL_POLICIES
 from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import LIMB, Metrics
@@ -66,7 +67,7 @@ BIG = 2**31 - 1
 ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
                 "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
 GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
-POLICIES_COVERED = ("lru", "unbounded", "ttl_refresh", "fifo", "sieve", "s3fifo")
+POLICIES_COVERED = POOL_POLICIES  # backends/capabilities.py: the pool's orders, declared once
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,

@@ -8,15 +8,15 @@ over ``[streams, configurations per stream]`` in which each stream is passed onc
 configuration). Streams of a group are padded to one shape; configurations per stream are padded by
 repeating the stream's last cell (results dropped).
 
-Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program
-above, on any device) or on the numba CPU backend (:mod:`cacheresearch.backends.numba_cache`: the same
-algorithm as compiled loops, configurations in threads, one stream per call), which has no per-step
-XLA overhead. ``auto`` (the default) takes numba for the configurations it covers when the devices are
-the host's CPU, the JAX engine for the rest, and numba on any host for what only numba runs (a closed-loop
-client, the vllm pool's orders beyond LRU): the cells are grouped by backend too, and the plan names each
-program's backend. Both give the same metrics, field by field. :func:`check_cells` makes every check of a
-run (coverage, bounds, streams) and compiles nothing: the backend of each cell, or the refusal a run would
-raise (``docs/compatibility.md`` is made of it).
+Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program above, on
+any device) or on a numba CPU backend (:mod:`cacheresearch.backends.numba_cache` and its siblings, which
+register themselves in :mod:`~cacheresearch.core.registry`: the same algorithm as compiled loops, configurations
+in threads, one stream per call), which has no per-step XLA overhead. ``auto`` (the default) takes numba for the
+configurations it covers when the devices are the host's CPU, the JAX engine for the rest, and numba on any host
+for what only numba runs (a closed-loop client, the vllm pool's orders beyond LRU): the cells are grouped by
+backend too, and the plan names each program's backend. Both give the same metrics, field by field.
+:func:`check_cells` makes every check of a run (coverage, bounds, streams) and compiles nothing: the backend of
+each cell, or the refusal a run would raise (``docs/compatibility.md`` is made of it).
 
 Memory: before running, each group's program is compiled ahead of time and its memory analysis
 (arguments + outputs + temporaries) is compared with the memory the machine has available. A
@@ -43,11 +43,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.backends import numba_cache
 from cacheresearch.cache.block import BLOCK_POLICY_IDS
 from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID
+from cacheresearch.core.registry import numba_available, numba_backend, numba_module
 from cacheresearch.core.simulate import (
-    VLLM_NUMBA_POLICIES,
     VLLM_POLICIES,
     Metrics,
     Static,
@@ -295,7 +294,7 @@ class CellRunner:
         stream, st, n_out = self._ready[call.group]
         cells = call.cells
         keys = jax.vmap(jax.random.key)(jnp.asarray(self._seeds[np.asarray(cells, np.int64)]))  # one call, [G] keys
-        mod = _numba_module(st.scheduler, bool(st.blocks))
+        mod = numba_module(st.scheduler, bool(st.blocks))
         m = mod.run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys, st, n_out=n_out)
         return cells, finalize(m, st)
 
@@ -320,7 +319,7 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     ``sieve``, ``s3fifo``) are the numba vllm backend's only, so ``auto`` takes numba for them on any host."""
     closed = int(getattr(p, "client_permits", 0)) > 0
     numba_only = closed or (scheduler == "vllm" and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
-    if closed and (backend == "jax" or not numba_cache.available()):
+    if closed and (backend == "jax" or not numba_available()):
         raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
                            "backend only: engine.backend=auto or numba, with numba installed")
     if backend == "jax":
@@ -328,31 +327,17 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     index, stale, priority, s3, block = needs
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
                          blocks=(block,) if block else ())
-    missing = _numba_module(scheduler, bool(block)).coverage([p], st)
-    if backend == "numba" or (numba_only and not missing and numba_cache.available()):
+    missing = numba_module(scheduler, bool(block)).coverage([p], st)
+    if backend == "numba" or (numba_only and not missing and numba_available()):
         return "numba", missing
-    return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
-
-
-def _numba_module(scheduler: str, blocks: bool = False):
-    """The numba backend of a replica model: backends/numba_cache.py (fcfs), backends/numba_blocks.py (fcfs with a
-    per-block policy), backends/numba_vllm.py (vllm)."""
-    if blocks and scheduler == "fcfs":
-        from cacheresearch.backends import numba_blocks  # noqa: PLC0415 - imports numba itself
-
-        return numba_blocks
-    if scheduler == "vllm":
-        from cacheresearch.backends import numba_vllm  # noqa: PLC0415 - imports numba itself
-
-        return numba_vllm
-    return numba_cache
+    return ("numba" if cpu and not missing and numba_available() else "jax"), []
 
 
 def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> dict:
     """{(needs..., backend): {stream: [cells]}}; ``backend="numba"`` refuses what numba does not cover."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: one of {list(BACKENDS)}")
-    if backend == "numba" and not numba_cache.available():
+    if backend == "numba" and not numba_available():
         raise BackendError("backend=numba: numba is not installed (pip install numba)")
     groups: dict[tuple, dict[int, list[int]]] = {}
     refused: dict[str, int] = {}
@@ -366,12 +351,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        covers = (f"the vllm replica with the policies {list(VLLM_NUMBA_POLICIES)} and every router (gie included; "
-                  "kv_cost at temperature 0) on every view, with the load scrape"
-                  if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
-                  "and the routers that read neither load nor cache, and with the per-block policies "
-                  f"{list(BLOCK_POLICY_IDS)} and every router (kv_cost at temperature 0) on the precise, "
-                  "approximate and stale views")
+        kinds = ("vllm",) if scheduler == "vllm" else ("fcfs", "blocks")  # the backends' own words
+        covers = f"the {scheduler} replica " + ", and ".join(numba_backend(k).covers for k in kinds)
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
                            "backend=auto (the JAX engine for the rest) or backend=jax", tuple(refused))
     return groups
@@ -406,7 +387,7 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
 
     def mem(per):
         if st.scheduler == "vllm" or st.blocks:
-            state = max(_numba_module(st.scheduler, bool(st.blocks)).state_bytes(streams[s], st) for s in sids)
+            state = max(numba_module(st.scheduler, bool(st.blocks)).state_bytes(streams[s], st) for s in sids)
         else:
             state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
         out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0

@@ -37,6 +37,7 @@ from cacheresearch.cache.policies import BLOCK_IDS, POLICIES, PRIORITY_IDS, S3FI
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
 from cacheresearch.cache.store import StoreState, evict, flush, init_store, leaf_stamp, stored_len
+from cacheresearch.core.registry import numba_backend
 from cacheresearch.core.stream import Stream, with_block_ids, with_stateful_singletons
 from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, request_view, routing_counts, sync
 from cacheresearch.metrics.core import LIMB as _LIMB  # noqa: F401
@@ -650,24 +651,13 @@ def _block_names(blocks) -> tuple:
     return tuple(n for n in POLICIES if n in blocks)
 
 
-#: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; core/queue.py) and ``vllm``
-#: (continuous batching over one KV pool per replica; core/batch.py).
+#: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; replica/fcfs.py) and ``vllm``
+#: (continuous batching over one KV pool per replica; replica/vllm.py).
 SCHEDULERS = ("fcfs", "vllm")
-#: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
+#: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU). The numba vllm
+#: backend's pool orders, and why the pool refuses the others, are that backend's own table
+#: (:func:`cacheresearch.core.registry.numba_backend` ``("vllm")``: ``policies``, ``refused``).
 VLLM_POLICIES = ("lru", "unbounded")
-#: ... and the numba vllm backend's (backends/numba_vllm.py): the free-block order as any of these.
-VLLM_NUMBA_POLICIES = VLLM_POLICIES + ("ttl_refresh", "fifo", "sieve", "s3fifo")
-#: Why the vllm pool refuses the others (one line each).
-VLLM_REFUSED = {
-    "lru_plain": "vLLM frees a request's blocks tail first, so its LRU is leaf-first (lru)",
-    "ttl_fixed": "a fixed expiry counts from a block's write, and chunked prefill writes one run's blocks over "
-                 "several steps while the pool keeps one time per run (ttl_refresh counts from the release)",
-    "lfu": "its frequency buckets are not kept in the vllm pool (fifo, sieve, s3fifo are)",
-    "arc": "its ghost lists and adaptive target are not kept in the vllm pool (fifo, sieve, s3fifo are)",
-    "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
-    "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
-    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); libCacheSim's per-block s3fifo runs on the pool",
-}
 
 
 def default_window() -> int:
@@ -750,10 +740,11 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
         raise ValueError("policy s3fifo_sosp needs s3=True")
     if st.scheduler == "vllm":
         names = {p.id: n for n, p in POLICIES.items()}
-        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_NUMBA_POLICIES))
+        pool = numba_backend("vllm")  # the pool's orders on the numba vllm backend, and why it refuses the rest
+        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(pool.policies))
         if bad:
-            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {VLLM_REFUSED.get(bad[0], 'not a pool order')}; "
-                             f"the vllm pool takes {list(VLLM_NUMBA_POLICIES)}")
+            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {pool.refused.get(bad[0], 'not a pool order')}; "
+                             f"the vllm pool takes {list(pool.policies)}")
         bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_POLICIES))
         if bad and backend != "numba":
             raise ValueError(f"policies {bad} on the JAX vllm replica: its pool is vLLM's leaf-first LRU over runs (no "
