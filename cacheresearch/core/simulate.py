@@ -85,7 +85,7 @@ class Static(NamedTuple):
     priority: bool = False  # keep the priority policies' fields (lfu, length_aware)
     s3: bool = False  # keep s3fifo's per-block queues
     max_depth: int = 0  # most blocks of a request (the length_aware search bound)
-    scheduler: str = "fcfs"  # the replica model: fcfs (core/queue.py) or vllm (core/batch.py)
+    scheduler: str = "fcfs"  # the replica model: fcfs (replica/fcfs.py) or vllm (replica/vllm.py)
     max_running: int = 256  # vllm: running-batch slots per replica (bounds max_num_seqs)
     max_runs: int = 0  # vllm: most runs of a request (its run lists' width)
     blocks: tuple = ()  # libCacheSim's per-block policies compiled into the program (cache/blocks.py)
@@ -448,7 +448,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
 
 
 def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
-    """Metrics of a vllm-replica run (core/batch.py) from its final carry: integers, exact sums and the
+    """Metrics of a vllm-replica run (replica/vllm.py) from its final carry: integers, exact sums and the
     replicas' float32 accumulators; the ratio fields are left NaN for :func:`finalize`."""
     from cacheresearch.replica.clock import t_ceil_ms, t_div, t_sub  # noqa: PLC0415
 
