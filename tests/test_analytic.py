@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cacheresearch.analysis import analytic as an
-from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.routers import prefix_hash_u64
 from cacheresearch.workload import Workload
 from cacheresearch.workload.synthetic import prefix_poisson_workload

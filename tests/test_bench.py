@@ -19,7 +19,8 @@ from reference import reference_simulate
 
 from cacheresearch import bench
 from cacheresearch.analysis.mrc import route_requests
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import combine_limbs, compile_stream, make_params
 from cacheresearch.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 from cacheresearch.backends.numba_policies import block_replay_grid
 from cacheresearch.cache.block import BLOCK_POLICY_IDS
 from cacheresearch.core.run import simulate_cells
-from cacheresearch.engine import compile_stream, make_params, request_bits, simulate, simulate_grid, stack_params
+from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params, request_bits, stack_params
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS
 from cacheresearch.workload.synthetic import tenant_workload
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from test_engine import HYP, R_MAX, padded_stream, tree_workloads
 from test_fleet import OPTS, assert_fleet_equal, engine_and_reference, tenant_prefix_workload, with_outputs
 
-from cacheresearch.engine import make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import make_params
 from cacheresearch.workload.keys import rekey_after
 
 

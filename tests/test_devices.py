@@ -118,7 +118,8 @@ def test_exact_sums_and_host_ratios():
     import jax
     import jax.numpy as jnp
 
-    from cacheresearch.engine import compile_stream, make_params, simulate
+    from cacheresearch.core.simulate import simulate  # the JAX scan
+    from cacheresearch.engine import compile_stream, make_params
     from cacheresearch.metrics.core import combine_limbs
     from cacheresearch.metrics.core import sum_limbs as _sum_limbs
     from cacheresearch.workload.synthetic import tenant_workload

@@ -25,16 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import reference_simulate
 
+from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
 from cacheresearch.core.stream import StreamShape, pad_stream
-from cacheresearch.engine import (
-    combine_limbs,
-    compile_stream,
-    make_params,
-    simulate,
-    simulate_grid,
-    stack_params,
-    stack_streams,
-)
+from cacheresearch.engine import combine_limbs, compile_stream, make_params, stack_params, stack_streams
 from cacheresearch.workload import Workload, WorkloadError
 from cacheresearch.workload.trace import load_mooncake
 
@@ -616,3 +609,67 @@ def test_token_limbs_exact_near_int32_bound():
     m = run_engine(small_stream(w), config_kwargs("unbounded"))
     assert np.asarray(m.hit_tokens)[:4].tolist() == [0, 7, 0, bt]
     assert int(combine_limbs(m.hit_tokens_hi, m.hit_tokens_lo)) == 7 + bt
+
+
+# ------------------------------------------------------------------ the public face's backend= (issue 48)
+def _tiny_tenants():
+    from cacheresearch.workload.synthetic import tenant_workload
+
+    return tenant_workload(n_tenants=6, prefix_tokens=160, users_per_tenant=3, user_tokens=64, query_tokens=32,
+                           rate_per_s=20, duration_s=8, seed=3)
+
+
+def _same_fields(got, want):
+    for f in want._fields:
+        a, b = np.asarray(getattr(got, f)), np.asarray(getattr(want, f))
+        assert a.shape == b.shape and a.dtype == b.dtype, (f, a.shape, b.shape, a.dtype, b.dtype)
+        np.testing.assert_array_equal(a, b, err_msg=f)
+
+
+def test_public_simulate_auto_runs_a_per_block_policy_on_numba_equal_to_jax(monkeypatch):
+    """engine.simulate / simulate_grid with a per-block policy: ``auto`` (the default) runs numba on a CPU host
+    (the JAX scan is not called), ``numba`` too, and both equal ``backend="jax"`` field by field."""
+    from cacheresearch import engine
+    from cacheresearch.core import run
+
+    s = compile_stream(_tiny_tenants())
+    p = make_params("s3fifo", capacity_blocks=20, replicas=2, router="cache_aware")
+    key = jax.random.key(7)
+    want = engine.simulate(s, p, key, max_replicas=2, backend="jax")
+    grid = stack_params([make_params("fifo", capacity_blocks=c, replicas=2, router="cache_aware") for c in (10, 30)])
+    keys = jax.vmap(jax.random.key)(np.arange(2, dtype=np.uint32))
+    want_grid = engine.simulate_grid(s, grid, keys, max_replicas=2, backend="jax")
+
+    def no_jax(*a, **k):
+        raise AssertionError("the JAX scan ran where numba covers the configurations")
+
+    monkeypatch.setattr(run, "simulate_jax", no_jax)
+    monkeypatch.setattr(run, "simulate_grid_jax", no_jax)
+    assert jax.local_devices()[0].platform == "cpu"
+    _same_fields(engine.simulate(s, p, key, max_replicas=2), want)
+    _same_fields(engine.simulate(s, p, key, max_replicas=2, backend="numba"), want)
+    _same_fields(engine.simulate_grid(s, grid, keys, max_replicas=2), want_grid)
+    assert 0 < float(want.token_hit_rate) < 1
+
+
+def test_public_simulate_refuses_in_one_line(mini_stream):
+    from cacheresearch import engine
+
+    key = jax.random.key(0)
+    with pytest.raises(engine.BackendError) as e:  # numba models no lfu_perfect
+        engine.simulate(mini_stream, make_params("lfu_perfect", capacity_blocks=20), key, backend="numba",
+                        priority=True)
+    assert "\n" not in str(e.value) and "lfu_perfect" in str(e.value)
+    with pytest.raises(engine.BackendError) as e:  # kv_cost sampling at a temperature is JAX's (float32 softmax)
+        engine.simulate_grid(mini_stream, stack_params([make_params("fifo", capacity_blocks=20, replicas=2,
+                                                                    router="kv_cost", temperature=0.5)]),
+                             jax.random.key(0)[None], max_replicas=2, backend="numba")
+    assert "\n" not in str(e.value) and "temperature" in str(e.value)
+    with pytest.raises(ValueError, match=r"^backend='gpu': one of \['auto', 'jax', 'numba'\]$"):
+        engine.simulate(mini_stream, make_params("lru", capacity_blocks=20), key, backend="gpu")
+    with pytest.raises(ValueError, match=r"^backend='Numba'"):
+        engine.simulate_grid(mini_stream, stack_params([make_params("lru", capacity_blocks=20)]), key[None],
+                             backend="Numba")
+    with pytest.raises(engine.BackendError, match="traced") as e:  # under jit only the JAX scan traces
+        jax.jit(lambda k: engine.simulate(mini_stream, make_params("lru", capacity_blocks=20), k, backend="numba"))(key)
+    assert "\n" not in str(e.value)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from reference_fleet import reference_fleet
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
-from cacheresearch.engine import compile_stream, make_params, request_bits, simulate, simulate_grid, stack_params
+from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params, request_bits, stack_params
 from cacheresearch.routers import CACHE_ROUTERS, PRESETS, ROUTERS
 from cacheresearch.workload import Workload
 

@@ -121,3 +121,38 @@ def test_functions_at_most_120_lines():
 def test_top_level_holds_only_the_entry_points():
     files = {p.name for p in PKG.glob("*.py")}
     assert files <= TOP_LEVEL, sorted(files - TOP_LEVEL)
+
+
+def _core_imports_of_backends(tree: ast.Module, package: str) -> list[str]:
+    """The imports of ``cacheresearch.backends`` in ``tree`` (a module of ``package``), functions' bodies included;
+    relative imports resolved."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out += [f"line {node.lineno}: {n}" for n in names
+                if n == "cacheresearch.backends" or n.startswith("cacheresearch.backends.")][:1]
+    return out
+
+
+def test_core_imports_no_backend():
+    """core/ names no backend module (issue 48): the backends register themselves in core/registry.py."""
+    bad = []
+    for p in sorted((PKG / "core").rglob("*.py")):
+        found = _core_imports_of_backends(ast.parse(p.read_text(encoding="utf-8")), "cacheresearch.core")
+        bad += [f"{p.relative_to(PKG.parent)} {f}" for f in found]
+    assert not bad, bad
+
+
+def test_backend_import_finder_sees_every_form():
+    src = ("def f():\n    from cacheresearch.backends import numba_vllm\n"
+           "import cacheresearch.backends.numba_cache\nfrom ..backends import numba_blocks\nimport numpy\n")
+    assert len(_core_imports_of_backends(ast.parse(src), "cacheresearch.core")) == 3

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from test_engine import FIXTURE, R_MAX, padded_stream, tree_workloads
 
 from cacheresearch.analysis import mrc
-from cacheresearch.engine import combine_limbs, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import combine_limbs, make_params
 from cacheresearch.workload import Workload
 from cacheresearch.workload.trace import load_mooncake
 

@@ -29,7 +29,7 @@ from cacheresearch.backends.numba_policies import block_replay_grid
 from cacheresearch.cache.block import BLOCK_KNOBS
 from cacheresearch.cache.policies import POLICIES, PolicySpec, policies_markdown, register_policy
 from cacheresearch.core.params import Params, make_params
-from cacheresearch.engine import simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
 from cacheresearch.workload import Workload
 from cacheresearch.workload.trace import load_mooncake
 

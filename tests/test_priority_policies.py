@@ -16,8 +16,9 @@ from reference import reference_simulate
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_stream import L_R, N_R, long_run_workloads
 
+from cacheresearch.core.simulate import simulate  # the JAX scan
 from cacheresearch.core.stream import compile_stream
-from cacheresearch.engine import make_params, simulate
+from cacheresearch.engine import make_params
 from cacheresearch.workload import Workload
 
 PRIORITY = ("lfu_perfect", "length_aware")

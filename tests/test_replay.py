@@ -16,7 +16,8 @@ from test_stream import long_run_workloads
 from cacheresearch.backends.numba_cache import replay_grid
 from cacheresearch.core import run
 from cacheresearch.core.run import BackendError, simulate_cells
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params
+from cacheresearch.core.simulate import simulate_grid  # the JAX scan
+from cacheresearch.engine import combine_limbs, compile_stream, make_params, stack_params
 from cacheresearch.metrics.core import Metrics
 from cacheresearch.workload.trace import load_mooncake
 

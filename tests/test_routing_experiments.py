@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.shell.sweep import SweepError, build_workload, compose_config, make_plan, run_experiment
 
 VARS = ("token_hit_rate", "request_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "load_imbalance",

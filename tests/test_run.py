@@ -13,7 +13,8 @@ from test_engine import assert_same_metrics
 
 import cacheresearch.core.run as run_mod
 from cacheresearch.core.run import MemoryError_, simulate_cells
-from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.workload.synthetic import tenant_workload
 
 FIELDS_PER_CELL = ("hit_tokens_hi", "hit_tokens_lo", "requests_hit", "occupancy", "max_occupancy",

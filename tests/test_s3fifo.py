@@ -13,7 +13,8 @@ from reference import reference_simulate
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_stream import unchained_workloads
 
-from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.workload import Workload
 
 

@@ -13,9 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
-from cacheresearch.core.simulate import serve_stream, static_options
+from cacheresearch.core.simulate import (
+    serve_stream,
+    simulate,  # the JAX scan
+    static_options,
+)
 from cacheresearch.core.stream import pad_stream, stream_shape, with_block_ids, with_stateful_singletons
-from cacheresearch.engine import compile_stream, make_params, simulate
+from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.workload import Workload
 
 NEEDS = {"lfu_perfect": dict(stateful_singletons=True), "length_aware": dict(stateful_singletons=True),

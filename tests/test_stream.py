@@ -27,8 +27,9 @@ from test_engine import (
 )
 from test_fleet import OPTS, assert_fleet_equal
 
+from cacheresearch.core.simulate import simulate  # the JAX scan
 from cacheresearch.core.stream import compile_stream, default_chunk_runs, run_structure
-from cacheresearch.engine import make_params, request_bits, simulate
+from cacheresearch.engine import make_params, request_bits
 from cacheresearch.workload import Workload
 
 N_R, L_R = 16, 240  # long-run workloads: up to 16 requests of up to 240 blocks

@@ -26,7 +26,8 @@ import yaml
 from reference import reference_simulate
 
 from cacheresearch import __version__
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import combine_limbs, compile_stream, make_params
 from cacheresearch.shell import report
 from cacheresearch.shell.sweep import SweepError, compose_config, make_plan, run_experiment
 from cacheresearch.workload.synthetic import fleet_workload

@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
+from cacheresearch.backends.capabilities import REPLAY_POLICIES
 from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream, compile_stream
 from cacheresearch.metrics.core import LIMB, Metrics
@@ -39,7 +40,6 @@ from cacheresearch.workload import Workload
 
 __all__ = ["ReplayMetrics", "replay_grid", "REPLAY_POLICIES", "coverage", "available", "run_stream"]
 
-REPLAY_POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
 _LIM = 2**31 - 1
 
 

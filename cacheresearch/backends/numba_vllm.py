@@ -55,8 +55,9 @@ import sys
 import numpy as np
 from numba import njit, prange
 
+from cacheresearch.backends.capabilities import pool_policies, pool_refusal
 from cacheresearch.cache.kernels import dispatch
-from cacheresearch.cache.policies import POLICIES, block_policies
+from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import LIMB, Metrics
 from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
@@ -73,31 +74,6 @@ ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded":
                 "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
 GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
 D = None  # the dispatch on a per-block policy code (cacheresearch.cache.kernels.dispatch.bind)
-
-
-#: Why the vllm pool refuses a policy of the run store's families (one line each); a per-block policy's reason is its
-#: kernel's (:func:`cacheresearch.cache.kernels.dispatch.pool_refusal`).
-VLLM_REFUSED = {
-    "lru_plain": "vLLM frees a request's blocks tail first, so its LRU is leaf-first (lru)",
-    "ttl_fixed": "a fixed expiry counts from a block's write, and chunked prefill writes one run's blocks over "
-                 "several steps while the pool keeps one time per run (ttl_refresh counts from the release)",
-    "lfu_perfect": "its counts survive eviction, which needs the fcfs replica's whole-request store",
-    "length_aware": "it ranks whole stored requests by depth, which needs the fcfs replica's store",
-    "s3fifo_sosp": "its queues follow whole stored requests (fcfs); libCacheSim's per-block s3fifo runs on the pool",
-}
-
-
-def pool_refusal(name: str) -> str:
-    """Why the vllm pool cannot run policy ``name``, in one line."""
-    if name in block_policies():
-        return dispatch.pool_refusal(name) or "it runs on the pool"
-    return VLLM_REFUSED.get(name, "not a pool order")
-
-
-def pool_policies() -> tuple[str, ...]:
-    """The pool's policies now: vLLM's free queue (``lru``, ``unbounded``), ``ttl_refresh`` and every registered
-    per-block policy whose kernel has a pool's rules (plug-ins included)."""
-    return ("lru", "unbounded", "ttl_refresh", *(n for n in block_policies() if dispatch.pool_refusal(n) is None))
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,

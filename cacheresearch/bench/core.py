@@ -34,7 +34,8 @@ from cacheresearch.bench.timing import (
     usable_cores,
 )
 from cacheresearch.bench.workloads import WorkloadSpec
-from cacheresearch.engine import combine_limbs, make_params, simulate, simulate_grid, stack_params
+from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
+from cacheresearch.engine import combine_limbs, make_params, stack_params
 from cacheresearch.workload import Workload
 
 

@@ -13,7 +13,8 @@ import numpy as np
 from cacheresearch.analysis import mrc
 from cacheresearch.bench.base import REPO_ROOT
 from cacheresearch.bench.timing import curve_backend, peak_rss_mb, ready, rounded
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate
+from cacheresearch.core.simulate import simulate  # the JAX scan
+from cacheresearch.engine import combine_limbs, compile_stream, make_params
 from cacheresearch.workload import Workload
 
 

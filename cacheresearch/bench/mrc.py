@@ -12,7 +12,8 @@ from cacheresearch.analysis import mrc
 from cacheresearch.bench.lcs import LcsStreams, leaf_first_ids
 from cacheresearch.bench.timing import curve_backend, measure, ratio_of, ready, rounded
 from cacheresearch.bench.workloads import WorkloadSpec, lcs_capacities, slice_requests, subset_index
-from cacheresearch.engine import combine_limbs, compile_stream, make_params, simulate_grid, stack_params
+from cacheresearch.core.simulate import simulate_grid  # the JAX scan
+from cacheresearch.engine import combine_limbs, compile_stream, make_params, stack_params
 
 
 class CurveCase:

@@ -196,8 +196,9 @@ def sweep64_policies_jax(w: Workload, policies=BLOCK_POLICY_IDS) -> list[dict]:
 
     from cacheresearch.backends.numba_policies import block_replay_grid  # noqa: PLC0415
     from cacheresearch.core.params import make_params  # noqa: PLC0415
+    from cacheresearch.core.simulate import simulate_grid  # noqa: PLC0415 - the JAX scan
     from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
-    from cacheresearch.engine import simulate_grid, stack_params  # noqa: PLC0415
+    from cacheresearch.engine import stack_params  # noqa: PLC0415
 
     U = int(np.unique(w.keys).size)
     caps = np.unique(np.geomspace(max(U // 200, 20), max(U // 2, 40), 16).astype(int))

@@ -1,6 +1,6 @@
 """libCacheSim's per-block policies in the JAX scan: ``fifo``, ``sieve``, ``s3fifo``, ``lfu``, ``arc``.
 
-The same rules as the numba kernels (:mod:`cacheresearch.backends._block_kernels`) and their plain-Python
+The same rules as the numba kernels (:mod:`cacheresearch.cache.kernels`) and their plain-Python
 oracles (``tests/reference_blocks.py``), as branch-free JAX on one state pytree per configuration, so
 they run wherever the scan runs (CPU, GPU, TPU), vmapped over configurations, with every router and view.
 A request looks its leading blocks up on its replica, then makes one libCacheSim ``get`` per block,
@@ -218,7 +218,7 @@ def _get_sieve(a: dict, c: _Ctx, k, C, kn, do):
 
 # ---------------------------------------------------------------- s3fifo
 def _get_s3fifo(a: dict, c: _Ctx, k, C, kn, do):
-    """libCacheSim S3FIFO (backends._block_kernels.s3_miss) as a flat state machine: mode 0 choose,
+    """libCacheSim S3FIFO (cache/kernels/s3fifo.py) as a flat state machine: mode 0 choose,
     1 a small-queue pop, 2 a main-queue pop, 3 a ghost trim then the ghost push of ``t``."""
     U = a["W"].shape[1]
     r = c.r

@@ -110,7 +110,7 @@ DEFAULT_STEP_PRESET = "llama31_8b_h100_tp1"
 #: The step-time model's coefficients (a preset sets each; absent ones are 0).
 STEP_TIME_KNOBS = ("step_base_ns", "step_prefill_ns", "step_decode_ns", "step_ctx_ps", "step_prefill_ctx_fs")
 
-#: The vllm replica's knobs (core/batch.py): scheduler limits (vLLM's ``max_num_seqs`` and
+#: The vllm replica's knobs (replica/vllm.py): scheduler limits (vLLM's ``max_num_seqs`` and
 #: ``max_num_batched_tokens``; its defaults vary by version and GPU: 256 / 2,048-8,192 on most
 #: GPUs, 1,024 / 8,192 for the API server on GPUs with 70 GB or more), the step-time model, and the
 #: latency metrics' warm-up.

@@ -8,15 +8,15 @@ over ``[streams, configurations per stream]`` in which each stream is passed onc
 configuration). Streams of a group are padded to one shape; configurations per stream are padded by
 repeating the stream's last cell (results dropped).
 
-Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program
-above, on any device) or on the numba CPU backend (:mod:`cacheresearch.backends.numba_cache`: the same
-algorithm as compiled loops, configurations in threads, one stream per call), which has no per-step
-XLA overhead. ``auto`` (the default) takes numba for the configurations it covers when the devices are
-the host's CPU, the JAX engine for the rest, and numba on any host for what only numba runs (a closed-loop
-client, the vllm pool's orders beyond LRU): the cells are grouped by backend too, and the plan names each
-program's backend. Both give the same metrics, field by field. :func:`check_cells` makes every check of a
-run (coverage, bounds, streams) and compiles nothing: the backend of each cell, or the refusal a run would
-raise (``docs/compatibility.md`` is made of it).
+Backends (``backend=``, :data:`BACKENDS`): a program runs on the JAX engine (the compiled XLA program above, on
+any device) or on a numba CPU backend (:mod:`cacheresearch.backends.numba_cache` and its siblings, which
+register themselves in :mod:`~cacheresearch.core.registry`: the same algorithm as compiled loops, configurations
+in threads, one stream per call), which has no per-step XLA overhead. ``auto`` (the default) takes numba for the
+configurations it covers when the devices are the host's CPU, the JAX engine for the rest, and numba on any host
+for what only numba runs (a closed-loop client, the vllm pool's orders beyond LRU): the cells are grouped by
+backend too, and the plan names each program's backend. Both give the same metrics, field by field.
+:func:`check_cells` makes every check of a run (coverage, bounds, streams) and compiles nothing: the backend of
+each cell, or the refusal a run would raise (``docs/compatibility.md`` is made of it).
 
 Memory: before running, each group's program is compiled ahead of time and its memory analysis
 (arguments + outputs + temporaries) is compared with the memory the machine has available. A
@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cacheresearch.backends import numba_cache
 from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, block_policies
+from cacheresearch.core.registry import numba_available, numba_backend, numba_module
 from cacheresearch.core.simulate import (
     VLLM_POLICIES,
     Metrics,
@@ -57,11 +57,13 @@ from cacheresearch.core.simulate import (
     static_options,
     with_block_bound,
 )
+from cacheresearch.core.simulate import simulate as simulate_jax
+from cacheresearch.core.simulate import simulate_grid as simulate_grid_jax
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
 from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
 
 __all__ = ["simulate_cells", "plan_cells", "check_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
-           "available_memory_bytes", "MemoryError_", "BACKENDS", "BackendError"]
+           "available_memory_bytes", "MemoryError_", "BACKENDS", "BackendError", "simulate", "simulate_grid"]
 
 #: ``backend=``: ``auto`` (per program the fastest exact backend that covers its configurations: the
 #: numba backend on a CPU host where it covers them, the JAX engine elsewhere), ``jax``, ``numba``.
@@ -264,14 +266,28 @@ def _padded(per: int, devices: int) -> int:
     return max(2, -(-per // devices)) * devices
 
 
+def _cell_keys(seeds: np.ndarray, keys, sel):
+    """The PRNG keys of cells ``sel`` (an index array of any shape): ``keys[sel]`` where the caller gave keys, else
+    each cell's ``jax.random.key(seeds[g])``."""
+    sel = np.asarray(sel, np.int64)
+    if keys is not None:
+        return keys[jnp.asarray(sel)]
+    make = jax.random.key
+    for _ in range(sel.ndim):
+        make = jax.vmap(make)
+    return make(jnp.asarray(seeds[sel]))
+
+
 class CellRunner:
     """A planned run of cells: :attr:`plan` (what runs, before it runs), :attr:`calls` (the compiled
     calls, each a chunk of cells) and :meth:`run` (one call's results). :func:`simulate_cells` runs
     them all; the sweep runs them one chunk at a time (files, resume, progress)."""
 
-    def __init__(self, plan: Plan, calls: list, ready: list, devices: list, seeds: np.ndarray, params: list):
+    def __init__(self, plan: Plan, calls: list, ready: list, devices: list, seeds: np.ndarray, params: list,
+                 keys=None):
         self.plan, self.calls = plan, calls
         self._ready, self._devices, self._seeds, self._params = ready, devices, seeds, params
+        self._keys = keys
 
     def run(self, k: int):
         """(global cell indices, their metrics as NumPy with a leading cell axis) of call ``k``."""
@@ -284,7 +300,7 @@ class CellRunner:
         S, C = call.sel.shape
         P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((S, C))),
                          *[self._params[g] for g in call.sel.reshape(-1)])
-        keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(self._seeds[call.sel]))
+        keys = _cell_keys(self._seeds, self._keys, call.sel)
         m = jax.tree.map(np.asarray, jax.block_until_ready(compiled(*_place(self._devices, stacked, P, keys))))
         i = np.asarray([i for i, _, _ in call.real], dtype=np.int64)
         j = np.asarray([j for _, j, _ in call.real], dtype=np.int64)
@@ -294,8 +310,8 @@ class CellRunner:
         """A numba call: one stream, its cells in threads (backends/numba_cache.py); the same metrics."""
         stream, st, n_out = self._ready[call.group]
         cells = call.cells
-        keys = jax.vmap(jax.random.key)(jnp.asarray(self._seeds[np.asarray(cells, np.int64)]))  # one call, [G] keys
-        mod = _numba_module(st.scheduler, bool(st.blocks))
+        keys = _cell_keys(self._seeds, self._keys, cells)  # one call, [G] keys
+        mod = numba_module(st.scheduler, bool(st.blocks))
         m = mod.run_stream(stream[int(call.slots[0])], [self._params[g] for g in cells], keys, st, n_out=n_out)
         return cells, finalize(m, st)
 
@@ -320,7 +336,7 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     ``sieve``, ``s3fifo``) are the numba vllm backend's only, so ``auto`` takes numba for them on any host."""
     closed = int(getattr(p, "client_permits", 0)) > 0
     numba_only = closed or (scheduler == "vllm" and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
-    if closed and (backend == "jax" or not numba_cache.available()):
+    if closed and (backend == "jax" or not numba_available()):
         raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
                            "backend only: engine.backend=auto or numba, with numba installed")
     if backend == "jax":
@@ -328,31 +344,17 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     index, stale, priority, s3, block = needs
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
                          blocks=(block,) if block else ())
-    missing = _numba_module(scheduler, bool(block)).coverage([p], st)
-    if backend == "numba" or (numba_only and not missing and numba_cache.available()):
+    missing = numba_module(scheduler, bool(block)).coverage([p], st)
+    if backend == "numba" or (numba_only and not missing and numba_available()):
         return "numba", missing
-    return ("numba" if cpu and not missing and numba_cache.available() else "jax"), []
-
-
-def _numba_module(scheduler: str, blocks: bool = False):
-    """The numba backend of a replica model: backends/numba_cache.py (fcfs), backends/numba_blocks.py (fcfs with a
-    per-block policy), backends/numba_vllm.py (vllm)."""
-    if blocks and scheduler == "fcfs":
-        from cacheresearch.backends import numba_blocks  # noqa: PLC0415 - imports numba itself
-
-        return numba_blocks
-    if scheduler == "vllm":
-        from cacheresearch.backends import numba_vllm  # noqa: PLC0415 - imports numba itself
-
-        return numba_vllm
-    return numba_cache
+    return ("numba" if cpu and not missing and numba_available() else "jax"), []
 
 
 def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> dict:
     """{(needs..., backend): {stream: [cells]}}; ``backend="numba"`` refuses what numba does not cover."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: one of {list(BACKENDS)}")
-    if backend == "numba" and not numba_cache.available():
+    if backend == "numba" and not numba_available():
         raise BackendError("backend=numba: numba is not installed (pip install numba)")
     groups: dict[tuple, dict[int, list[int]]] = {}
     refused: dict[str, int] = {}
@@ -366,14 +368,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
         groups = _whole_programs(groups)
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
-        from cacheresearch.backends.numba_vllm import pool_policies  # noqa: PLC0415
-
-        covers = (f"the vllm replica with the policies {list(pool_policies())} and every router (gie included; "
-                  "kv_cost at temperature 0) on every view, with the load scrape"
-                  if scheduler == "vllm" else f"the fcfs replica with the policies {list(numba_cache.REPLAY_POLICIES)} "
-                  "and the routers that read neither load nor cache, and with the per-block policies "
-                  f"{list(block_policies())} and every router (kv_cost at temperature 0) on the precise, "
-                  "approximate and stale views")
+        kinds = ("vllm",) if scheduler == "vllm" else ("fcfs", "blocks")  # the backends' own words
+        covers = f"the {scheduler} replica " + ", and ".join(numba_backend(k).covers for k in kinds)
         raise BackendError(f"backend=numba does not cover: {what}. The numba backend models {covers}; use "
                            "backend=auto (the JAX engine for the rest) or backend=jax", tuple(refused))
     return groups
@@ -408,7 +404,7 @@ def _numba_group(streams, sids, cells, st, max_batch, budget, D):
 
     def mem(per):
         if st.scheduler == "vllm" or st.blocks:
-            state = max(_numba_module(st.scheduler, bool(st.blocks)).state_bytes(streams[s], st) for s in sids)
+            state = max(numba_module(st.scheduler, bool(st.blocks)).state_bytes(streams[s], st) for s in sids)
         else:
             state = max(int(streams[s].n_keys) * 2 + int(streams[s].log.shape[-2]) * 3 for s in sids) * R * 8
         out = per * n_out * 4 * (4 + (R if st.match else 0)) if st.per_request else 0
@@ -485,16 +481,19 @@ def plan_cells(
     devices: list | int | None = None,
     log=None,
     backend: str = "auto",
+    keys=None,
     **options,
 ) -> CellRunner:
-    """Plan cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
-    ``g``: group, choose each program's backend, compile ahead of time, check memory and cut into calls
-    (see :func:`simulate_cells`)."""
+    """Plan cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``, or ``keys[g]``
+    where ``keys`` is given) for every ``g``: group, choose each program's backend, compile ahead of time, check
+    memory and cut into calls (see :func:`simulate_cells`)."""
     G = len(params)
     stream_of = np.asarray(stream_of, np.int64)
     seeds = np.asarray(seeds, np.uint32)
     if G == 0:
         raise ValueError("no cells to run")
+    if keys is not None and (np.ndim(keys) < 1 or np.shape(keys)[0] != G):
+        raise ValueError(f"keys: one PRNG key per cell ({G}), got shape {np.shape(keys)}")
     if max_batch is not None and int(max_batch) < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     devices = _devices_of(devices)
@@ -517,8 +516,9 @@ def plan_cells(
                                          backend="numba", block=block))
             ready.append(([served[s] for s in sids], st, n_out))
             continue
-        compiled, stacked, got, per, s_per, mem = _jax_group(served, sids, cells, st, params, seeds, max_batch,
-                                                             budget, devices, per_device, avail, memory_fraction)
+        compiled, stacked, got, per, s_per, mem = _jax_group(served, sids, cells, st, params, (seeds, keys),
+                                                             max_batch, budget, devices, per_device, avail,
+                                                             memory_fraction)
         calls += [Call(gi, slots, sel, real) for slots, sel, real in got]
         plan.groups.append(GroupPlan(index, stale, st.routers, sids, cells, per, len(got), mem, priority, s3, s_per,
                                      block=block))
@@ -527,10 +527,10 @@ def plan_cells(
         log(plan.line())
         for line in plan.program_lines():
             log(line)
-    return CellRunner(plan, calls, ready, devices, seeds, params)
+    return CellRunner(plan, calls, ready, devices, seeds, params, keys)
 
 
-def _jax_group(streams, sids, cells, st, params, seeds, max_batch, budget, devices, per_device, avail,
+def _jax_group(streams, sids, cells, st, params, seeds_keys, max_batch, budget, devices, per_device, avail,
                memory_fraction):
     """A JAX program: the streams padded to one shape and stacked, compiled ahead of time at the largest
     batch that fits the memory budget, cut into calls."""
@@ -553,7 +553,7 @@ def _jax_group(streams, sids, cells, st, params, seeds, max_batch, budget, devic
         sel = np.asarray([[cells[min(i, S - 1)][0]] * pad for i in range(s_per)], dtype=np.int64)
         P = jax.tree.map(lambda *a: jnp.asarray(np.stack([np.asarray(v) for v in a]).reshape((s_per, pad))),
                          *[params[g] for g in sel.reshape(-1)])
-        keys = jax.vmap(jax.vmap(jax.random.key))(jnp.asarray(seeds[sel]))
+        keys = _cell_keys(*seeds_keys, sel)  # (seeds, the caller's keys or None)
         part = stacked if s_per == S else jax.tree.map(lambda x: x[:s_per], stacked)
         compiled = _compiled(st, devices, part, P, keys)
         m = _memory(compiled)
@@ -602,6 +602,7 @@ def simulate_cells(
     devices: list | int | None = None,
     log=None,
     backend: str = "auto",
+    keys=None,
     **options,
 ) -> tuple[Metrics, Plan]:
     """Run cell ``g`` = (``streams[stream_of[g]]``, ``params[g]``, PRNG key of ``seeds[g]``) for every
@@ -618,11 +619,12 @@ def simulate_cells(
     engine; ``numba`` refuses what it does not cover with :class:`BackendError`). Every backend gives
     the same metrics (``tests/test_replay.py``).
 
-    A cell's PRNG key is ``jax.random.key(seeds[g])``, its own seed: results do not depend on the
-    grouping, the chunking, the padding or the device count.
+    A cell's PRNG key is ``jax.random.key(seeds[g])``, its own seed, or ``keys[g]`` where ``keys`` (a [G] array of
+    PRNG keys) is given: results do not depend on the grouping, the chunking, the padding or the device count.
     """
     runner = plan_cells(streams, stream_of, params, seeds, max_replicas=max_replicas, max_batch=max_batch,
-                        memory_fraction=memory_fraction, devices=devices, log=log, backend=backend, **options)
+                        memory_fraction=memory_fraction, devices=devices, log=log, backend=backend, keys=keys,
+                        **options)
     parts = [runner.run(k) for k in range(len(runner.calls))]
     order = np.concatenate([np.asarray(cells, np.int64) for cells, _ in parts])
     where = np.empty(len(params), np.int64)
@@ -630,3 +632,64 @@ def simulate_cells(
     if len(parts) == 1 and np.array_equal(where, np.arange(where.size)):  # one call, cells in order: as it is
         return parts[0][1], runner.plan
     return jax.tree.map(lambda *xs: np.concatenate(xs)[where], *[m for _, m in parts]), runner.plan
+
+
+def _jax_only(backend: str, *trees) -> bool:
+    """Whether the JAX scan runs these arguments whatever the cells: ``backend="jax"``, or arguments traced by a JAX
+    transformation under ``auto`` (``numba`` refuses them in one line); checks the backend's name."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: one of {list(BACKENDS)}")
+    traced = any(isinstance(x, jax.core.Tracer) for t in trees for x in jax.tree.leaves(t))
+    if traced and backend == "numba":
+        raise BackendError("backend=numba under a JAX transformation (traced params, keys or stream): only the JAX "
+                           "scan traces; use backend=jax or auto")
+    return backend == "jax" or traced
+
+
+def _numba_run(streams: list, stream_of, plist: list, keys, backend: str, max_replicas: int, options: dict):
+    """The metrics of cells ``plist`` (keys ``keys`` [G]) run as the sweep runs them (:func:`simulate_cells`) when
+    ``backend=`` sends any of them to a numba backend, else None (the caller runs the JAX scan)."""
+    stream_of = np.asarray(stream_of, np.int64)
+    cpu = jax.local_devices()[0].platform == "cpu"
+    groups = _group_cells(plist, stream_of, backend, cpu, options.get("scheduler", "fcfs"))  # refusals: one line
+    if all(k[-1] == "jax" for k in groups):
+        return None
+    m, _ = simulate_cells(streams, stream_of, plist, np.zeros(len(plist), np.uint32), max_replicas=max_replicas,
+                          backend=backend, keys=keys, **options)
+    return m
+
+
+def simulate(stream: Stream, params, key: jax.Array, *, backend: str = "auto", max_replicas: int = 1,
+             per_request: bool = True, window: int | None = None, **options) -> Metrics:
+    """One configuration over the stream on the backend ``backend=`` chooses (:data:`BACKENDS`, the sweep's
+    ``engine.backend``): ``auto`` runs it on a numba backend where the numba backends cover it and the devices are
+    the host's CPU (and, on any host, what only numba runs), else the JAX scan
+    (:func:`cacheresearch.core.simulate.simulate`, also under a JAX transformation); ``jax`` the JAX scan;
+    ``numba`` a numba backend, refusing in one line (:class:`BackendError`) what none covers. The metrics are the
+    same field by field on every backend (finalized; NumPy arrays from numba). Arguments as the JAX scan's."""
+    if not _jax_only(backend, stream, params, key):
+        m = _numba_run([stream], [0], [params], key[None], backend, max_replicas,
+                       dict(options, per_request=per_request, window=window))
+        if m is not None:
+            return jax.tree.map(lambda x: np.asarray(x)[0, ...], m)  # as the JAX scan returns them
+    return simulate_jax(stream, params, key, max_replicas=max_replicas, per_request=per_request, window=window,
+                        **options)
+
+
+def simulate_grid(stream: Stream, params, keys: jax.Array, *, backend: str = "auto", max_replicas: int = 1,
+                  per_request: bool = False, window: int | None = None, stream_axis: bool = False,
+                  **options) -> Metrics:
+    """A grid of configurations (``params`` fields [G], ``keys`` [G]) on the backends ``backend=`` chooses, as
+    :func:`simulate` does per configuration and the sweep per program (:func:`simulate_cells`; under ``auto`` on
+    the fcfs replica a program runs whole on one backend); the JAX scan is
+    :func:`cacheresearch.core.simulate.simulate_grid`. ``stream_axis=True``: the stream is stacked [G] too."""
+    if not _jax_only(backend, stream, params, keys):
+        G = int(np.shape(np.asarray(params.policy))[0])
+        plist = [jax.tree.map(lambda x, g=g: np.asarray(x)[g], params) for g in range(G)]
+        streams = [jax.tree.map(lambda x, g=g: np.asarray(x)[g], stream) for g in range(G)] if stream_axis else [stream]
+        m = _numba_run(streams, np.arange(G) if stream_axis else np.zeros(G), plist, keys, backend, max_replicas,
+                       dict(options, per_request=per_request, window=window))
+        if m is not None:
+            return m
+    return simulate_grid_jax(stream, params, keys, max_replicas=max_replicas, per_request=per_request, window=window,
+                             stream_axis=stream_axis, **options)

@@ -37,6 +37,7 @@ from cacheresearch.cache.policies import POLICIES, PRIORITY_IDS, S3FIFO_ID, is_p
 from cacheresearch.cache.priority import COUNT, PRIORITY_FIELDS, STORED, evict_priority
 from cacheresearch.cache.s3fifo import S3State, init_s3, s3_request
 from cacheresearch.cache.store import StoreState, evict, flush, init_store, leaf_stamp, stored_len
+from cacheresearch.core.registry import numba_backend
 from cacheresearch.core.stream import Stream, with_block_ids, with_stateful_singletons
 from cacheresearch.core.views import SyncState, init_sync, leading, presence, probe, request_view, routing_counts, sync
 from cacheresearch.metrics.core import LIMB as _LIMB  # noqa: F401
@@ -84,7 +85,7 @@ class Static(NamedTuple):
     priority: bool = False  # keep the priority policies' fields (lfu, length_aware)
     s3: bool = False  # keep s3fifo's per-block queues
     max_depth: int = 0  # most blocks of a request (the length_aware search bound)
-    scheduler: str = "fcfs"  # the replica model: fcfs (core/queue.py) or vllm (core/batch.py)
+    scheduler: str = "fcfs"  # the replica model: fcfs (replica/fcfs.py) or vllm (replica/vllm.py)
     max_running: int = 256  # vllm: running-batch slots per replica (bounds max_num_seqs)
     max_runs: int = 0  # vllm: most runs of a request (its run lists' width)
     blocks: tuple = ()  # libCacheSim's per-block policies compiled into the program (cache/blocks.py)
@@ -447,7 +448,7 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
 
 
 def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
-    """Metrics of a vllm-replica run (core/batch.py) from its final carry: integers, exact sums and the
+    """Metrics of a vllm-replica run (replica/vllm.py) from its final carry: integers, exact sums and the
     replicas' float32 accumulators; the ratio fields are left NaN for :func:`finalize`."""
     from cacheresearch.replica.clock import t_ceil_ms, t_div, t_sub  # noqa: PLC0415
 
@@ -650,13 +651,13 @@ def _block_names(blocks) -> tuple:
     return tuple(n for n in POLICIES if n in blocks)
 
 
-#: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; core/queue.py) and ``vllm``
-#: (continuous batching over one KV pool per replica; core/batch.py).
+#: Replica models: ``fcfs`` (one FCFS server per replica, prefill at a rate; replica/fcfs.py) and ``vllm``
+#: (continuous batching over one KV pool per replica; replica/vllm.py).
 SCHEDULERS = ("fcfs", "vllm")
-#: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU).
+#: Cache policies the JAX vllm replica's pool implements (vLLM's free queue is leaf-first LRU). The numba vllm
+#: backend's pool orders, and why the pool refuses the others, are that backend's own table
+#: (:func:`cacheresearch.core.registry.numba_backend` ``("vllm")``: ``policies``, ``refused``).
 VLLM_POLICIES = ("lru", "unbounded")
-#: The numba vllm backend's pool orders and why it refuses the others:
-#: :func:`cacheresearch.backends.numba_vllm.pool_policies` and ``pool_refusal`` (from the policy registry).
 
 
 def default_window() -> int:
@@ -743,13 +744,12 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
     if s3.any() and not st.s3:
         raise ValueError("policy s3fifo_sosp needs s3=True")
     if st.scheduler == "vllm":
-        from cacheresearch.backends.numba_vllm import pool_policies, pool_refusal  # noqa: PLC0415
-
         names = {p.id: n for n, p in POLICIES.items()}
-        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(pool_policies()))
+        pool = numba_backend("vllm")  # the pool's orders on the numba vllm backend, and why it refuses the rest
+        bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(pool.policies))
         if bad:
-            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {pool_refusal(bad[0])}; "
-                             f"the vllm pool takes {list(pool_policies())}")
+            raise ValueError(f"policy {bad[0]!r} on the vllm replica: {pool.refused.get(bad[0], 'not a pool order')}; "
+                             f"the vllm pool takes {list(pool.policies)}")
         bad = sorted({names[int(x)] for x in np.asarray(params.policy).reshape(-1)} - set(VLLM_POLICIES))
         if bad and backend != "numba":
             raise ValueError(f"policies {bad} on the JAX vllm replica: its pool is vLLM's leaf-first LRU over runs (no "

@@ -56,7 +56,7 @@ class Metrics(NamedTuple):
     ttft_ms: jax.Array  # int32 [N]
     match: jax.Array  # int32 [N, R_max]: the router's view of the prefix match (0 unless match)
     replicas_over_bound: jax.Array  # bool: params asked for more replicas than max_replicas (a bug)
-    # the vllm replica (core/batch.py; NaN / -1 / 0 with the fcfs replica). Latency metrics leave out
+    # the vllm replica (replica/vllm.py; NaN / -1 / 0 with the fcfs replica). Latency metrics leave out
     # requests arriving within warmup_ms of the first arrival and requests never served.
     # float64 time per output token after the first (whole ns per request), mean over requests with >= 2
     tpot_mean_ms: jax.Array

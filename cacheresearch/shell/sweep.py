@@ -967,7 +967,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
     if timing.get("tiers") is not None or "cpu_capacity_blocks" in dims:  # KV tiers: the tokens each tier served
         data.update(_tier_variables(timing.get("tiers"), metrics, inp[idx], dims, shape))
         coords["tier"] = np.asarray(["gpu", "cpu", "pool", "disk"])
-    if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (core/batch.py)
+    if _scheduler(cfg) == "vllm":  # the batching replica's serving metrics (replica/vllm.py)
         data.update({
             "tpot_mean_s": grid(np.asarray(metrics.tpot_mean_ms) / 1000.0, np.float64),
             "e2e_p50_s": grid(np.asarray(metrics.e2e_p50_ms) / 1000.0, np.float64),
