@@ -76,7 +76,7 @@ CASES = [
      "trace.path: file not found: ../shared/traces/mooncake_synthetic_trace.jsonl"),
     (["experiment=replay"], "workload.source=trace needs trace.path=FILE"),
     (["experiment=replay", "trace.path=missing.jsonl"], "trace.path: file not found: missing.jsonl"),
-    (["experiment=policy_curves"], "experiment=policy_curves needs 'study.traces=[PATH[:BLOCK_TOKENS],...]'"),
+    (["experiment=policy_curves"], "study.traces is required: 'study.traces=[PATH[:BLOCK_TOKENS],...]'"),
     (["experiment=policy_curves", f"study.traces=[{MOONCAKE}:512,nope.jsonl]"], "study.traces (nope.jsonl): file"),
     (["experiment=granularity", "study.trace_path=nope.jsonl"], "study.trace_path: file not found: nope.jsonl"),
     (["experiment=replay", "workload.source=fitted"], "workload.source=fitted needs workload.fitted.path=FILE"),
@@ -169,3 +169,47 @@ def test_run_prechecks_too(tmp_path, monkeypatch):
     with pytest.raises(SweepError, match=r"^study\.trace\.path: file not found: \.\./shared/traces/agentic"):
         run_experiment(["experiment=tiers"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_tiers_reads_the_agent_trace_before_the_design_half_runs(tmp_path, monkeypatch):
+    """The study itself (past the precheck: a multirun job, a caller of run_study) reads every workload before
+    the first one runs: a bad trace fails before the design half's engine is called."""
+    from cacheresearch.shell.sweep import compose_config  # noqa: PLC0415
+    from cacheresearch.studies import run_study  # noqa: PLC0415
+    from cacheresearch.studies import tiers as T  # noqa: PLC0415
+    from cacheresearch.studies.base import StudyError  # noqa: PLC0415
+
+    def no_run(*a, **k):
+        raise AssertionError("the design half ran before the agent trace was read")
+
+    monkeypatch.setattr(T, "run_tiers", no_run)
+    lines = AGENT.read_text().splitlines()
+    bad = _write_lines(tmp_path / "agent.jsonl", lines[:20] + ["{not json"] + lines[21:])
+    cfg = compose_config(["experiment=tiers", f"study.trace.path={bad}", "study.design.n_requests=50"])
+    with pytest.raises(StudyError, match=r"^study\.trace\.path: .*agent\.jsonl:21: invalid JSON"):
+        run_study(cfg)
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
+    """A sweep's stderr redirected (a log file, a batch job): the chunks' progress as plain lines, not a bar that
+    tqdm would hide; none when launch.progress=false."""
+    import io  # noqa: PLC0415
+
+    from cacheresearch.shell.chunks import ProgressLines, progress_bar  # noqa: PLC0415
+
+    bar = progress_bar(10, None)  # pytest's stderr is not a terminal
+    assert isinstance(bar, ProgressLines)
+    out = io.StringIO()
+    lines = ProgressLines(10, every_s=0.0, stream=out)
+    for k in range(2):
+        lines.set_postfix_str(f"chunk {k + 1}/2")
+        lines.update(5)
+    got = out.getvalue().splitlines()
+    assert got[0].startswith("sweep: 5/10 configurations (chunk 1/2), ") and "s left" in got[0]
+    assert got[1].startswith("sweep: 10/10 configurations (chunk 2/2), ") and "left" not in got[1]
+    quiet = ProgressLines(10, every_s=3600.0, stream=out)  # at most one line per every_s, and the last one
+    quiet.update(5)
+    quiet.update(5)
+    extra = out.getvalue().splitlines()[2:]
+    assert len(extra) == 1 and extra[0].startswith("sweep: 10/10 configurations"), extra
+    assert progress_bar(10, False).disable and not capsys.readouterr().err.strip()

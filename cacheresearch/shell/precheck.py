@@ -135,7 +135,7 @@ def trace_inputs(cfg) -> list[tuple[str, dict, str, str]]:
             return [("trace.path", dict(top), "set trace.block_tokens=N", "")]
         if not specs:
             return [("study.traces", dict(path=None), "",
-                     f"experiment=policy_curves needs 'study.traces=[PATH[:BLOCK_TOKENS],...]' or trace.path=FILE "
+                     f"study.traces is required: 'study.traces=[PATH[:BLOCK_TOKENS],...]', or trace.path=FILE for one "
                      f"({TRACE_HINT})")]
         out = []
         for s in specs:
