@@ -146,8 +146,11 @@ def load_fit_trace(tc: dict, *, check_memory: bool = True, key: str = "trace.blo
                                  "their children, in timestamp order")
             tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
             return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
-        return load_mooncake(p, block_tokens=None if bt is None else int(bt), max_requests=mr,
-                             sort=bool(tc.get("sort"))), {}
+        w = load_mooncake(p, block_tokens=None if bt is None else int(bt), max_requests=mr, sort=bool(tc.get("sort")))
+        S.progress(f"trace {p.name}: {w.n_requests:,} requests, {w.block_tokens}-token blocks"
+                   + (f" (inferred; sizes that fit every line: {w.meta['block_tokens_inferred']}; {key}=N sets it)"
+                      if "block_tokens_inferred" in w.meta else ""))
+        return w, {}
     except BlockSizeError as e:
         raise StudyError(f"trace: {e}; the block size is {key}") from None
     except ValueError as e:
@@ -289,6 +292,7 @@ def fit_study(cfg) -> xr.Dataset:
     w, extra = load_fit_trace(tc)
     w, chain = chain_content_hashes(w)  # a content-hash trace is replayed as a prefix cache sees it
     tf = time.perf_counter()
+    S.progress(f"fit: fitting the session model, then {len(seeds)} sample(s) replayed against the trace ...")
     try:
         model = fit_workload(w, max_kinds=int(c["max_kinds"]), **extra)
     except ValueError as e:
