@@ -64,13 +64,14 @@ def run_cases(repeats: int = 3, cases=CASES) -> list[dict]:
     for name, args, needle in cases:
         with tempfile.TemporaryDirectory(prefix="refusal_") as d:
             runs = [refusal(args, needle, d) for _ in range(repeats)]
+            d = str(Path(d).resolve())
         short = str(_TRACE.relative_to(_TRACE.parents[2]))
         rows.append(dict(case=name, args=" ".join(args).replace(str(_TRACE), short),
                          wall_s=round(statistics.median(r["wall_s"] for r in runs), 2),
                          wall_max_s=round(max(r["wall_s"] for r in runs), 2),
                          rss_mb=round(max(r["rss_mb"] for r in runs), 1), ok=all(r["ok"] for r in runs),
                          within_2s=max(r["wall_s"] for r in runs) <= 2.0,
-                         line=runs[-1]["line"].replace(str(_TRACE), short)))
+                         line=runs[-1]["line"].replace(str(_TRACE), short).replace(d, "TMPDIR")))
     return rows
 
 
@@ -86,7 +87,11 @@ def main(argv=None) -> int:
         print(f"{r['case'].ljust(w)}  {r['wall_s']:5.2f} ({r['wall_max_s']:4.2f})  {r['rss_mb']:7.1f}  "
               f"{'yes' if r['ok'] and r['within_2s'] else 'NO '}  {r['line'][:100]}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(cores=os.cpu_count(), repeats=a.repeats, rows=rows), indent=1))
+        root = Path(__file__).resolve().parents[2]
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+        Path(a.json).write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d"), commit=git.stdout.strip(),
+                                                python=sys.version.split()[0], cores=os.cpu_count(),
+                                                repeats=a.repeats, rows=rows), indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
