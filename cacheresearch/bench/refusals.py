@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -64,14 +65,14 @@ def run_cases(repeats: int = 3, cases=CASES) -> list[dict]:
     for name, args, needle in cases:
         with tempfile.TemporaryDirectory(prefix="refusal_") as d:
             runs = [refusal(args, needle, d) for _ in range(repeats)]
-            d = str(Path(d).resolve())
         short = str(_TRACE.relative_to(_TRACE.parents[2]))
         rows.append(dict(case=name, args=" ".join(args).replace(str(_TRACE), short),
                          wall_s=round(statistics.median(r["wall_s"] for r in runs), 2),
                          wall_max_s=round(max(r["wall_s"] for r in runs), 2),
                          rss_mb=round(max(r["rss_mb"] for r in runs), 1), ok=all(r["ok"] for r in runs),
                          within_2s=max(r["wall_s"] for r in runs) <= 2.0,
-                         line=runs[-1]["line"].replace(str(_TRACE), short).replace(d, "TMPDIR")))
+                         line=re.sub(r"\(looked at [^)]*\)", "(looked at ...)",  # no machine path kept
+                                     runs[-1]["line"].replace(str(_TRACE), short))))
     return rows
 
 
