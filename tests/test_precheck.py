@@ -213,3 +213,17 @@ def test_progress_lines_when_stderr_is_not_a_terminal(capsys):
     extra = out.getvalue().splitlines()[2:]
     assert len(extra) == 1 and extra[0].startswith("sweep: 10/10 configurations"), extra
     assert progress_bar(10, False).disable and not capsys.readouterr().err.strip()
+
+
+def test_the_check_reads_a_trace_as_the_run_will(tmp_path):
+    """trace.sort and trace.max_requests apply to the check too: it refuses nothing the run would read."""
+    rows = [json.loads(x) for x in MOONCAKE.read_text().splitlines()[:10]]
+    rows[3]["timestamp"] = rows[6]["timestamp"] + 5  # out of order
+    p = _write_lines(tmp_path / "log.jsonl", [json.dumps(r) for r in rows] + ["{cut"])
+    msg = check_overrides(["experiment=replay", f"trace.path={p}"])
+    assert "log.jsonl:5: field 'timestamp': timestamps must be non-decreasing" in msg, msg
+    msg = check_overrides(["experiment=replay", f"trace.path={p}", "trace.sort=true"])
+    assert "log.jsonl:11: invalid JSON" in msg, msg  # sorted: the next problem is the cut last line
+    for exp in ("replay", "ttl_trace"):
+        assert check_overrides([f"experiment={exp}", f"trace.path={p}", "trace.sort=true",
+                                "trace.max_requests=10"]) is None

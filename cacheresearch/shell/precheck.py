@@ -102,8 +102,8 @@ def _trace_spec(cfg, key: str) -> dict:
     spec = dict(_get(cfg, key) or {})
     top = _get(cfg, "trace") or {}
     if key != "trace":
-        for k in ("path", "format", "block_tokens", "max_requests"):
-            if spec.get(k) in (None, "auto") and top.get(k) is not None:
+        for k in ("path", "format", "block_tokens", "max_requests", "sort"):
+            if spec.get(k) in (None, "auto", False) and top.get(k) is not None:
                 spec[k] = top[k]
     return spec
 
@@ -181,9 +181,11 @@ def _check_trace(key: str, spec: dict, how: str) -> str | None:
 
     bt = spec.get("block_tokens")
     where = "trace" if key == "trace.path" else key
-    try:
+    mr = spec.get("max_requests")
+    try:  # the lines the run reads, with its settings (trace.sort orders an out-of-order log)
         load_trace(_path(spec["path"]), format=str(spec.get("format") or "auto"),
-                   block_tokens=None if bt is None else int(bt), max_requests=HEAD_REQUESTS)
+                   block_tokens=None if bt is None else int(bt), sort=bool(spec.get("sort")),
+                   max_requests=HEAD_REQUESTS if mr is None else max(1, min(int(mr), HEAD_REQUESTS)))
     except BlockSizeError as e:
         return f"{where}: {e}; {how}" + (" (or null: inferred)" if bt is not None and "=N" in how else "")
     except (ValueError, OSError) as e:  # TraceError: file, line, field
