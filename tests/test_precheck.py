@@ -35,7 +35,8 @@ def test_name_lists_equal_the_registries():
     for name, copy, registry in (
             ("POLICY_NAMES", names.POLICY_NAMES, POLICIES), ("ROUTER_NAMES", names.ROUTER_NAMES, ROUTERS),
             ("PRESET_NAMES", names.PRESET_NAMES, PRESETS), ("KNOB_NAMES", names.KNOB_NAMES, KNOBS),
-            ("STUDY_NAMES", names.STUDY_NAMES, ["grid", *studies.REGISTRY]),
+            ("STUDY_NAMES", names.STUDY_NAMES, ["grid", *(k for k in studies.REGISTRY if k != "grid")]),  # the
+            # shell registers grid when it is imported
             ("SCHEDULER_NAMES", names.SCHEDULER_NAMES, SCHEDULERS), ("STEP_PRESET_NAMES", names.STEP_PRESET_NAMES,
                                                                      STEP_PRESETS),
             ("BACKEND_NAMES", names.BACKEND_NAMES, BACKENDS),
