@@ -228,3 +228,16 @@ def test_the_check_reads_a_trace_as_the_run_will(tmp_path):
     for exp in ("replay", "ttl_trace"):
         assert check_overrides([f"experiment={exp}", f"trace.path={p}", "trace.sort=true",
                                 "trace.max_requests=10"]) is None
+
+
+def test_replay_infers_the_block_size(tmp_path):
+    """experiment=replay on a 64-token trace with no trace.block_tokens: the sizes fit, the run uses 64 (it used to
+    refuse at 512 with no hint), and hardware capacity counts blocks of 64 tokens."""
+    from cacheresearch.replica.hardware import kv_blocks  # noqa: PLC0415
+    from cacheresearch.shell.sweep import compose_config, make_plan, run_experiment  # noqa: PLC0415
+
+    ds = run_experiment(["experiment=replay", f"trace.path={AGENT}", "launch.progress=false"], tmp_path)
+    assert json.loads(ds.attrs["workload"])[0]["block_tokens"] == 64
+    plan = make_plan(compose_config(["experiment=replay", f"trace.path={AGENT}", "replica.gpu=h100_80gb",
+                                     "replica.model=llama3_8b", "cache.capacity_blocks=null"]))
+    assert plan.base["capacity_blocks"] == kv_blocks("llama3_8b", "h100_80gb", block_tokens=64)
