@@ -1,6 +1,23 @@
-"""The entry point: ``python -m cacheresearch.sweep experiment=NAME`` (the shell: :mod:`cacheresearch.shell`)."""
+"""The entry point: ``python -m cacheresearch.sweep experiment=NAME`` (the shell: :mod:`cacheresearch.shell`).
 
-from cacheresearch.shell.sweep import SweepError, compose_config, main, run, run_experiment  # noqa: F401
+Run as a program, it checks the overrides and the composed configuration first (names, files, traces:
+:func:`cacheresearch.shell.overrides.check_overrides`, no engine imported), so that a mistake is one line in
+well under 2 s; only then does it import the shell and run. The shell's names (``main``, ``run``,
+``run_experiment``, ``compose_config``, ``SweepError``) are loaded from :mod:`cacheresearch.shell.sweep` on
+first use."""
+
+from __future__ import annotations
+
+import importlib
+
+_SHELL = ("SweepError", "compose_config", "main", "run", "run_experiment")
+
+
+def __getattr__(name: str):
+    if name in _SHELL:
+        return getattr(importlib.import_module("cacheresearch.shell.sweep"), name)
+    raise AttributeError(f"module 'cacheresearch.sweep' has no attribute {name!r}")
+
 
 if __name__ == "__main__":
     import sys
@@ -11,4 +28,4 @@ if __name__ == "__main__":
     if _msg:
         print(f"cacheresearch.sweep: error: {_msg}", file=sys.stderr)
         sys.exit(2)
-    main()
+    importlib.import_module("cacheresearch.shell.sweep").main()

@@ -378,3 +378,52 @@ def test_integral_float_timestamps_and_sort_orders_a_log(tmp_path):
     p.write_text(json.dumps({"timestamp": 61.25, "input_length": 1, "output_length": 1, "hash_ids": [1]}) + "\n")
     with pytest.raises(TraceError, match="seconds"):
         load_mooncake(p, block_tokens=16)
+
+
+# ------------------------------------------------------------------------- the block size, inferred
+AGENT = Path(__file__).resolve().parent / "fixtures" / "mini_agent.jsonl"  # 64-token blocks
+
+
+def test_block_size_inferred_from_every_line():
+    from cacheresearch.workload.trace import load_trace  # noqa: PLC0415
+
+    a = load_mooncake(AGENT)
+    assert a.block_tokens == 64 and a.meta["block_tokens_inferred"] == "64"
+    _assert_same(a, load_mooncake(AGENT, block_tokens=64))
+    m = load_trace(FIXTURE)  # Mooncake's 512 fits: taken, as when given
+    assert m.block_tokens == 512 and "512" in m.meta["block_tokens_inferred"].split(",")
+    _assert_same(m, load_mooncake(FIXTURE, block_tokens=512))
+    assert "block_tokens_inferred" not in load_mooncake(FIXTURE, block_tokens=512).meta
+
+
+def test_ambiguous_block_size_takes_512_else_the_largest(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(dict(timestamp=0, input_length=100, output_length=1, hash_ids=[1])) + "\n")
+    w = load_mooncake(p)  # one id for 100 tokens: 128, 256, 512 and 1024 fit
+    assert w.block_tokens == 512 and w.meta["block_tokens_inferred"] == "128,256,512,1024"
+    p.write_text(json.dumps(dict(timestamp=0, input_length=600, output_length=1, hash_ids=[1, 2])) + "\n")
+    assert load_mooncake(p).block_tokens == 512  # ceil(600/512) = 2; 1024 gives 1, 256 gives 3
+    p.write_text(json.dumps(dict(timestamp=0, input_length=200, output_length=1, hash_ids=[1, 2])) + "\n")
+    assert load_mooncake(p).block_tokens == 128  # ceil(200/b) = 2 for b in 100..199: of the sizes tried, 128
+
+
+def test_a_line_that_fits_no_size_is_reported_as_itself(tmp_path):
+    from cacheresearch.workload.trace import BlockSizeError  # noqa: PLC0415
+
+    lines = AGENT.read_text().splitlines()
+    o = json.loads(lines[30])
+    o["hash_ids"] = o["hash_ids"][:-3]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines[:30] + [json.dumps(o)] + lines[31:]) + "\n")
+    with pytest.raises(BlockSizeError, match=r"t\.jsonl:31: field 'hash_ids': has 44 ids for input_length 2999, "
+                                             r"which fits none of the block sizes that fit lines 1-30 \(\[64\]\)"):
+        load_mooncake(p)
+    p.write_text("\n".join(lines[:40] + [lines[40][:50]] + lines[41:]) + "\n")  # cut in the middle
+    with pytest.raises(TraceError, match=r"t\.jsonl:41: invalid JSON"):
+        load_mooncake(p)
+    with pytest.raises(BlockSizeError, match=r"mini_agent\.jsonl:1: .* block_tokens 512 .*fit this line: \[64\]"):
+        load_mooncake(AGENT, block_tokens=512)
+    p.write_text(json.dumps(dict(timestamp=0, input_length=100, output_length=1, hash_ids=[1, 2, 3, 4, 5, 6, 7, 8]))
+                 + "\n")  # 8 ids for 100 tokens: 13..14 tokens a block, none of the sizes tried
+    with pytest.raises(BlockSizeError, match=r"t\.jsonl:1: .*no block size of .* fits this line"):
+        load_mooncake(p)

@@ -243,6 +243,24 @@ def test_missing_trace(tmp_path):
         run_study(_cfg(tmp_path / "nope.jsonl"))
 
 
+def test_a_corrupt_line_is_named_not_line_1(tmp_path):
+    """The block size of a 64-token trace is inferred from every line; a short line in the middle is reported
+    as itself (the inference used to give up at it and blame line 1 at 512 tokens)."""
+    from cacheresearch.studies import StudyError, run_study
+
+    lines = (FIX / "mini_agent.jsonl").read_text().splitlines()
+    o = json.loads(lines[30])
+    o["hash_ids"] = o["hash_ids"][:-3]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines[:30] + [json.dumps(o)] + lines[31:]) + "\n")
+    with pytest.raises(StudyError, match=r"t\.jsonl:31: field 'hash_ids': has 44 ids .* lines 1-30 \(\[64\]\).*"
+                                         r"trace\.block_tokens"):
+        run_study(_cfg(p))
+    p.write_text("\n".join(lines[:40] + [lines[40][:50]] + lines[41:]) + "\n")
+    with pytest.raises(StudyError, match=r"t\.jsonl:41: invalid JSON"):
+        run_study(_cfg(p))
+
+
 def test_experiment_config_runs(tmp_path):
     """configs/experiment/ttl_trace.yaml composes and reads the top-level trace.path."""
     from cacheresearch.shell.sweep import run_experiment

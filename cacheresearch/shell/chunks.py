@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import xarray as xr
 from cacheresearch.core.run import available_memory_bytes, cell_order, plan_cells
 from cacheresearch.metrics.core import Metrics
 
-__all__ = ["CHUNK_DIR", "ChunkError", "ChunkStore", "RunInfo", "assemble", "done_cells", "fingerprint",
+__all__ = ["CHUNK_DIR", "ChunkError", "ChunkStore", "ProgressLines", "RunInfo", "assemble", "done_cells", "fingerprint",
            "part_cells", "plan_line", "progress_bar", "run_grid", "write_atomic"]
 
 CHUNK_DIR = "chunks"
@@ -224,13 +225,42 @@ def plan_line(*, n_cells: int, todo: int, chunks: int, resumed: int, streams: in
             f"chunks in {where}")
 
 
+class ProgressLines:
+    """Progress as plain lines on stderr (a log file, a batch job's output): ``sweep: N/TOTAL configurations
+    (chunk K/C), S s elapsed, about R s left``, at most one every ``every_s`` seconds, and the last one always.
+    The methods :func:`run_grid` calls on a tqdm bar."""
+
+    def __init__(self, total: int, every_s: float = 10.0, stream=None):
+        self.total, self.every_s, self.n, self.note = total, every_s, 0, ""
+        self.stream = stream if stream is not None else sys.stderr
+        self.t0 = self.last = time.perf_counter()
+
+    def set_postfix_str(self, s: str, refresh: bool = False) -> None:
+        self.note = s
+
+    def update(self, n: int) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if self.n >= self.total or now - self.last >= self.every_s:
+            self.last = now
+            el = now - self.t0
+            left = f", about {el / self.n * (self.total - self.n):.0f} s left" if 0 < self.n < self.total else ""
+            print(f"sweep: {self.n}/{self.total} configurations ({self.note}), {el:.0f} s elapsed{left}",
+                  file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
 def progress_bar(total: int, enabled: bool | None):
-    """A tqdm bar over configurations, advanced per chunk, on stderr; quiet unless ``enabled`` (None:
-    when stderr is a terminal)."""
+    """Progress over configurations, advanced per chunk, on stderr: a tqdm bar when ``enabled`` (None: when
+    stderr is a terminal); with ``enabled`` None and stderr not a terminal (redirected to a file), plain lines
+    (:class:`ProgressLines`); none when ``enabled`` is False."""
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    on = sys.stderr.isatty() if enabled is None else bool(enabled)
-    return tqdm(total=total, unit="config", desc="sweep", file=sys.stderr, disable=not on, dynamic_ncols=True,
+    if enabled is None and not sys.stderr.isatty():
+        return ProgressLines(total)
+    return tqdm(total=total, unit="config", desc="sweep", file=sys.stderr, disable=enabled is False, dynamic_ncols=True,
                 smoothing=0.0)
 
 

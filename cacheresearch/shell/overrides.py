@@ -1,11 +1,14 @@
 """Command-line overrides checked before Hydra runs, so that a user's mistake is one line naming the key and
 what is allowed (Hydra's own messages run to ten lines and end with a hint about stack traces).
 
-:func:`check_overrides` returns that line, or None when the overrides compose. It checks the config-group
-choices (``experiment=NAME``, ``replica=NAME``, ...; each of a multirun's comma-separated values) against the
-files of ``configs/``, then composes the configuration the way the sweep will (Hydra's compose API) and turns a
-composition error into one line: an unknown key names its parent's known keys. Overrides with Hydra flags
-(``-m``, ``--cfg``, ...) or sweeps other than a plain comma list are left to Hydra after the group check.
+:func:`check_overrides` returns that line, or None when the overrides compose and pass the precheck. It checks
+the config-group choices (``experiment=NAME``, ``replica=NAME``, ...; each of a multirun's comma-separated values)
+against the files of ``configs/``, then composes the configuration the way the sweep will (Hydra's compose API)
+and turns a composition error into one line: an unknown key names its parent's known keys; then the composed
+configuration's names, input files and traces (:func:`cacheresearch.shell.precheck.precheck`). None of it
+imports an engine: the entry points call it before they import the shell. Overrides with Hydra flags
+(``-m``, ``--cfg``, ...) or sweeps other than a plain comma list are left to Hydra after the group check (each
+job is prechecked when it runs).
 """
 
 from __future__ import annotations
@@ -68,22 +71,22 @@ def _one_line(exc: BaseException) -> str:
     return text
 
 
-def _compose_error(overrides: list[str]) -> str | None:
+def _compose_error(overrides: list[str]):
+    """(None, the composed configuration), or (one line, None) when ``overrides`` do not compose."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException  # noqa: PLC0415
 
     try:
-        _compose(overrides)
+        return None, _compose(overrides)
     except Exception as e:  # noqa: BLE001 - every composition error becomes one line
         cause = e.__cause__ or e.__context__ or e
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
             key = str(cause.full_key)
             known = _known_keys(overrides, key)
             where = f"known keys of {key.rsplit('.', 1)[0]}" if "." in key else "known top-level keys"
-            return f"{key}: unknown key; {where}: {known}" if known else f"{key}: unknown key"
+            return (f"{key}: unknown key; {where}: {known}" if known else f"{key}: unknown key"), None
         if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", None):
-            return f"{cause.full_key}: {_one_line(cause.msg if hasattr(cause, 'msg') else cause)}"
-        return _one_line(e)
-    return None
+            return f"{cause.full_key}: {_one_line(cause.msg if hasattr(cause, 'msg') else cause)}", None
+        return _one_line(e), None
 
 
 def check_overrides(args: list[str]) -> str | None:
@@ -98,7 +101,12 @@ def check_overrides(args: list[str]) -> str | None:
     if any("," in v and not v.startswith(("[", "{", "'", '"')) for _, v in pairs):
         return None  # a sweep: each job is checked when it composes
     plain = [a for a in args if not (_split(a) or ("",))[0].startswith("hydra")]
-    return _compose_error(plain) or _added_to_schema(plain)
+    msg, cfg = _compose_error(plain)
+    if msg:
+        return msg
+    from cacheresearch.shell.precheck import precheck  # noqa: PLC0415
+
+    return _added_to_schema(plain) or precheck(cfg)
 
 
 def _added_to_schema(overrides: list[str]) -> str | None:

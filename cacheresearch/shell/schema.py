@@ -10,15 +10,16 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from cacheresearch.engine import KNOBS
+from cacheresearch.shell.names import KNOB_NAMES
 
 #: ``configs/`` at the repository root (the package is installed editable).
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 #: Keys the grid knows, in the order their dimensions appear in the output (seed last).
 #: Router and replica-speed knobs (:data:`cacheresearch.engine.KNOBS`, declared in the routers' registry
-#: and :mod:`cacheresearch.core.params`) may be grid keys too; ``prefix_blocks`` is ``fleet.prefix_blocks``.
-KNOB_KEYS = tuple(k for k in KNOBS if k != "prefix_blocks")
+#: and :mod:`cacheresearch.core.params`; their names copied in :mod:`cacheresearch.shell.names`, so that the
+#: schema imports no engine) may be grid keys too; ``prefix_blocks`` is ``fleet.prefix_blocks``.
+KNOB_KEYS = tuple(k for k in KNOB_NAMES if k != "prefix_blocks")
 #: Workload keys of the ``tenant`` source that may be grid keys (each value is its own stream).
 TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
 GRID_KEYS = (("policy", "capacity_blocks", "cpu_capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks")
@@ -39,7 +40,7 @@ class SweepError(ValueError):
 class TraceConf:
     path: Optional[str] = None  # Mooncake or Bailian JSONL, relative to the directory the command runs in
     format: str = "auto"  # mooncake | bailian | auto (detected from the first line)
-    block_tokens: Optional[int] = None  # tokens per hash id (null: the format's, 512 Mooncake / 16 Bailian)
+    block_tokens: Optional[int] = None  # tokens per hash id (null: inferred from a Mooncake trace; 16 Bailian)
     max_requests: Optional[int] = None
     sort: bool = False  # order the requests by timestamp (Mooncake); else a decreasing timestamp is an error
 
@@ -227,7 +228,7 @@ class LaunchConf:
     parts: int = 1
     dir: Optional[str] = None  # directory of chunks/ and results.nc (default: the run dir; parts > 1: the sweep dir)
     devices: Optional[int] = None  # local devices the configurations are sharded over (null: all)
-    progress: Optional[bool] = None  # progress bar on stderr (null: when stderr is a terminal)
+    progress: Optional[bool] = None  # on stderr; null: a bar on a terminal, else a line per chunk (10 s at most)
 
 
 #: Every known grid key is a field (null = not swept), so ``grid.policy=[...]`` needs no ``+``. The knob

@@ -33,7 +33,7 @@ Configuration (``configs/config.yaml``, ``configs/experiment/*.yaml``; the schem
 ``launch``            chunks and launchers (:mod:`cacheresearch.shell.chunks`, README "Scaling out"): ``chunks``
                       (chunk files and resume, on), ``resume`` (``auto`` | ``fresh``), ``part`` / ``parts``
                       (one slice of the grid, for a multirun over ``launch.part``), ``dir``, ``devices``,
-                      ``progress`` (the bar on stderr; null: when stderr is a terminal)
+                      ``progress`` (on stderr; null: a bar on a terminal, else a line per chunk)
 ``seed``, ``seeds``   first seed and number of seeds (``seeds > 1`` adds a ``seed`` dimension)
 ``grid``              ``policy``, ``capacity_blocks``, ``ttl_s``, ``replicas``, ``router``,
                       ``prefix_blocks``, every router / speed knob (``view``, ``instances``, ``prefill_tps``,
@@ -97,6 +97,7 @@ from cacheresearch.metrics.prefix import PREFIX_DOCS, prefix_groups, prefix_vari
 from cacheresearch.routers import PRESETS, ROUTERS
 from cacheresearch.shell.pipeline import FIGURE_FILE, RESULT_FILE, SUMMARY_FILE, PipelineError, chunk_stores, run_study
 from cacheresearch.shell.pipeline import write_outputs as _write_outputs
+from cacheresearch.shell.precheck import precheck
 from cacheresearch.shell.schema import (  # noqa: F401  (the schema, re-exported for the shell's users)
     ARRIVALS,
     CONFIG_DIR,
@@ -126,7 +127,7 @@ from cacheresearch.studies.base import Cells, Study
 from cacheresearch.workload import Workload, WorkloadError
 from cacheresearch.workload.keys import SALT_MODES
 from cacheresearch.workload.synthetic import design_workload, fleet_workload, tenant_workload
-from cacheresearch.workload.trace import TraceError, load_trace
+from cacheresearch.workload.trace import BlockSizeError, TraceError, load_trace
 
 __all__ = [
     "SweepConfig",
@@ -423,6 +424,12 @@ def hardware_capacity(cfg) -> int | None:
     src = cfg.workload.source
     node = cfg.trace if src == "trace" else cfg.workload.get(src)
     bt = node.get("block_tokens", 16) if node is not None else 16
+    if bt is None and src == "trace" and cfg.trace.path is not None:  # inferred from the trace's first lines
+        try:
+            bt = load_trace(_resolve_path(str(cfg.trace.path)), format=str(cfg.trace.format),
+                            max_requests=2000).block_tokens
+        except (OSError, ValueError) as e:
+            raise SweepError(f"trace: {e}") from None
     try:
         cap = kv_blocks(str(rc.model), str(rc.gpu), tp=int(rc.tp), kv_dtype=str(rc.kv_dtype),
                         gpu_memory_utilization=float(rc.gpu_memory_utilization), block_tokens=int(bt))
@@ -475,8 +482,12 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
             path = _resolve_path(str(cfg.trace.path))
             if not path.is_file():
                 raise SweepError(f"trace.path: file not found: {cfg.trace.path} (looked at {path})")
-            return load_trace(path, format=str(cfg.trace.format), block_tokens=cfg.trace.block_tokens,
-                              max_requests=cfg.trace.max_requests, sort=bool(cfg.trace.get("sort", False)))
+            w = load_trace(path, format=str(cfg.trace.format), block_tokens=cfg.trace.block_tokens,
+                           max_requests=cfg.trace.max_requests, sort=bool(cfg.trace.get("sort", False)))
+            if "block_tokens_inferred" in w.meta:
+                _log(f"trace: {w.n_requests:,} requests; block size {w.block_tokens} tokens, inferred (sizes that "
+                     f"fit every line: {w.meta['block_tokens_inferred']}; trace.block_tokens=N sets it)")
+            return w
         if src == "fitted":
             from cacheresearch.fit import sample_workload  # noqa: PLC0415
             from cacheresearch.studies.traces import model_from_file  # noqa: PLC0415
@@ -507,6 +518,9 @@ def build_workload(cfg, plan: Plan, wkey: tuple) -> Workload:
         return design_workload(**args, seed=wkey[0])
     except SweepError:
         raise
+    except BlockSizeError as e:
+        raise SweepError(f"trace: {e}; set trace.block_tokens=N"
+                         + (" (or null: inferred)" if cfg.trace.block_tokens is not None else "")) from None
     except (TraceError, WorkloadError) as e:
         raise SweepError(f"trace: {e}") from None
     except (ValueError, TypeError) as e:
@@ -622,7 +636,12 @@ def grid_cells(cfg, plan: Plan):
                          "run without launch.parts")
     # one workload at a time: its stream and a summary are kept, its block keys are not (a tiered cell's are)
     streams, workloads, kept = [], [], {}
-    for k in wkeys:
+    _log(f"workloads: building {len(wkeys)} stream(s) for {len(cells)} configurations ...")
+    t_line = time.perf_counter()
+    for n_built, k in enumerate(wkeys):
+        if n_built and time.perf_counter() - t_line >= 5.0:  # a line at most every 5 s
+            t_line = time.perf_counter()
+            _log(f"workloads: {n_built} of {len(wkeys)} streams built, {t_line - t0:.0f} s")
         w = build_workload(cfg, plan, k)
         if wkeys[k] in tier_w:
             kept[wkeys[k]] = w
@@ -636,6 +655,7 @@ def grid_cells(cfg, plan: Plan):
                                                                              cfg.output.prefix_top, 1), combos)))
         del w
     t_build = time.perf_counter() - t0
+    _log(f"workloads: {len(wkeys)} stream(s) built in {t_build:.1f} s")
 
     params = [_params_of(c, cfg) for c in cells]
     opts = dict(queue_slots=_integer("engine.queue_slots", cfg.engine.queue_slots, 1), scheduler=_scheduler(cfg))
@@ -1062,6 +1082,9 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks
     Returns None when other parts of a multi-part run still have configurations to run."""
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.structured(cfg)
+    msg = precheck(cfg)  # names, input files, the traces' first lines: before any work
+    if msg:
+        raise SweepError(msg)
     try:
         study = studies.get(str(cfg.get("kind", "grid") or "grid"))
     except studies.StudyError as e:

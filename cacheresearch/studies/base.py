@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -32,7 +33,7 @@ from cacheresearch import __version__
 
 __all__ = ["StudyError", "Cells", "Study", "StudyRun", "engine_hits", "run_in_memory", "defaults_class",
            "study_cfg", "seeds", "positive_list", "common_attrs", "doc", "pct", "usd", "table", "header", "fig",
-           "errbar", "HOUR", "DAY"]
+           "errbar", "progress", "HOUR", "DAY"]
 
 HOUR = 3600.0
 DAY = 86_400.0
@@ -40,6 +41,12 @@ DAY = 86_400.0
 
 class StudyError(ValueError):
     """A study configuration is invalid (the message names the key)."""
+
+
+def progress(msg: str) -> None:
+    """A progress line of a study's own work (what runs outside the pipeline's chunks) on stderr, whatever
+    stdout is redirected to (stdout carries the summary)."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------ the protocol

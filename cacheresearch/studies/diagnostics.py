@@ -431,12 +431,18 @@ def granularity_study(cfg) -> xr.Dataset:
     block_hit = np.full(shape, np.nan)
     upper = np.full(shape, np.nan)
     inputs = np.zeros(len(names))
+    trace = None
+    if c["trace_path"]:  # the trace read (and checked) before the synthetic workloads run
+        p = Path(str(c["trace_path"]))
+        if not p.is_file():
+            raise _err(f"study.trace_path: file not found: {p}")
+        try:
+            trace = _trace_rows(str(p), c["trace_max_requests"], blocks)
+        except ValueError as e:  # TraceError: file, line, field
+            raise _err(f"study.trace_path: {e}") from None
     for i, nm in enumerate(names):
         if nm == "mooncake_trace":
-            p = Path(str(c["trace_path"]))
-            if not p.is_file():
-                raise _err(f"study.trace_path: file not found: {p}")
-            rows, inp, _ = _trace_rows(str(p), c["trace_max_requests"], blocks)
+            rows, inp, _ = trace
             inputs[i] = inp
             for j, B in enumerate(blocks):
                 block_hit[i, j], upper[i, j] = rows[B]

@@ -81,8 +81,11 @@ def policy_curves_study(cfg) -> xr.Dataset:
     if points < 2:
         raise StudyError(f"study.points must be >= 2 (got {points})")
     names, caps, frac, miss, red, acc = [], [], [], [], [], []
-    for path, bt in _trace_specs(cfg, c):
-        w, _ = load_fit_trace(dict(path=path, format="auto", block_tokens=bt, max_requests=c["max_requests"]))
+    specs = _trace_specs(cfg, c)
+    traces = [load_fit_trace(dict(path=path, format="auto", block_tokens=bt, max_requests=c["max_requests"]),
+                             key=f"study.traces ({path}:BLOCK_TOKENS)")[0]
+              for path, bt in specs]  # every trace read (and checked) before the first curve runs
+    for (path, _), w in zip(specs, traces):
         rows = policy_curves(w, points, pols)
         cp = np.asarray([r["capacity"] for r in rows if r["policy"] == pols[0]], np.int64)
         pad = points - cp.size  # small traces: fewer distinct sizes than points (NaN-padded)

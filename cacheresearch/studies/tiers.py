@@ -49,7 +49,7 @@ from cacheresearch.tiers import (
 from cacheresearch.tiers.engine import dense_keys
 from cacheresearch.tiers.fleet import tokens_by_tier
 from cacheresearch.workload.synthetic import tenant_workload
-from cacheresearch.workload.trace import load_mooncake
+from cacheresearch.workload.trace import BlockSizeError, load_mooncake
 
 __all__ = ["tiers_study", "tier_workload", "summarize", "plot", "STUDIES", "DEFAULTS"]
 
@@ -80,6 +80,11 @@ DEFAULTS = dict(
     gpu_usd_per_hour=2.50,  # assumption: an H100 hour, on-demand class
     dram_usd_per_gb_hour=0.0005,  # assumption: server DRAM amortised (about $4/GB over 3 years + power, hosting)
 )
+#: How to get the agent workload's trace (it is not bundled: 30 MB), or run without it.
+AGENT_TRACE_HINT = ("the agent workload reads the coding-agent trace, not bundled (WEKA kv-cache-tester's sessions, "
+                    "github.com/callanjfox/kv-cache-tester traces/, as Mooncake JSONL with 64-token blocks: "
+                    "docs/experiments/tiers.md): set study.trace.path=FILE, or run without it: "
+                    "'study.workloads=[design]'")
 GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[1.0, 5.0, 25.0, 50.0],
             router=["random", "prefix_hash", "chwbl", "least_loaded", "tier_scorer", "tier_kv_cost", "tier_cache_aware",
                     "tier_preble"])
@@ -120,9 +125,14 @@ def tier_workload(name: str, c: dict):
     if name == "agent":
         p = c["trace"]["path"]
         if not p or not Path(p).is_file():
-            raise StudyError(f"study.trace.path: no such trace file {p!r} (the agent workload reads a Mooncake "
-                             "JSONL trace; drop 'agent' from study.workloads to run without it)")
-        w = load_mooncake(p, block_tokens=int(c["agent"]["block_tokens"]), max_requests=c["trace"]["max_requests"])
+            raise StudyError(f"study.trace.path: no such trace file {p!r}; {AGENT_TRACE_HINT}")
+        try:
+            bt = c["agent"]["block_tokens"]  # None: inferred from the trace
+            w = load_mooncake(p, block_tokens=None if bt is None else int(bt), max_requests=c["trace"]["max_requests"])
+        except BlockSizeError as e:
+            raise StudyError(f"study.trace.path: {e}; set study.agent.block_tokens=N (or null: inferred)") from None
+        except ValueError as e:
+            raise StudyError(f"study.trace.path: {e}") from None
         return w, int(c["agent"]["replicas"])
     raise StudyError(f"study.workloads: unknown workload {name!r}; choose design or agent")
 
@@ -208,8 +218,8 @@ def _net_usd(busy_h, caps, span_h, bb, R, c):
     return out
 
 
-def tiers_study(cfg):
-    t0 = time.perf_counter()
+def _settings(cfg):
+    """The study's settings and grid, checked: ``(c, grid, routers, cpu_gbps, replica)``."""
     c = B.study_cfg(cfg, DEFAULTS)
     g = _grid(cfg)
     if not c["workloads"]:
@@ -223,6 +233,12 @@ def tiers_study(cfg):
         raise StudyError(f"study.replica: {replica!r}; choose fcfs or vllm")
     if replica == "vllm":
         check_vllm(c, routers, engine_backend(cfg))
+    return c, g, routers, gbps, replica
+
+
+def tiers_study(cfg):
+    t0 = time.perf_counter()
+    c, g, routers, gbps, replica = _settings(cfg)
     not_served = 0
     caps_spec = g["cpu_capacity_blocks"]
     W, Cn, Gn, Rn, T = len(c["workloads"]), len(caps_spec), len(gbps), len(routers), len(TIER_NAMES)
@@ -236,9 +252,16 @@ def tiers_study(cfg):
     pool_thr, pool_p50 = (np.full((W, 3, 2), np.nan) for _ in range(2))
     pool_tier = np.full((W, 3, 2, T), np.nan)
     timing = {}
+    # every workload read (the trace checked) before the first one runs
+    loaded = [tier_workload(name, c) for name in c["workloads"]]
     for wi, name in enumerate(c["workloads"]):
         tw = time.perf_counter()
-        w, R = tier_workload(name, c)
+        w, R = loaded[wi]
+        loaded[wi] = None  # its arrays go when it is done
+        n_cells = Cn * Gn * Rn + (0 if replica == "vllm" else len(LAYOUTS) * len(POOL_ROUTERS))
+        B.progress(f"tiers: workload {wi + 1} of {W}, {name} ({w.n_requests:,} requests, {R} replicas): "
+                   f"{n_cells} configurations on the {'numba vllm backend' if replica == 'vllm' else 'tiered engine'}"
+                   " ...")
         bt = int(w.block_tokens)
         bb = tier_block_bytes(c["model"], bt)
         gpu_blocks = (int(c["gpu_blocks"]) if c["gpu_blocks"] is not None else
@@ -268,6 +291,7 @@ def tiers_study(cfg):
             usd_day[wi] = _net_usd(busy_h[wi], caps, span_h, bb, R, c)
             not_served = max(not_served, int(vo["dropped"].max()))
             timing[name] = time.perf_counter() - tw
+            B.progress(f"tiers: {name} done in {timing[name]:.0f} s")
             continue
         cells, cfgs, pool_cfgs = _configs(c, caps, gbps, routers, common, R)
         res = run_tiers(w, cfgs + pool_cfgs, [0] * (len(cfgs) + len(pool_cfgs)), dense=dense)
@@ -292,6 +316,7 @@ def tiers_study(cfg):
             pool_p50[wi, li, pi] = _pct(np.sort(r.ttft_ms), 50)
             pool_tier[wi, li, pi] = _tier_tokens(r, bt, inp)
         timing[name] = time.perf_counter() - tw
+        B.progress(f"tiers: {name} done in {timing[name]:.0f} s")
     dims = ("workload", "cpu_capacity", "cpu_gbps", "router")
     ds = xr.Dataset(
         {

@@ -47,7 +47,7 @@ from cacheresearch.fit.validate import analytic_hit_rates, capacity_grid, capaci
 from cacheresearch.metrics.core import hit_tokens
 from cacheresearch.studies import base as S
 from cacheresearch.studies.base import Study
-from cacheresearch.workload.trace import TRACE_FORMATS, detect_format, load_mooncake, read_bailian
+from cacheresearch.workload.trace import TRACE_FORMATS, BlockSizeError, detect_format, load_mooncake, read_bailian
 
 __all__ = ["fit_study", "mooncake_fig9_study", "mooncake_fig10_study", "mooncake_table1_study", "ttl_trace_study",
            "load_fit_trace", "check_trace_memory", "model_from_file", "STUDIES"]
@@ -63,28 +63,6 @@ FIT_DEFAULTS = dict(
     ablation_seeds=2,  # sample seeds per ablated model (the first seeds of the run)
     volume_bins=8,  # equal time bins of the arrival-rate profile compared between trace and samples
 )
-
-
-def infer_block_tokens(path, candidates=(16, 32, 64, 128, 256, 512, 1024), max_lines: int = 20000) -> int | None:
-    """The block size of a Mooncake-format file without one given: the candidates ``b`` with
-    ``len(hash_ids) == ceil(input_length / b)`` on every line read (the first ``max_lines``); 512
-    (Mooncake's) when it fits, else the largest that fits; ``None`` when none does."""
-    ok = set(candidates)
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f):
-            if i >= max_lines or not ok:
-                break
-            if not raw.strip():
-                continue
-            try:
-                o = json.loads(raw)
-                n, L_ = int(o["input_length"]), len(o["hash_ids"])
-            except (ValueError, KeyError, TypeError):
-                return None
-            ok = {b for b in ok if -(-n // b) == L_}
-    if not ok:
-        return None
-    return 512 if 512 in ok else max(ok)
 
 
 def _resolve(p: str) -> Path:
@@ -136,10 +114,12 @@ def check_trace_memory(path, max_requests=None, *, per_block: float = TRACE_STUD
     return out
 
 
-def load_fit_trace(tc: dict, *, check_memory: bool = True):
+def load_fit_trace(tc: dict, *, check_memory: bool = True, key: str = "trace.block_tokens"):
     """``(workload, fit keyword arguments)`` of a trace setting ``{path, format, block_tokens,
-    max_requests}``: Bailian traces bring their sessions, parents and types. ``check_memory``: refuse a
-    trace whose study would not fit the memory available (:func:`check_trace_memory`) before reading it."""
+    max_requests}``: Bailian traces bring their sessions, parents and types; a Mooncake trace's block size,
+    when not given, is inferred from every line (:func:`cacheresearch.workload.trace.load_mooncake`), and a line
+    it does not fit is named, with ``key`` (where the block size is set). ``check_memory``: refuse a trace whose
+    study would not fit the memory available (:func:`check_trace_memory`) before reading it."""
     from cacheresearch.studies.base import StudyError
 
     if not tc.get("path"):
@@ -155,10 +135,7 @@ def load_fit_trace(tc: dict, *, check_memory: bool = True):
             raise StudyError(f"trace: {e}") from None
     if fmt not in TRACE_FORMATS:
         raise StudyError(f"trace.format: unknown format {fmt!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
-    bt = tc.get("block_tokens")
-    if not bt and fmt == "mooncake":
-        bt = infer_block_tokens(p)
-    bt = bt or TRACE_FORMATS[fmt]
+    bt = tc.get("block_tokens") or (TRACE_FORMATS[fmt] if fmt == "bailian" else None)  # None: inferred
     mr = tc.get("max_requests")
     if check_memory:
         check_trace_memory(p, mr)
@@ -169,7 +146,13 @@ def load_fit_trace(tc: dict, *, check_memory: bool = True):
                                  "their children, in timestamp order")
             tr = read_bailian(p, block_tokens=int(bt), max_requests=mr)
             return tr.workload, dict(session=tr.session, parent=tr.parent, types=tr.type, type_names=tr.type_names)
-        return load_mooncake(p, block_tokens=int(bt), max_requests=mr, sort=bool(tc.get("sort"))), {}
+        w = load_mooncake(p, block_tokens=None if bt is None else int(bt), max_requests=mr, sort=bool(tc.get("sort")))
+        S.progress(f"trace {p.name}: {w.n_requests:,} requests, {w.block_tokens}-token blocks"
+                   + (f" (inferred; sizes that fit every line: {w.meta['block_tokens_inferred']}; {key}=N sets it)"
+                      if "block_tokens_inferred" in w.meta else ""))
+        return w, {}
+    except BlockSizeError as e:
+        raise StudyError(f"trace: {e}; the block size is {key}") from None
     except ValueError as e:
         raise StudyError(f"trace: {e}") from None
 
@@ -309,6 +292,7 @@ def fit_study(cfg) -> xr.Dataset:
     w, extra = load_fit_trace(tc)
     w, chain = chain_content_hashes(w)  # a content-hash trace is replayed as a prefix cache sees it
     tf = time.perf_counter()
+    S.progress(f"fit: fitting the session model, then {len(seeds)} sample(s) replayed against the trace ...")
     try:
         model = fit_workload(w, max_kinds=int(c["max_kinds"]), **extra)
     except ValueError as e:

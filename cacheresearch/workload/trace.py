@@ -12,7 +12,8 @@ Mooncake JSONL
     ``input_length``/``output_length`` are token counts and
     ``hash_ids`` lists the prompt's block ids in prompt order. Each id stands for a block *and its
     whole prefix* (chained hashing), so the ids become the workload's block keys unchanged. The
-    block size is not in the file; the caller gives it (512 tokens for Mooncake) and
+    block size is not in the file: the caller gives it (512 tokens for Mooncake's traces), or it is
+    inferred (:data:`BLOCK_SIZES` that fit every line; 512 when it fits, else the largest), and
     ``len(hash_ids) == ceil(input_length / block_tokens)`` must hold on every line. An optional
     non-negative integer ``tenant`` field is read when present (default 0); other fields are
     ignored. Blank lines are skipped.
@@ -59,6 +60,8 @@ from cacheresearch.workload.table import MAX_ARRIVAL_MS, MAX_TRACE_MS, Workload
 
 __all__ = [
     "TraceError",
+    "BlockSizeError",
+    "BLOCK_SIZES",
     "TRACE_FORMATS",
     "BailianTrace",
     "detect_format",
@@ -89,11 +92,44 @@ class TraceError(ValueError):
     """A trace file is malformed; the message names the file, the 1-based line and the field."""
 
 
-def _fail(path, lineno: int, field: str | None, msg: str) -> TraceError:
+class BlockSizeError(TraceError):
+    """A line's ``hash_ids`` count does not fit the block size (given, or inferred from the lines before it): the
+    message names the file and line; a caller that knows the configuration key of the block size adds it."""
+
+
+#: Block sizes (tokens per hash id) a Mooncake-format trace is tried at when none is given.
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _fail(path, lineno: int, field: str | None, msg: str, cls=TraceError) -> TraceError:
     where = f"{path}:{lineno}"
     if field is not None:
-        return TraceError(f"{where}: field {field!r}: {msg}")
-    return TraceError(f"{where}: {msg}")
+        return cls(f"{where}: field {field!r}: {msg}")
+    return cls(f"{where}: {msg}")
+
+
+def _fitting(n_in: int, n_ids: int, sizes=BLOCK_SIZES) -> set:
+    """The block sizes of ``sizes`` with ``ceil(n_in / b) == n_ids``."""
+    return {b for b in sizes if -(-n_in // b) == n_ids}
+
+
+def _length_error(path, lineno: int, n_ids: int, n_in: int, block_tokens: int | None, fit_before: set | None,
+                  first_line: int) -> BlockSizeError:
+    """The line whose ``hash_ids`` count fits no block size: the given one, or (inferring) any of those that fit
+    every line before it; the sizes that would fit it are named."""
+    here = sorted(_fitting(n_in, n_ids))
+    fits = f"block sizes of {list(BLOCK_SIZES)} that fit this line: {here}" if here else \
+        f"no block size of {list(BLOCK_SIZES)} fits this line"
+    if block_tokens is not None:
+        msg = (f"has {n_ids} ids but input_length {n_in} with block_tokens {block_tokens} needs "
+               f"ceil({n_in}/{block_tokens}) = {-(-n_in // block_tokens)} ({fits})")
+    elif fit_before is None or lineno == first_line:
+        msg = f"has {n_ids} ids for input_length {n_in}: {fits}; the trace's block size is to be given"
+    else:
+        msg = (f"has {n_ids} ids for input_length {n_in}, which fits none of the block sizes that fit lines "
+               f"{first_line}-{lineno - 1} ({sorted(fit_before)}); {fits}: a corrupt line, or lines of another "
+               "block size")
+    return _fail(path, lineno, "hash_ids", msg, BlockSizeError)
 
 
 def _int_field(obj: dict, field: str, path, lineno: int, upper: int | None = None) -> int:
@@ -161,14 +197,17 @@ def _span_message(ts_ms: int, base_ms: int, n_before: int) -> str:
 def load_mooncake(
     path: str | PathLike,
     *,
-    block_tokens: int,
+    block_tokens: int | None = None,
     max_requests: int | None = None,
     name: str | None = None,
     sort: bool = False,
 ) -> Workload:
     """Load a Mooncake-format JSONL trace into a :class:`Workload`.
 
-    ``block_tokens`` is the tokens per ``hash_ids`` entry (512 for the Mooncake traces).
+    ``block_tokens`` is the tokens per ``hash_ids`` entry (512 for the Mooncake traces); None infers it: the
+    sizes of :data:`BLOCK_SIZES` that fit every line read, 512 when it is one of them, else the largest
+    (``meta["block_tokens_inferred"]`` lists those that fit); a line that fits none of the sizes that fit the
+    lines before it is reported as itself (:class:`BlockSizeError`).
     ``max_requests`` keeps only the first that many requests (the rest of the file is not read).
     ``name`` defaults to the file's stem. Raises :class:`TraceError` on malformed input.
     Timestamps are integer milliseconds (a float with an integral value is read as one; a fraction
@@ -177,11 +216,13 @@ def load_mooncake(
     then the requests are ordered by timestamp (stable: ties keep the file's order; logs written at
     completion are out of arrival order) and ``meta["requests_reordered"]`` counts the requests moved.
     """
-    if type(block_tokens) is not int or block_tokens <= 0:
+    if block_tokens is not None and (type(block_tokens) is not int or block_tokens <= 0):
         raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
     if max_requests is not None and (type(max_requests) is not int or max_requests < 1):
         raise ValueError(f"max_requests must be a positive integer or None, got {max_requests!r}")
     p = Path(path)
+    fit = set(BLOCK_SIZES) if block_tokens is None else None  # inferring: the sizes that fit every line so far
+    first_line = 0
     ts_l: list[int] = []
     in_l: list[int] = []
     out_l: list[int] = []
@@ -217,13 +258,14 @@ def load_mooncake(
                 raise _fail(path, lineno, "hash_ids", "missing")
             ids = obj["hash_ids"]
             _check_hash_ids(ids, path, lineno)
-            expect = -(-n_in // block_tokens)
-            if len(ids) != expect:
-                raise _fail(
-                    path, lineno, "hash_ids",
-                    f"has {len(ids)} ids but input_length {n_in} with block_tokens {block_tokens} "
-                    f"needs ceil({n_in}/{block_tokens}) = {expect}",
-                )
+            first_line = first_line or lineno
+            if fit is not None:
+                now = {b for b in fit if -(-n_in // b) == len(ids)}
+                if not now:
+                    raise _length_error(path, lineno, len(ids), n_in, None, fit, first_line)
+                fit = now
+            elif len(ids) != -(-n_in // block_tokens):
+                raise _length_error(path, lineno, len(ids), n_in, block_tokens, None, first_line)
             prev_ts, prev_line = ts, lineno
             line_l.append(lineno)
             ts_l.append(ts)
@@ -234,6 +276,10 @@ def load_mooncake(
             flat.extend(ids)
     if not ts_l:
         raise TraceError(f"{path}:1: empty trace: no requests found")
+    inferred = {}
+    if fit is not None:
+        block_tokens = 512 if 512 in fit else max(fit)
+        inferred = {"block_tokens_inferred": ",".join(str(b) for b in sorted(fit))}
     arrival = np.asarray(ts_l, dtype=np.int64)
     keys = np.asarray(flat, dtype=np.uint64)
     lens = np.asarray(len_l, dtype=np.int64)
@@ -254,7 +300,7 @@ def load_mooncake(
     offsets = np.zeros(lens.size + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     extra = {**({"timestamp_offset_ms": int(base)} if base else {}),
-             **({"requests_reordered": moved} if moved else {})}
+             **({"requests_reordered": moved} if moved else {}), **inferred}
     return Workload(
         arrival_ms=arrival,
         input_tokens=np.asarray(in_l, dtype=np.int64),
@@ -445,11 +491,8 @@ def read_bailian(
                 raise _fail(path, lineno, "hash_ids", "missing")
             ids = obj["hash_ids"]
             _check_hash_ids(ids, path, lineno)
-            expect = -(-n_in // block_tokens)
-            if len(ids) != expect:
-                raise _fail(path, lineno, "hash_ids",
-                            f"has {len(ids)} ids but input_length {n_in} with block_tokens {block_tokens} "
-                            f"needs ceil({n_in}/{block_tokens}) = {expect}")
+            if len(ids) != -(-n_in // block_tokens):
+                raise _length_error(path, lineno, len(ids), n_in, block_tokens, None, lineno)
             prev_ts, prev_line = ts, lineno
             index_of[chat] = len(cols["ts"])
             line_of[chat] = lineno
@@ -593,12 +636,13 @@ def detect_format(path: str | PathLike) -> str:
 def load_trace(path: str | PathLike, *, format: str = "auto", block_tokens: int | None = None,
                max_requests: int | None = None, name: str | None = None, sort: bool = False) -> Workload:
     """Load a Mooncake or Bailian JSONL trace. ``format``: ``auto`` (:func:`detect_format`),
-    ``mooncake`` or ``bailian``; ``block_tokens`` defaults to the format's (:data:`TRACE_FORMATS`)."""
+    ``mooncake`` or ``bailian``; ``block_tokens``: None infers a Mooncake trace's (:func:`load_mooncake`) and
+    takes a Bailian trace's 16 (:data:`TRACE_FORMATS`)."""
     if format == "auto":
         format = detect_format(path)
     if format not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {format!r}; choose auto or one of {sorted(TRACE_FORMATS)}")
-    bt = TRACE_FORMATS[format] if block_tokens is None else block_tokens
+    bt = TRACE_FORMATS[format] if block_tokens is None and format == "bailian" else block_tokens
     if format == "bailian":
         if sort:
             raise ValueError("sort=True is for Mooncake traces; a Bailian trace's parents must come before "
