@@ -16,7 +16,7 @@ from test_engine import HYP, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 
 from cacheresearch.backends.numba_policies import block_replay_grid
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.cache.policies import BLOCK_POLICY_IDS
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
 from cacheresearch.engine import compile_stream, make_params, request_bits, stack_params

@@ -15,7 +15,7 @@ from test_engine import HYP, N_MAX, R_MAX, tree_workloads
 from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 
 from cacheresearch.backends import numba_vllm as nv
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.cache.policies import BLOCK_POLICY_IDS
 from cacheresearch.core.run import BackendError, simulate_cells
 from cacheresearch.engine import compile_stream, make_params, request_bits
 from cacheresearch.routers import CACHE_ROUTERS

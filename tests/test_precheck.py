@@ -33,7 +33,7 @@ def test_name_lists_equal_the_registries():
     from cacheresearch.workload.keys import SALT_MODES  # noqa: PLC0415
 
     for name, copy, registry in (
-            ("POLICY_NAMES", names.POLICY_NAMES, POLICIES), ("ROUTER_NAMES", names.ROUTER_NAMES, ROUTERS),
+            ("policy_names()", names.policy_names(), POLICIES), ("ROUTER_NAMES", names.ROUTER_NAMES, ROUTERS),
             ("PRESET_NAMES", names.PRESET_NAMES, PRESETS), ("KNOB_NAMES", names.KNOB_NAMES, KNOBS),
             ("STUDY_NAMES", names.STUDY_NAMES, ["grid", *(k for k in studies.REGISTRY if k != "grid")]),  # the
             # shell registers grid when it is imported

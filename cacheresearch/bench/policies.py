@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.cache.blocks import JAX_RULES
+from cacheresearch.cache.policies import block_policies
 from cacheresearch.workload import Workload
 
 __all__ = ["sweep64_policies", "cost_per_access", "main"]
@@ -84,7 +85,7 @@ def _replica_streams(w: Workload, R: int, tmp: Path, tag: str):
     return out
 
 
-def sweep64_policies(w: Workload, *, workers: int | None = None, policies=BLOCK_POLICY_IDS) -> list[dict]:
+def sweep64_policies(w: Workload, *, workers: int | None = None, policies=None) -> list[dict]:
     from cacheresearch.backends.numba_policies import block_replay_grid  # noqa: PLC0415
     from cacheresearch.core.params import make_params  # noqa: PLC0415
 
@@ -98,7 +99,10 @@ def sweep64_policies(w: Workload, *, workers: int | None = None, policies=BLOCK_
         tmp = Path(tmpd)
         streams = {R: _replica_streams(w, R, tmp, "s") for R in (1, 2, 4, 8)}
         pool.map(_lcs_task, [("fifo", streams[1][0][0], 10, streams[1][0][1])] * workers)  # warm workers
-        for policy in policies:
+        for policy in policies or block_policies():
+            if policy not in _LCS_NAMES:  # a policy libCacheSim does not have: nothing to time it against
+                out.append(dict(case="sweep64_policies", policy=policy, skipped="no libCacheSim counterpart"))
+                continue
             params = [make_params(policy, capacity_blocks=c, replicas=R) for c, R in configs]
             block_replay_grid(w, params, max_replicas=8)  # compile (the kernel and the routers' JAX rules)
             t = time.perf_counter()
@@ -174,7 +178,10 @@ def cost_per_access(w: Workload, capacity: int | None = None, repeats: int = 3) 
     rows = []
     for backend in ("numba", "jax"):
         base = None
-        for policy in ("lru", *BLOCK_POLICY_IDS):
+        for policy in ("lru", *block_policies()):
+            if backend == "jax" and policy != "lru" and policy not in JAX_RULES:
+                rows.append(dict(case="cost_per_access", policy=policy, backend=backend, skipped="no JAX rule"))
+                continue
             p = [make_params(policy, capacity_blocks=C)]
             sec, m = best(lambda p=p, b=backend: simulate_cells(streams, np.zeros(1, np.int64), p, np.zeros(1),
                                                                 max_replicas=1, backend=b, queue=False,
@@ -183,12 +190,12 @@ def cost_per_access(w: Workload, capacity: int | None = None, repeats: int = 3) 
             hits = int(np.asarray(m.hit_blocks)[0, :S].astype(np.int64).sum())
             row = dict(case="cost_per_access", policy=policy, backend=backend, seconds=sec, capacity=C, accesses=S,
                        us_per_access=1e6 * sec / S, vs_lru=sec / base, block_hits=hits)
-            row["equal_libcachesim"] = hits == _lcs_hits(policy, ids, C)
+            row["equal_libcachesim"] = hits == _lcs_hits(policy, ids, C) if policy in _LCS_NAMES else None
             rows.append(row)
     return rows
 
 
-def sweep64_policies_jax(w: Workload, policies=BLOCK_POLICY_IDS) -> list[dict]:
+def sweep64_policies_jax(w: Workload, policies=None) -> list[dict]:
     """``sweep64_policies``' 64 configurations per policy on the JAX backend (the scan a GPU runs; one
     compiled program per policy, the configurations vmapped), compile excluded (a warm-up call), checked
     equal to the numba kernels request by request (each request's leading hit blocks)."""
@@ -205,7 +212,7 @@ def sweep64_policies_jax(w: Workload, policies=BLOCK_POLICY_IDS) -> list[dict]:
     configs = [(int(c), R) for R in (1, 2, 4, 8) for c in caps]
     s = compile_stream(w, block_ids=True)
     out = []
-    for policy in policies:
+    for policy in policies or [p for p in block_policies() if p in JAX_RULES]:
         params = [make_params(policy, capacity_blocks=c, replicas=R) for c, R in configs]
         keys = jax.vmap(jax.random.key)(np.zeros(len(params), np.uint32))
 

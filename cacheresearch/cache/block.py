@@ -16,12 +16,9 @@ with that reason. Their knobs are libCacheSim's parameters with its defaults, de
 
 from __future__ import annotations
 
-from cacheresearch.routers.registry import Knob
+from cacheresearch.cache.knob import Knob
 
-__all__ = ["BLOCK_POLICY_IDS", "BLOCK_KNOBS", "block_sizes"]
-
-#: The kernels of :mod:`cacheresearch.backends.numba_policies`, in their code order.
-BLOCK_POLICY_IDS = ("fifo", "sieve", "s3fifo", "lfu", "arc")
+__all__ = ["BLOCK_KNOBS", "block_sizes"]
 
 #: libCacheSim's S3FIFO parameters (small_size_ratio 0.1, ghost_size_ratio 0.9, move_to_main_threshold 2).
 BLOCK_KNOBS: tuple[Knob, ...] = (

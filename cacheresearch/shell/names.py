@@ -1,22 +1,29 @@
-"""The names the command line accepts, as plain lists: what the shell checks a configuration against before it
-imports the engines (JAX, numba, xarray), so that a bad key, experiment, policy, router or path is refused in
-well under 2 s (:mod:`cacheresearch.shell.precheck`; ``python -m cacheresearch.bench.refusals`` times it).
+"""The names the command line accepts: what the shell checks a configuration against before it imports the
+engines (JAX, numba, xarray), so that a bad key, experiment, policy, router or path is refused in well under 2 s
+(:mod:`cacheresearch.shell.precheck`; ``python -m cacheresearch.bench.refusals`` times it).
 
-Each list is a copy of a registry (the policies' :data:`cacheresearch.cache.policies.POLICIES`, the routers'
-:data:`cacheresearch.routers.ROUTERS` and ``PRESETS``, the knobs :data:`cacheresearch.engine.KNOBS`, the
-studies :data:`cacheresearch.studies.REGISTRY`, ...), since importing a registry imports JAX;
-``tests/test_precheck.py`` fails, naming the list to update here, when a registry and its copy differ.
-Only the standard library is imported here.
+The policies are read from their registry (:func:`policy_names`: it imports no JAX). Each other list is a copy
+of a registry (the routers' :data:`cacheresearch.routers.ROUTERS` and ``PRESETS``, the knobs
+:data:`cacheresearch.engine.KNOBS`, the studies :data:`cacheresearch.studies.REGISTRY`, ...), since importing
+those registries imports JAX; ``tests/test_precheck.py`` fails, naming the list to update here, when a registry
+and its copy differ. Only the standard library is imported here.
 """
 
 from __future__ import annotations
 
-__all__ = ["POLICY_NAMES", "ROUTER_NAMES", "PRESET_NAMES", "KNOB_NAMES", "STUDY_NAMES", "SCHEDULER_NAMES",
+__all__ = ["policy_names", "ROUTER_NAMES", "PRESET_NAMES", "KNOB_NAMES", "STUDY_NAMES", "SCHEDULER_NAMES",
            "STEP_PRESET_NAMES", "BACKEND_NAMES", "LATENCY_PRESET_NAMES", "SALT_NAMES"]
 
-#: :data:`cacheresearch.cache.policies.POLICIES`, in registration order
-POLICY_NAMES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded", "lfu_perfect", "length_aware",
-                "s3fifo_sosp", "fifo", "sieve", "s3fifo", "lfu", "arc")
+
+
+def policy_names() -> tuple[str, ...]:
+    """:data:`cacheresearch.cache.policies.POLICIES`, in registration order, read from the registry itself (it
+    imports no JAX: a policy registered at run time, a plug-in, is accepted as soon as it is registered)."""
+    from cacheresearch.cache.policies import POLICIES  # noqa: PLC0415
+
+    return tuple(POLICIES)
+
+
 #: :data:`cacheresearch.routers.ROUTERS` (the rules)
 ROUTER_NAMES = ("random", "round_robin", "prefix_hash", "least_loaded", "power_of_two", "chwbl", "cache_aware",
                 "kv_cost", "weighted_scorers", "preble_e2", "gie")

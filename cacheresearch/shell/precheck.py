@@ -76,8 +76,8 @@ def _names(cfg) -> str | None:
         return f"workload.source: unknown source {source!r}; choose one of {list(SOURCES)}"
     for key in ("cache.policy", "grid.policy"):
         for v in _values(_get(cfg, key)):
-            if v not in N.POLICY_NAMES:
-                return f"{key}: unknown policy {v!r}; choose one of {sorted(N.POLICY_NAMES)}"
+            if v not in N.policy_names():
+                return f"{key}: unknown policy {v!r}; choose one of {sorted(N.policy_names())}"
     variants = _get(cfg, "fleet.variants") or {}
     for key in ("fleet.router", "grid.router"):
         for v in _values(_get(cfg, key)):

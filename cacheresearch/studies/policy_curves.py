@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
+from cacheresearch.cache.policies import BLOCK_POLICY_IDS, block_policies
 from cacheresearch.studies import base as SB
 from cacheresearch.studies.base import Study, StudyError
 
@@ -74,9 +74,9 @@ def policy_curves_study(cfg) -> xr.Dataset:
     t0 = time.perf_counter()
     c = SB.study_cfg(cfg, DEFAULTS)
     pols = [str(p) for p in c["policies"]]
-    bad = sorted(set(pols) - set(BLOCK_POLICY_IDS))
+    bad = sorted(set(pols) - set(block_policies()))
     if bad or not pols:
-        raise StudyError(f"study.policies: unknown {bad}; choose among {list(BLOCK_POLICY_IDS)}")
+        raise StudyError(f"study.policies: unknown {bad}; choose among {list(block_policies())}")
     points = int(c["points"])
     if points < 2:
         raise StudyError(f"study.points must be >= 2 (got {points})")

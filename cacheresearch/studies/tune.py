@@ -48,8 +48,7 @@ import xarray as xr
 from omegaconf import OmegaConf
 
 from cacheresearch.analysis.pricing import PRESETS as PRICING_PRESETS
-from cacheresearch.cache.block import BLOCK_POLICY_IDS
-from cacheresearch.cache.policies import INF, POLICIES, PRIORITY_IDS, S3FIFO_ID
+from cacheresearch.cache.policies import BLOCK_POLICY_IDS, INF, POLICIES, PRIORITY_IDS, S3FIFO_ID
 from cacheresearch.core.params import DEFAULT_STEP_PRESET, KNOB_DECLS, make_params, stack_params
 from cacheresearch.core.simulate import combine_limbs, static_options
 from cacheresearch.core.stream import compile_stream
