@@ -38,6 +38,9 @@ itself, access for access.
             (and B2 is not empty), then REPLACE. REPLACE moves T1's oldest to B1's head when T1 is
             not empty and (``|T1| > p`` or ``|T1| == p`` on a B2 hit), or when T2 is empty; else T2's
             oldest to B2's head.
+``clock``   CLOCK (second chance, Clock.c with its defaults: a 1-bit counter, newcomers at 0): one queue,
+            newcomers at the head with frequency 0, a hit sets it to 1; to evict, while the oldest object has
+            frequency 1 it is moved to the head with frequency 0; then the oldest leaves.
 
 On prefix streams (:func:`block_simulate`) a request's hit is the longest leading run of its blocks
 present (stored, not a ghost) on the chosen replica at lookup; then its blocks are accessed one by
@@ -51,8 +54,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["FIFOCache", "SieveCache", "S3FIFOCache", "LFUCache", "ARCCache", "BLOCK_ORACLES", "block_simulate",
-           "object_hits"]
+__all__ = ["FIFOCache", "SieveCache", "S3FIFOCache", "LFUCache", "ARCCache", "ClockCache", "BLOCK_ORACLES",
+           "block_simulate", "object_hits"]
 
 
 class FIFOCache:
@@ -290,7 +293,37 @@ class ARCCache:
             self.b2[k] = None
 
 
-BLOCK_ORACLES = {"fifo": FIFOCache, "sieve": SieveCache, "s3fifo": S3FIFOCache, "lfu": LFUCache, "arc": ARCCache}
+class ClockCache:
+    def __init__(self, capacity: int):
+        self.capacity = int(capacity)
+        self.q: OrderedDict = OrderedDict()  # key -> frequency, oldest first
+
+    def __contains__(self, k):
+        return k in self.q
+
+    def __len__(self):
+        return len(self.q)
+
+    def get(self, k) -> bool:
+        if k in self.q:
+            self.q[k] = 1
+            return True
+        if self.capacity < 1:
+            return False
+        while len(self.q) + 1 > self.capacity:
+            while True:
+                t, f = next(iter(self.q.items()))
+                if f < 1:
+                    break
+                del self.q[t]
+                self.q[t] = 0
+            del self.q[t]
+        self.q[k] = 0
+        return False
+
+
+BLOCK_ORACLES = {"fifo": FIFOCache, "sieve": SieveCache, "s3fifo": S3FIFOCache, "lfu": LFUCache, "arc": ARCCache,
+                 "clock": ClockCache}
 
 
 def object_hits(policy: str, seq, capacity: int, **knobs) -> list[int]:

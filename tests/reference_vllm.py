@@ -26,13 +26,15 @@ pool evicts while the blocks held exceed the capacity, one victim at a time; a p
 ``lfu``     libCacheSim's in-cache LFU: a newcomer at frequency 1 (the newest of its bucket), a hit moves the block
             to the newest end of the next frequency; the victim is the least frequent block no running request
             holds, the oldest of its frequency (pinned blocks keep their place).
+``clock``   libCacheSim's Clock: a newcomer at the newest end with frequency 0, a hit sets 1; the oldest block
+            moves to the newest end when pinned (frequency kept) or at frequency 1 (cleared to 0), else leaves.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-__all__ = ["POOL_ORACLES", "FifoPool", "SievePool", "S3FifoPool", "LfuPool"]
+__all__ = ["POOL_ORACLES", "FifoPool", "SievePool", "S3FifoPool", "LfuPool", "ClockPool"]
 
 
 class FifoPool:
@@ -156,4 +158,22 @@ class LfuPool:
         return k
 
 
-POOL_ORACLES = {"fifo": FifoPool, "sieve": SievePool, "s3fifo": S3FifoPool, "lfu": LfuPool}
+class ClockPool:
+    def __init__(self, capacity, **_):
+        self.q: OrderedDict = OrderedDict()  # block -> frequency, oldest first
+
+    def insert(self, k):
+        self.q[k] = 0
+
+    def hit(self, k):
+        self.q[k] = 1
+
+    def victim(self, pinned):
+        while True:
+            k, f = self.q.popitem(last=False)
+            if not pinned(k) and f == 0:
+                return k
+            self.q[k] = f if pinned(k) else 0
+
+
+POOL_ORACLES = {"fifo": FifoPool, "sieve": SievePool, "s3fifo": S3FifoPool, "lfu": LfuPool, "clock": ClockPool}

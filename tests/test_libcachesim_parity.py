@@ -21,7 +21,7 @@ from cacheresearch.workload.trace import load_mooncake
 lcs = pytest.importorskip("libcachesim")
 
 POLICIES = tuple(BLOCK_ORACLES)
-LCS = {"fifo": lcs.FIFO, "sieve": lcs.Sieve, "s3fifo": lcs.S3FIFO, "lfu": lcs.LFU, "arc": lcs.ARC}
+LCS = {"fifo": lcs.FIFO, "sieve": lcs.Sieve, "s3fifo": lcs.S3FIFO, "lfu": lcs.LFU, "arc": lcs.ARC, "clock": lcs.Clock}
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared" / "traces"
 TRACES = {"mooncake_synthetic_trace": 512, "agentic_coding_sessions": 64}

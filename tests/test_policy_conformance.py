@@ -134,7 +134,8 @@ def test_fifo_declared_on_the_run_store_is_refused_and_would_run_as_lru():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (PolicySpec(98, True, False, True, True, engine="blocks"), "implement"),  # no kernel for this name
+    (PolicySpec(98, True, False, True, True, engine="blocks"), "needs kernel="),  # no kernel module
+    (PolicySpec(98, True, False, True, True, engine="blocks", kernel="no.such.module"), "needs kernel="),
     (PolicySpec(98, True, False, True, True, priority=True, engine="priority"), "implements"),
     (PolicySpec(98, True, True, True, True), "capacity or a TTL"),
     (PolicySpec(98, True, False, True, True, engine="nowhere"), "engine"),

@@ -10,7 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_batch import reference_batch
+from reference_vllm import POOL_ORACLES
 
+from cacheresearch.backends.capabilities import pool_policies
+from cacheresearch.cache.policies import block_policies
 from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, static_options
 from cacheresearch.core.stream import compile_stream
@@ -20,8 +23,13 @@ from cacheresearch.workload.synthetic import tenant_workload
 nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
 
 _PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica")
-POLICIES = ("lru", "ttl_refresh", "fifo", "sieve", "s3fifo", "lfu")
-BLOCK = ("fifo", "sieve", "s3fifo", "lfu")
+#: every per-block policy the pool takes (from the registry and each kernel's pool rules): each needs a pool oracle
+BLOCK = tuple(p for p in pool_policies() if p in block_policies())
+POLICIES = ("lru", "ttl_refresh", *BLOCK)
+
+
+def test_every_pool_policy_has_an_oracle():
+    assert set(BLOCK) <= set(POOL_ORACLES), sorted(set(BLOCK) - set(POOL_ORACLES))
 
 
 def _workload(seed, out, n_tenants=4, rate=30, dur=2):

@@ -137,6 +137,8 @@ for _name, _spec in (
                        doc="libCacheSim LFU: in-cache (counts forgotten at eviction), ties by bucket arrival")),
     ("arc", PolicySpec(12, True, False, True, False, engine="blocks", kernel=_K + "arc",
                        doc="libCacheSim ARC (FAST'03)")),
+    ("clock", PolicySpec(13, True, False, True, False, engine="blocks", kernel=_K + "clock",
+                         doc="libCacheSim Clock (second chance, a 1-bit counter)")),
 ):
     register_policy(_name, _spec)
 #: the package's own policies (a plug-in registered later is not one)
@@ -161,8 +163,10 @@ def policies_markdown() -> str:
     lines += ["", "Knobs:", ""] + [f"* `{k.name}` (default {k.default}, {k.lo}..{k.hi} {k.unit}): {k.doc}"
                                     for k in BLOCK_KNOBS]
     lines += ["", "Engines: `run_store`, `priority`, `s3fifo_sosp`: the JAX scan (every router and view; "
-              "`priority` refuses the stale view, `s3fifo_sosp` the cache-reading routers); `blocks`: the numba "
-              "backend `cacheresearch.backends.numba_policies` (routers that read neither load nor cache).", ""]
+              "`priority` refuses the stale view, `s3fifo_sosp` the cache-reading routers); `blocks`: its numba kernel "
+              "(`cacheresearch/cache/kernels/`) on every numba engine (the fcfs fleet with every router and view, "
+              "the KV tiers, the vllm pool where the kernel has a pool's rules) and the JAX scan where it has a JAX "
+              "rule (`cacheresearch/cache/blocks.py`).", ""]
     return "\n".join(lines)
 
 
