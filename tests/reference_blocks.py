@@ -304,6 +304,9 @@ class ClockCache:
     def __len__(self):
         return len(self.q)
 
+    def held(self) -> list:
+        return list(self.q)
+
     def get(self, k) -> bool:
         if k in self.q:
             self.q[k] = 1

@@ -56,6 +56,8 @@ def held(c) -> list:
     """The keys a store holds (stored, not ghosts), least recent / oldest first where the store has an order."""
     if isinstance(c, OrderedDict):
         return list(c.keys())
+    if hasattr(c, "held"):  # an oracle that says what it holds (clock; a plug-in's)
+        return c.held()
     if isinstance(c, BLOCK_ORACLES["fifo"]):
         return list(c.q)
     if isinstance(c, BLOCK_ORACLES["arc"]):

@@ -61,6 +61,13 @@ def _top_names(path: Path) -> frozenset:
                 out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    # a module that loads names on first use (PEP 562 __getattr__) declares them in __all__ or a tuple / dict of
+    # string constants at its top level (cacheresearch/__init__.py's _LAZY, cacheresearch/sweep.py's _SHELL)
+    if "__getattr__" in out:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                out |= {c.value for c in ast.walk(node.value)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.isidentifier()}
     return frozenset(out)
 
 

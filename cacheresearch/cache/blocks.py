@@ -62,7 +62,8 @@ class BlockState(NamedTuple):
 def n_lists(policies: tuple, max_freq: int) -> int:
     """Q: the lists a row keeps for the policies compiled into a program (``max_freq``: the most
     accesses of one block in the stream, which bounds an lfu frequency)."""
-    return max([max_freq + 2 if p == "lfu" else _NQ[p] for p in policies] + [2])
+    # a policy with no JAX rule (numba kernel only): the numba engines read this bound as its frequency buckets
+    return max([max_freq + 2 if p == "lfu" or p not in _NQ else _NQ[p] for p in policies] + [2])
 
 
 def block_state_bytes(R: int, U: int, Q: int, stale: bool) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Knob", "KINDS"]
+__all__ = ["Knob", "KINDS", "num_text"]
 
 KINDS = ("int", "bool", "float", "view")
 _DTYPES = {"int": np.int32, "bool": np.bool_, "float": np.float32, "view": np.int32}
@@ -84,10 +84,10 @@ class Knob:
             return ", ".join(self.choices)
         if self.hi is None:
             return f">= {self.lo}"
-        return f"[{_num(self.lo)}, {_num(self.hi)}]"
+        return f"[{num_text(self.lo)}, {num_text(self.hi)}]"
 
 
-def _num(x) -> str:
+def num_text(x) -> str:
     if isinstance(x, int) and x >= 2**16 and (x + 1) & x == 0:
         return f"2**{(x + 1).bit_length() - 1} - 1"
     if isinstance(x, int) and x >= 2**16 and (x + 2) & (x + 1) == 0:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from cacheresearch.cache.knob import KINDS, Knob, _num  # noqa: F401 (Knob: declared once, for routers and policies)
+from cacheresearch.cache.knob import KINDS, Knob, num_text  # noqa: F401 (Knob: declared once, for routers and policies)
 from cacheresearch.routers.common import Context
 from cacheresearch.routers.presets import PRESETS
 
@@ -250,7 +250,7 @@ def _md_block(text: str) -> str:
 def _default_text(k: Knob) -> str:
     if k.kind == "bool":
         return "true" if k.default else "false"
-    return _num(k.default) if isinstance(k.default, int) else str(k.default)
+    return num_text(k.default) if isinstance(k.default, int) else str(k.default)
 
 
 def _path(module: str) -> str:
