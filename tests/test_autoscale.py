@@ -176,3 +176,28 @@ def test_bad_rate_shapes(conf, key):
     with pytest.raises(ValueError, match=key) as e:
         shape_from(conf, 1000.0)
     assert "\n" not in str(e.value)
+
+
+def test_study_cells_equal_the_reference():
+    """experiment=autoscale on a small day: a cell's hit rate and GPU-hours from the block-level reference."""
+    from cacheresearch.studies import autoscale as A
+    from cacheresearch.studies.base import StudyError, run_in_memory
+
+    study = dict(workload=dict(n_tenants=6, prefix_tokens=160, suffix_tokens=40, n_requests=200, duration_s=3600.0,
+                               hot_share=0.3, output_tokens=50, block_tokens=16),
+                 policies=["queue", "slo"], delays_s=[0, 120], prewarm_pct=[0, 50], routers=["ring"],
+                 static_replicas=[1, 3], bin_s=900.0,
+                 scaler=dict(A.AUTOSCALE_DEFAULTS["scaler"], capacity=30, prefill_tps=100, prefix_blocks=10,
+                             max_replicas=4, interval_s=30, cooldown_s=60))
+    ds = run_in_memory(A.STUDIES[0], dict(kind="autoscale", seed=2, seeds=1, study=study))
+    wl = A._workload(A.AUTOSCALE_DEFAULTS | study, 2)
+    cells, static = A._configs(A.AUTOSCALE_DEFAULTS | study)
+    c = cells[-1]  # slo, delay 120 s, prewarm 50%, ring
+    out, _, tot = reference_autoscale(wl, c.as_reference(), ring_vnodes=c.ring_vnodes)
+    ht = sum(min(h * 16, int(x)) for (_, h, _, _), x in zip(out, wl.input_tokens))
+    cell = dict(policy="slo", delay_s=120.0, prewarm_pct=50, router="ring")
+    assert float(ds.token_hit_rate.sel(cell)) == ht / wl.input_tokens.sum()
+    assert float(ds.gpu_hours.sel(cell)) == tot["gpu_ms"] / 3.6e6
+    assert "static 3" in A.summarize_autoscale(ds)
+    with pytest.raises(StudyError, match="study.policies"):
+        run_in_memory(A.STUDIES[0], dict(kind="autoscale", study=dict(study, policies=["psychic"])))

@@ -125,11 +125,11 @@ def subset(wl: Workload, keep: np.ndarray, arrival_ms=None, suffix: str = "") ->
     """The requests ``keep`` (bool [N]) of ``wl`` with their blocks (and new ``arrival_ms`` for them)."""
     keep = np.asarray(keep, bool)
     nb = wl.n_blocks
-    rows = np.repeat(keep, nb)
     arr = wl.arrival_ms[keep] if arrival_ms is None else np.asarray(arrival_ms, np.int64)
+    whole = bool(keep.all())  # every request kept: share the key and offset arrays (no copy of the blocks)
     return Workload(arrival_ms=arr, input_tokens=wl.input_tokens[keep], output_tokens=wl.output_tokens[keep],
-                    tenant=wl.tenant[keep], keys=wl.keys[rows],
-                    offsets=np.concatenate([[0], np.cumsum(nb[keep])]).astype(np.int64),
+                    tenant=wl.tenant[keep], keys=wl.keys if whole else wl.keys[np.repeat(keep, nb)],
+                    offsets=wl.offsets if whole else np.concatenate([[0], np.cumsum(nb[keep])]).astype(np.int64),
                     block_tokens=wl.block_tokens, name=wl.name + suffix, meta=dict(wl.meta))
 
 
