@@ -15,7 +15,8 @@ and the progress bar. The modules:
 * :mod:`~cacheresearch.studies.traces`: ``fit``, ``mooncake_fig9``, ``mooncake_fig10``,
   ``mooncake_table1``, ``ttl_trace``;
 * :mod:`~cacheresearch.studies.hosted`: ``hosted``; :mod:`~cacheresearch.studies.layouts`: ``layouts``;
-  :mod:`~cacheresearch.studies.policy_curves`: ``policy_curves``.
+  :mod:`~cacheresearch.studies.policy_curves`: ``policy_curves``;
+* :mod:`~cacheresearch.studies.autoscale`: ``autoscale``.
 
 Adding a study: ``docs/adding_a_study.md``.
 """
@@ -26,6 +27,7 @@ import xarray as xr
 
 from cacheresearch.studies import (
     audit,
+    autoscale,
     diagnostics,
     economics,
     hosted,
@@ -53,7 +55,8 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune, tiers):
+for _module in (economics, audit, autoscale, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune,
+                tiers):
     for _s in _module.STUDIES:
         register(_s)
 

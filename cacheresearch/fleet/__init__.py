@@ -1,0 +1,1 @@
+"""Fleet shapes over the fcfs replica: autoscaling with cold caches (:mod:`.autoscale`)."""
