@@ -1101,7 +1101,9 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks
     if write:
         if output_dir is None:
             raise ValueError("output_dir is required when write=True")
-        write_outputs(ds, output_dir, figure=bool(OmegaConf.select(cfg, "output.figure", default=True)))
+        var = OmegaConf.select(cfg, "output.variable", default=None)  # the summary's table and the figure's
+        write_outputs(ds, output_dir, figure=bool(OmegaConf.select(cfg, "output.figure", default=True)),
+                      variable=var if var is not None and var in ds else None)
     return ds
 
 
