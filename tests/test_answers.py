@@ -81,3 +81,14 @@ def test_best_policy_by_the_objective_with_its_slo():
     p99 = {"lru": 1.5, "s3fifo": 2.5, "fifo": 1.5}  # s3fifo hits more but misses the SLO
     assert A.best_policy(hit, p99, 2.0) == ["lru", "fifo"]  # a tie, not an lru win
     assert A.best_policy(hit, {"lru": 3.0, "s3fifo": 2.5, "fifo": 3.0}, 2.0) == ["s3fifo"]  # none meets: lowest p99
+
+
+def test_the_vllm_replica_is_busy_without_being_overloaded():
+    """vllm's utilisation is 1 whenever it holds a sequence: uncapped prefix_hash at p99 0.34 s needs no cap."""
+    ds = _ds({r: [0.2, 0.34] for r in ROUTERS}, {r: [0.9, 0.9 if r == "prefix_hash" else 0.85] for r in ROUTERS},
+             {r: [0.95, 1.0] for r in ROUTERS})
+    ds.attrs["config"] = yaml.safe_dump(dict(CONFIG, replica={"scheduler": "vllm"}))
+    text = report.routing_answers(ds, CONFIG["report"])
+    assert "Cap to set: none needed" in text and "overloaded" not in text
+    ds.attrs["config"] = yaml.safe_dump(CONFIG)  # the same numbers on the fcfs replica: a queue that never drains
+    assert "no cap meets the SLO" in report.routing_answers(ds, CONFIG["report"])

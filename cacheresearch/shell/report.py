@@ -476,6 +476,15 @@ def _layout_answer(ds: xr.Dataset, pref: dict, best: str) -> str:
             f"{p['timestamp_top']}.")
 
 
+def _busy_means_overloaded(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` for the overload rule: on the fcfs replica busy time is serialised work (utilisation 1: a queue that
+    never drains); the vllm replica is busy whenever it holds a sequence, however many it batches, so its
+    utilisation says nothing of overload and is left out of the answers."""
+    if str((config_of(ds).get("replica") or {}).get("scheduler", "fcfs")) == "vllm":
+        return ds.drop_vars("utilisation_max", errors="ignore")
+    return ds
+
+
 def routing_answers(ds: xr.Dataset, rep: dict) -> str:
     """``report.kind: routing``: the answers in words with numbers, judged against the SLO
     (:mod:`cacheresearch.shell.answers`), at the top load of the grid and the largest capacity, stable layout."""
@@ -483,6 +492,7 @@ def routing_answers(ds: xr.Dataset, rep: dict) -> str:
     x = "rate_per_s"
     if "router" not in ds.dims:
         return ""
+    ds = _busy_means_overloaded(ds)
     top = ds[x].values[-1] if x in ds.dims else None
     pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
             else None, "policy": _base_policy(ds)}
@@ -508,6 +518,7 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
     slo = float(rep.get("slo_s", 2.0))
     x = "rate_per_s"
     out = []
+    ds = _busy_means_overloaded(ds)
     top = ds[x].values[-1] if x in ds.dims else None
     pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
             else None, "policy": _base_policy(ds)}
@@ -679,6 +690,7 @@ def routing_figure(ds: xr.Dataset, rep: dict, var: str | None = None) -> Figure:
     panels where policy is an axis."""
     x = "rate_per_s"
     kind = rep.get("kind")
+    ds = _busy_means_overloaded(ds)
     tvar = "ttft_p90_s" if kind == "llmd_blog" else "ttft_p99_s"
     var = var if var in ds and var in _PANEL_LABELS else tvar
     pols = "policy" in ds.dims and ds.sizes["policy"] > 1
