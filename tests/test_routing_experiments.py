@@ -51,7 +51,8 @@ def test_dataset_has_the_routing_metrics_and_a_figure(run):
     text = (out / "summary.txt").read_text()
     assert "TTFT" in text
     if name == "routing":
-        assert "Which router:" in text and "What cap:" in text and "Which layout:" in text
+        assert "Router to use:" in text and "Cap to set:" in text and "* Layout:" in text and "report.slo_s" in text
+        assert text.index("Answers (SLO") < text.index("Routers at")  # the answers open the summary
     if name == "hot_tenant":
         assert "SLO" in text and ("crosses at" in text or "stays below" in text or "already above" in text)
     if name == "llmd_blog":

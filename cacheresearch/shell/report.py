@@ -25,6 +25,8 @@ import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from cacheresearch.shell import answers as A
+
 __all__ = [
     "load",
     "config_of",
@@ -256,6 +258,9 @@ def summarize(ds: xr.Dataset, var: str = "token_hit_rate") -> str:
     if rep.get("kind") in ("routing", "hot_tenant", "llmd_blog"):
         parts.append("")
         parts.append(routing_summary(ds, rep))
+    if rep.get("kind") == "routing" and "router" in ds.dims:  # the answers open the summary, after its header
+        i = parts.index("")
+        parts[i:i] = ["", routing_answers(ds, rep)]
     return "\n".join(parts)
 
 
@@ -379,7 +384,7 @@ def plot(ds: xr.Dataset, var: str = "token_hit_rate") -> Figure:
     (routing experiments: :func:`routing_figure`)."""
     rep = config_of(ds).get("report") or {}
     if rep.get("kind") in ("routing", "hot_tenant", "llmd_blog") and "router" in ds.dims and "rate_per_s" in ds.dims:
-        return routing_figure(ds, rep)
+        return routing_figure(ds, rep, var)
     da = ds[var]
     numeric = [d for d in _other_dims(da) if np.asarray(da[d].values).dtype.kind in "iuf" and da.sizes[d] > 1]
     if numeric:
@@ -418,14 +423,18 @@ def _sel_text(sel: dict) -> str:
 def routing_table(ds: xr.Dataset, sel: dict) -> str:
     """Every router's metrics in one cell of the other dims."""
     sub = ds.sel(sel)
-    rows = [["router", "hit rate", "req hit", "TTFT p50", "p90", "p99", "imbalance", "copies", "overflow"]]
+    util = "utilisation_max" in sub
+    rows = [["router", "hit rate", "req hit", "TTFT p50", "p90", "p99", "imbalance", "copies", "overflow"]
+            + (["util"] if util else [])]
     for r in sub["router"].values:
         c = sub.sel(router=r)
         f = lambda v, pct=False: "-" if not np.isfinite(float(c[v])) else (  # noqa: E731
             f"{100 * float(c[v]):.1f}%" if pct else f"{float(c[v]):.2f}")
+        u = float(c["utilisation_max"]) if util else None
         rows.append([str(r), f("token_hit_rate", True), f("request_hit_rate", True), f("ttft_p50_s") + " s",
-                     f("ttft_p90_s") + " s", f("ttft_p99_s") + " s", f("load_imbalance"), f("prefix_copies"),
-                     f("overflow_share", True)])
+                     f("ttft_p90_s") + " s", "overloaded" if u is not None and u >= A.OVERLOAD_UTIL
+                     else f("ttft_p99_s") + " s", f("load_imbalance"), f("prefix_copies"),
+                     f("overflow_share", True)] + ([f("utilisation_max")] if util else []))
     return _render(rows)
 
 
@@ -446,25 +455,70 @@ def tier_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
     return f"KV tiers: input tokens served by each tier ({_sel_text(sel)}):\n" + _render(rows)
 
 
-def slo_crossing(da: xr.DataArray, x: str, slo: float) -> str:
-    """The first ``x`` at which ``da`` (1-D over ``x``) exceeds ``slo``, linearly interpolated."""
-    xs = np.asarray(da[x].values, dtype=float)
-    ys = np.asarray(da.values, dtype=float)
-    if ys[0] > slo:
-        return f"already above at {x}={xs[0]:g}"
-    for i in range(1, len(xs)):
-        if ys[i] > slo:
-            t = (slo - ys[i - 1]) / (ys[i] - ys[i - 1])
-            return f"crosses at {x} ~ {xs[i - 1] + t * (xs[i] - xs[i - 1]):.3g}"
-    return f"stays below up to {x}={xs[-1]:g}"
+def _crossings(ds: xr.Dataset, pref: dict, x: str, slo: float) -> tuple[dict, dict]:
+    """{router: where its TTFT p99 crosses the SLO over ``x``} at ``pref`` (the other dims), and that selection."""
+    sub, sel = _fix(ds, ("router", x), pref)
+    util = sub["utilisation_max"] if "utilisation_max" in sub else None
+    return {str(r): A.slo_crossing(sub["ttft_p99_s"].sel(router=r), x, slo,
+                                   None if util is None else util.sel(router=r))
+            for r in sub["router"].values}, sel
+
+
+def _layout_answer(ds: xr.Dataset, pref: dict, best: str) -> str:
+    s2, _ = _fix(ds, ("router", "layout"), pref)
+    h, t = s2["token_hit_rate"].sel(router=best), s2["ttft_p99_s"].sel(router=best)
+    u = s2["utilisation_max"].sel(router=best) if "utilisation_max" in s2 else None
+    p = {lay: A.p99_text(float(t.sel(layout=lay)), None if u is None else float(u.sel(layout=lay)))
+         for lay in ("stable", "timestamp_top")}
+    return (f"* Layout: keep the prompt stable and put dynamic content last. A timestamp at the top takes {best}'s "
+            f"token hit rate from {100 * float(h.sel(layout='stable')):.1f}% to "
+            f"{100 * float(h.sel(layout='timestamp_top')):.1f}% and its TTFT p99 from {p['stable']} to "
+            f"{p['timestamp_top']}.")
+
+
+def _busy_means_overloaded(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` for the overload rule: on the fcfs replica busy time is serialised work (utilisation 1: a queue that
+    never drains); the vllm replica is busy whenever it holds a sequence, however many it batches, so its
+    utilisation says nothing of overload and is left out of the answers."""
+    if str((config_of(ds).get("replica") or {}).get("scheduler", "fcfs")) == "vllm":
+        return ds.drop_vars("utilisation_max", errors="ignore")
+    return ds
+
+
+def routing_answers(ds: xr.Dataset, rep: dict) -> str:
+    """``report.kind: routing``: the answers in words with numbers, judged against the SLO
+    (:mod:`cacheresearch.shell.answers`), at the top load of the grid and the largest capacity, stable layout."""
+    slo = float(rep.get("slo_s", 2.0))
+    x = "rate_per_s"
+    if "router" not in ds.dims:
+        return ""
+    ds = _busy_means_overloaded(ds)
+    top = ds[x].values[-1] if x in ds.dims else None
+    pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
+            else None, "policy": _base_policy(ds)}
+    at_top = dict(pref, **({x: top} if top is not None else {}))
+    cell, sel = _fix(ds, ("router",), at_top)
+    cross = _crossings(ds, pref, x, slo)[0] if x in ds.dims else None
+    out = ["Answers (" + A.slo_line(slo) + "):"]
+    out += A.routing_answers(cell, slo, _sel_text(sel), config_of(ds), cross, rate=top)
+    if "capacity_blocks" in ds.dims and ds.sizes["capacity_blocks"] > 1:
+        small = min(ds["capacity_blocks"].values)
+        c2, sel2 = _fix(ds, ("router",), dict(at_top, capacity_blocks=small))
+        out += [line.replace("* Router to use:", f"* At the small capacity ({int(small):,} blocks): router")
+                for line in A.routing_answers(c2, slo, _sel_text(sel2), config_of(ds))[:1]]
+    if "layout" in ds.dims and {"stable", "timestamp_top"} <= set(ds["layout"].values):
+        out.append(_layout_answer(ds, at_top, A.best_routers(cell, slo)[0]))
+    return "\n".join(out)
 
 
 def routing_summary(ds: xr.Dataset, rep: dict) -> str:
-    """The answers of the routing experiments (``report.kind``: routing, hot_tenant, llmd_blog)."""
+    """The tables of the routing experiments (``report.kind``: routing, hot_tenant, llmd_blog); routing's answers
+    come first in the summary (:func:`routing_answers`)."""
     kind = rep.get("kind")
     slo = float(rep.get("slo_s", 2.0))
     x = "rate_per_s"
     out = []
+    ds = _busy_means_overloaded(ds)
     top = ds[x].values[-1] if x in ds.dims else None
     pref = {"layout": "stable", "capacity_blocks": max(ds["capacity_blocks"].values) if "capacity_blocks" in ds.dims
             else None, "policy": _base_policy(ds)}
@@ -473,44 +527,19 @@ def routing_summary(ds: xr.Dataset, rep: dict) -> str:
     if kind in ("routing", "hot_tenant"):
         sub, sel = _fix(ds, ("router",), dict(pref, **({x: top} if top is not None else {})))
         out.append(f"Routers at {_sel_text(sel)} (TTFT in seconds; copies = replicas holding a request's prefix; "
-                   "overflow = requests sent away from the replica holding most of their prefix):")
+                   "overflow = requests sent away from the replica holding most of their prefix; util = the busiest "
+                   f"replica's busy time / run horizon, overloaded at {A.OVERLOAD_UTIL}):")
         out.append(routing_table(ds, sel))
         if x in ds.dims:
             hots = list(ds["hot_share"].values) if "hot_share" in ds.dims else [None]
             for hv in hots:
-                p2 = dict(pref, **({"hot_share": hv} if hv is not None else {}))
-                sub, sel2 = _fix(ds, ("router", x), p2)
+                cross, sel2 = _crossings(ds, dict(pref, **({"hot_share": hv} if hv is not None else {})), x, slo)
                 out.append("")
-                out.append(f"TTFT p99 against the SLO of {slo:g} s ({_sel_text(sel2)}):")
-                for r in sub["router"].values:
-                    out.append(f"  {str(r):24s} {slo_crossing(sub['ttft_p99_s'].sel(router=r), x, slo)}")
-    if kind == "routing":
-        sub, sel = _fix(ds, ("router",), dict(pref, **({x: top} if top is not None else {})))
-        p99 = sub["ttft_p99_s"].to_series()
-        hit = sub["token_hit_rate"].to_series()
-        best = p99.idxmin()
-        out.append("")
-        out.append("Answers to the design questions:")
-        others = "; ".join(f"{lab} {p99[r]:.2f} s / {100 * hit[r]:.1f}%" for r, lab in
-                           (("random", "random"), ("prefix_hash", "pure affinity (prefix_hash)")) if r in p99.index)
-        out.append(f"* Which router: {best} (TTFT p99 {p99[best]:.2f} s, token hit rate {100 * hit[best]:.1f}% at "
-                   f"{_sel_text(sel)})" + (f"; {others}." if others else "."))
-        caps = [r for r in ("prefix_hash", "kubeai_chwbl", "chwbl_c2") if r in p99.index]
-        if len(caps) > 1:
-            txt = "; ".join(f"{r}: p99 {p99[r]:.2f} s, hit {100 * hit[r]:.1f}%" for r in caps)
-            out.append(f"* What cap: affinity must be capped by load. {txt} (prefix_hash = no cap, kubeai_chwbl = "
-                       f"c 1.25, chwbl_c2 = c 2.0).")
-        if "layout" in ds.dims and {"stable", "timestamp_top"} <= set(ds["layout"].values):
-            s2, _ = _fix(ds, ("router", "layout"), dict(pref, **({x: top} if top is not None else {})))
-            h = s2["token_hit_rate"].sel(router=best)
-            t = s2["ttft_p99_s"].sel(router=best)
-            out.append(f"* Which layout: keep the prompt stable and put dynamic content last. A timestamp at the top "
-                       f"takes {best}'s token hit rate from {100 * float(h.sel(layout='stable')):.1f}% to "
-                       f"{100 * float(h.sel(layout='timestamp_top')):.1f}% and its TTFT p99 from "
-                       f"{float(t.sel(layout='stable')):.2f} s to {float(t.sel(layout='timestamp_top')):.2f} s.")
+                out.append(f"TTFT p99 against the SLO of {slo:g} s (report.slo_s) ({_sel_text(sel2)}):")
+                out += [f"  {r:24s} {c}" for r, c in cross.items()]
     if kind in ("routing", "hot_tenant") and "policy" in ds.dims and ds.sizes["policy"] > 1:
         out.append("")
-        out.append(policy_summary(ds, pref, x, top))
+        out.append(policy_summary(ds, pref, x, top, slo))
     if kind in ("routing", "hot_tenant") and "hit_rate_by_tier" in ds:
         out.append("")
         out.append(tier_summary(ds, pref, x, top))
@@ -544,7 +573,7 @@ def _base_policy(ds: xr.Dataset):
     return "lru" if "lru" in vals else vals[0]
 
 
-def policy_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
+def policy_summary(ds: xr.Dataset, pref: dict, x: str, top, slo: float = 2.0) -> str:
     """Which eviction policy wins where: token hit rate (and TTFT p99) of every router x policy at each
     capacity, with Che's LRU prediction beside it (``che_lru_hit_rate``: random and prefix_hash only)."""
     out = []
@@ -557,20 +586,27 @@ def policy_summary(ds: xr.Dataset, pref: dict, x: str, top) -> str:
         out.append(f"Token hit rate by eviction policy ({_sel_text(sel)}); Che = Che's LRU prediction:")
         base = _base_policy(ds)
         rows = [["router"] + pols + ["Che (LRU)", "best policy", f"TTFT p99 {base} -> best"]]
+        counts, gains = {}, {}
         for r in sub["router"].values:
             c = sub.sel(router=r)
-            h = c["token_hit_rate"].to_series()
-            best = str(h.idxmax())
+            h = {q: float(c["token_hit_rate"].sel(policy=q)) for q in pols}
+            t = {q: float(c["ttft_p99_s"].sel(policy=q)) for q in pols}
+            u = {q: float(c["utilisation_max"].sel(policy=q)) for q in pols} if "utilisation_max" in c else None
+            bests = A.best_policy(h, t, slo, u)
+            best = bests[0]
+            label = " = ".join(bests) + (" (tie)" if len(bests) > 1 else "")
+            counts[label] = counts.get(label, 0) + 1
+            gains[str(r)] = 100 * (h[best] - h[base])
             che = float(c["che_lru_hit_rate"].isel(policy=0)) if "che_lru_hit_rate" in c else float("nan")
-            t0, t1 = float(c["ttft_p99_s"].sel(policy=base)), float(c["ttft_p99_s"].sel(policy=best))
-            rows.append([str(r)] + [f"{100 * float(h[q]):.1f}%" for q in pols]
-                        + ["-" if not np.isfinite(che) else f"{100 * che:.1f}%", best, f"{t0:.2f} -> {t1:.2f} s"])
+            rows.append([str(r)] + [f"{100 * h[q]:.1f}%" for q in pols]
+                        + ["-" if not np.isfinite(che) else f"{100 * che:.1f}%", label,
+                           f"{A.p99_text(t[base], u and u[base])} -> {A.p99_text(t[best], u and u[best])}"])
         out.append(_render(rows))
-        wins = sub["token_hit_rate"].to_series().unstack("policy")
-        counts = wins.idxmax(axis=1).value_counts()
-        gain = (wins.max(axis=1) - wins[base]) * 100
-        out.append(f"  best policy by router: {', '.join(f'{k} x{v}' for k, v in counts.items())}; largest gain over "
-                   f"{base} {gain.max():.1f} points ({gain.idxmax()}), smallest {gain.min():.1f}")
+        hi, lo = max(gains, key=gains.get), min(gains, key=gains.get)
+        out.append(f"  best policy by router (the highest token hit rate among the policies whose TTFT p99 meets the "
+                   f"SLO of {slo:g} s; without one, the lowest p99; exact ties named together): "
+                   f"{', '.join(f'{k} x{v}' for k, v in counts.items())}; gain over {base} in token hit rate: largest "
+                   f"{gains[hi]:.1f} points ({hi}), smallest {gains[lo]:.1f} ({lo})")
         out.append("")
     return "\n".join(out).rstrip()
 
@@ -586,60 +622,104 @@ def policy_panels(ds: xr.Dataset, axes, pref: dict) -> None:
              if v is not None}
         sub, sel = _fix(ds, ("router", "policy"), p)
         for i, r in enumerate(sub["router"].values):
-            ax.plot(range(len(pols)), np.asarray(sub["token_hit_rate"].sel(router=r).values, float), marker="o", ms=3,
-                    color=colors(i % 10), ls="-" if i < 10 else "--", label=str(r))
+            ax.plot(range(len(pols)), 100 * np.asarray(sub["token_hit_rate"].sel(router=r).values, float), marker="o",
+                    ms=3, color=colors(i % 10), ls="-" if i < 10 else "--", label=str(r))
             if "che_lru_hit_rate" in sub:
                 che = float(sub["che_lru_hit_rate"].sel(router=r).isel(policy=0))
                 if np.isfinite(che):
-                    ax.axhline(che, color=colors(i % 10), ls=":", lw=1)
+                    ax.axhline(100 * che, color=colors(i % 10), ls=":", lw=1)
         ax.set_xticks(range(len(pols)), pols, fontsize="small")
-        ax.set_ylabel("token hit rate")
+        ax.set_xlabel("eviction policy")
+        ax.set_ylabel("token hit rate (%)")
         ax.set_title(f"by policy: {_sel_text(sel)} (dotted: Che LRU)", fontsize="small")
         ax.grid(True, alpha=0.3)
 
 
-def routing_figure(ds: xr.Dataset, rep: dict) -> Figure:
-    """Panels over the load level, one line per router: TTFT p99 (or p90 for llmd_blog) with the SLO,
-    token hit rate, load imbalance and prefix copies."""
+_PANEL_LABELS = {"ttft_p99_s": "TTFT p99 (s, log)", "ttft_p90_s": "TTFT p90 (s, log)",
+                 "ttft_p50_s": "TTFT p50 (s, log)",
+                 "token_hit_rate": "token hit rate (%)", "request_hit_rate": "request hit rate (%)",
+                 "load_imbalance": "load imbalance (max / mean busy time, ratio)",
+                 "prefix_copies": "replicas holding a request's prefix (replicas)",
+                 "kv_util_mean": "KV utilisation (blocks in use / pool, %)", "preemptions": "preemptions (requests)"}
+_MARKERS = "osD^v<>ph*"
+
+
+def _routing_panel(ax, sub: xr.Dataset, v: str, x: str, rep: dict, title: str) -> None:
+    """One panel: ``v`` against the load, one line per router (distinct colour, marker and a small horizontal
+    offset each, so routers with equal values stay visible), rates in %, TTFT on a log axis with the SLO."""
+    colors = matplotlib.colormaps["tab10"]
+    routers = list(sub["router"].values)
+    xs = np.asarray(sub[x].values, dtype=float)
+    da = sub[v]
+    pct = da.attrs.get("units") == "1" and v not in ("load_imbalance",)
+    for i, r in enumerate(routers):
+        y = np.asarray(da.sel(router=r).values, dtype=float) * (100.0 if pct else 1.0)
+        off = 1.0 + 0.015 * (i - (len(routers) - 1) / 2)  # a few percent apart on the load axis
+        ax.plot(xs * off, y, marker=_MARKERS[i % len(_MARKERS)], ms=4, color=colors(i % 10), label=str(r),
+                ls="-" if i < 10 else "--", lw=1.2, alpha=0.9)
+    if v.startswith("ttft") and "utilisation_max" in sub:  # an overloaded cell's p99 is the run's length
+        over = np.asarray(sub["utilisation_max"].transpose("router", x).values, float) >= A.OVERLOAD_UTIL
+        y = np.asarray(da.transpose("router", x).values, float)
+        if over.any():
+            ax.plot(np.broadcast_to(xs, over.shape)[over], y[over], marker="x", ms=9, color="k", ls="none",
+                    label=f"overloaded (utilisation >= {A.OVERLOAD_UTIL})")
+    if v.startswith("ttft"):
+        ax.set_yscale("log")
+        if rep.get("kind") != "llmd_blog":
+            ax.axhline(float(rep.get("slo_s", 2.0)), color="k", ls=":", lw=1, label=f"SLO {rep.get('slo_s', 2.0):g} s")
+        for p in rep.get("published", []) if rep.get("kind") == "llmd_blog" else []:
+            if p.get("router") in routers:
+                ax.plot([xs[-1]], [p["ttft_p90_s"]], marker="*", ms=10, ls="none",
+                        color=colors(routers.index(p["router"]) % 10))
+    if pct:
+        ax.set_ylim(-2, 102)
+    if xs.min() > 0 and xs.max() / xs.min() >= 4:  # the offsets above are equal on a log axis
+        ax.set_xscale("log")
+        ax.minorticks_off()
+    ax.set_xticks(xs, [f"{v:g}" for v in xs])
+    ax.set_xlabel("load (requests/s)")
+    ax.set_ylabel(_PANEL_LABELS.get(v, f"{v} ({da.attrs.get('units', '')})"), fontsize="small")
+    ax.set_title(title, fontsize="small")
+    ax.grid(True, alpha=0.3)
+
+
+def routing_figure(ds: xr.Dataset, rep: dict, var: str | None = None) -> Figure:
+    """Small multiples over the load level, one line per router: ``var`` (``output.variable``; TTFT p99 by default,
+    p90 for llmd_blog) for every capacity x layout of the grid, then the token hit rate, load imbalance and prefix
+    copies (the vllm replica: KV utilisation, preemptions) for every capacity at the stable layout; the policy
+    panels where policy is an axis."""
     x = "rate_per_s"
     kind = rep.get("kind")
+    ds = _busy_means_overloaded(ds)
     tvar = "ttft_p90_s" if kind == "llmd_blog" else "ttft_p99_s"
-    pref = {"layout": "stable"}
-    if "capacity_blocks" in ds.dims:
-        pref["capacity_blocks"] = max(ds["capacity_blocks"].values)
+    var = var if var in ds and var in _PANEL_LABELS else tvar
     pols = "policy" in ds.dims and ds.sizes["policy"] > 1
-    if pols:
-        pref["policy"] = _base_policy(ds)
-    sub, sel = _fix(ds, ("router", x), pref)
-    fig = _new_figure(11.0, 11.0 if pols else 7.5)
-    axes = fig.subplots(3 if pols else 2, 2)
+    base = {"policy": _base_policy(ds)} if pols else {}
+    caps = [int(c) for c in ds["capacity_blocks"].values] if "capacity_blocks" in ds.dims else [None]
+    lays = [str(v) for v in ds["layout"].values] if "layout" in ds.dims else [None]
+    others = [tvar if var != tvar else "token_hit_rate", "load_imbalance", "prefix_copies"]
+    if "kv_util_mean" in ds:
+        others[1:] = ["kv_util_mean", "preemptions"]
+    others = [v for v in dict.fromkeys(others) if v != var and v in ds]
+    rows = [(var, lay) for lay in lays] + [(v, "stable" if "stable" in lays else lays[0]) for v in others]
+    fig = _new_figure(1.0 + 4.2 * len(caps) + 2.0, 2.9 * (len(rows) + (1 if pols else 0)))
+    axes = np.atleast_2d(fig.subplots(len(rows) + (1 if pols else 0), len(caps), squeeze=False))
+    sel_last = {}
+    for j, cap in enumerate(caps):
+        for i, (v, lay) in enumerate(rows):
+            pref = dict(base, **({"capacity_blocks": cap} if cap is not None else {}),
+                        **({"layout": lay} if lay is not None else {}))
+            sub, sel_last = _fix(ds, ("router", x), pref)
+            title = ", ".join(f"{k}={val}" for k, val in sel_last.items() if k in ("capacity_blocks", "layout"))
+            _routing_panel(axes[i, j], sub, v, x, rep, title or _sel_text(sel_last))
     if pols:
         top = {"rate_per_s": ds[x].values[-1]} if x in ds.dims else {}
-        policy_panels(ds, axes[2], {k: v for k, v in dict(pref, **top).items() if k != "capacity_blocks"})
-        axes = axes[:2]
-    panels = [(tvar, "TTFT " + tvar.split("_")[1] + " (s)", True), ("token_hit_rate", "token hit rate", False),
-              ("load_imbalance", "load imbalance (max / mean busy time)", False),
-              ("prefix_copies", "replicas holding a request's prefix", False)]
-    if "kv_util_mean" in sub:  # the vllm replica: the KV pool's pressure explains the schedulers' TTFT
-        panels[2:] = [("kv_util_mean", "KV utilisation (blocks in use / pool, time mean)", False),
-                      ("preemptions", "preemptions", False)]
-    colors = matplotlib.colormaps["tab10"]
-    for ax, (v, lab, logy) in zip(axes.ravel(), panels):
-        for i, r in enumerate(sub["router"].values):
-            y = np.asarray(sub[v].sel(router=r).values, dtype=float)
-            ax.plot(sub[x].values, y, marker="o", ms=3, color=colors(i % 10), label=str(r),
-                    ls="-" if i < 10 else "--")
-        if logy:
-            ax.set_yscale("log")
-            if kind != "llmd_blog":
-                ax.axhline(float(rep.get("slo_s", 2.0)), color="k", ls=":", lw=1, label="SLO")
-            for p in rep.get("published", []) if kind == "llmd_blog" else []:
-                ax.plot([sub[x].values[-1]], [p["ttft_p90_s"]], marker="*", ms=10, ls="none",
-                        color=colors(list(sub["router"].values).index(p["router"]) % 10))
-        ax.set_xlabel(f"{x} (requests/s)")
-        ax.set_ylabel(lab)
-        ax.grid(True, alpha=0.3)
-    axes[0, 0].legend(fontsize="x-small")
-    fig.suptitle(f"{ds.attrs.get('experiment', '')}: {_sel_text(sel)}"
-                 + (" (stars: published)" if kind == "llmd_blog" else ""))
+        pref = {k: v for k, v in dict({"layout": "stable"}, **base, **top).items()}
+        policy_panels(ds, axes[-1], pref)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize="small", loc="outside right upper", title="router")
+    fixed = {k: v for k, v in sel_last.items() if k not in ("capacity_blocks", "layout")}
+    fig.suptitle(f"{ds.attrs.get('experiment', '')}: {var} and the routing metrics against load"
+                 + (f" ({_sel_text(fixed)})" if fixed else "") + (" (stars: published)" if kind == "llmd_blog" else ""),
+                 fontsize="medium")
     return fig

@@ -1101,7 +1101,9 @@ def run(cfg, output_dir: str | Path | None = None, *, write: bool = True, chunks
     if write:
         if output_dir is None:
             raise ValueError("output_dir is required when write=True")
-        write_outputs(ds, output_dir, figure=bool(OmegaConf.select(cfg, "output.figure", default=True)))
+        var = OmegaConf.select(cfg, "output.variable", default=None)  # the summary's table and the figure's
+        write_outputs(ds, output_dir, figure=bool(OmegaConf.select(cfg, "output.figure", default=True)),
+                      variable=var if var in ds else None)
     return ds
 
 
@@ -1231,7 +1233,8 @@ def main(cfg: DictConfig) -> None:
             print(f"part {int(launch.part) + 1} of {parts} done; the part that finishes last writes "
                   f"{Path(out) / RESULT_FILE} (or rerun without launch.part to finish)")
             return
-        text = write_outputs(ds, out, figure=bool(cfg.output.figure))
+        var = OmegaConf.select(cfg, "output.variable", default=None)  # the summary's table and the figure's
+        text = write_outputs(ds, out, figure=bool(cfg.output.figure), variable=var if var in ds else None)
     except SweepError as e:
         print(f"cacheresearch.shell.sweep: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -229,6 +229,52 @@ def _knob(name: str, spec, variants: dict) -> Knob:
                 log=log)
 
 
+def _rule(router: str, variants: dict) -> str:
+    """The routing rule behind a router name (a rule, a preset or a ``fleet.variants`` entry)."""
+    for _ in range(4):
+        if router in ROUTERS:
+            return router
+        spec = (variants.get(router) or {}) if router in variants else PRESETS.get(router, {})
+        router = str(spec.get("router", router))
+    return router
+
+
+def unused_knobs(values: dict, variants: dict) -> list[str]:
+    """The knobs of ``values`` that do not apply to its router: a rule's own knob (``chwbl_c_pct``, ...) where
+    the candidate's router is another rule."""
+    if "router" not in values:
+        return []
+    from cacheresearch.routers.registry import REGISTRY  # noqa: PLC0415
+
+    owner = {k.name: r.name for r in REGISTRY.routers() for k in r.knobs}
+    rule = _rule(str(values["router"]), variants)
+    return [k for k in values if k in owner and owner[k] != rule]
+
+
+def _effective(values: dict, variants: dict) -> tuple:
+    """A candidate as the configuration it runs: the knobs that apply to its router."""
+    drop = set(unused_knobs(values, variants))
+    return tuple((k, v) for k, v in values.items() if k not in drop)
+
+
+def _tied_best(spec: "TuneSpec", hist: dict, best: tuple, variants: dict) -> tuple[tuple, list]:
+    """Among the feasible candidates with exactly the best objective: the one with the smallest numeric knobs (the
+    smallest capacity that reaches the best), and every distinct configuration tied with it."""
+    _, bg, bi = best
+    b = hist["obj"][bg][bi]
+    tied = {}
+    for g, (vals, obj, viol) in enumerate(zip(hist["values"], hist["obj"], hist["viol"])):
+        for i, v in enumerate(vals):
+            if viol[i] == 0 and obj[i] == b and hist["viol"][bg][bi] == 0:
+                tied.setdefault(_effective(v, variants), (g, i))
+    if len(tied) <= 1:
+        return (bg, bi), []
+    num = [k.name for k in spec.knobs if k.kind != "cat"]
+    key = lambda e: tuple(dict(e).get(n, 0) for n in num)  # noqa: E731
+    order = sorted(tied, key=key)
+    return tied[order[0]], [dict(e) for e in order]
+
+
 # ------------------------------------------------------------------------------ the configuration
 @dataclass(frozen=True)
 class TuneSpec:
@@ -696,7 +742,7 @@ def tune_study(cfg):
                  f"best so far {b}")
     if best is None:
         raise StudyError("tune: no candidate gave a finite objective (check tune.objective and the workload)")
-    _, bg, bi = best
+    (bg, bi), ties = _tied_best(spec, hist, best, {} if llmd else _variants(cfg))
     hold = None
     if spec.holdout and llmd:
         per, pub = [], []
@@ -714,6 +760,7 @@ def tune_study(cfg):
         cells_run += n
         hold = {k: v[0] for k, v in met.items()}
     ds = _dataset(cfg, spec, seeds, hist, (bg, bi), hold, cells_run, t0)
+    ds.attrs["best_ties"] = json.dumps(ties, default=str)
     if llmd:
         _llmd_vars(ds, spec, hist, (bg, bi), extra)
     return ds
@@ -782,6 +829,7 @@ def _dataset(cfg, spec: TuneSpec, seeds: list, hist: dict, best: tuple, hold, ce
     best_so_far = np.minimum.accumulate(fobj.min(axis=1))
     bg, bi = best
     bvals = hist["values"][bg][bi]
+    variants = {} if spec.benchmark else _variants(cfg)
     evals = int(np.nansum(valid))
     ds = xr.Dataset(
         {
@@ -825,7 +873,9 @@ def _dataset(cfg, spec: TuneSpec, seeds: list, hist: dict, best: tuple, hold, ce
                                                              values=list(k.values), log=k.log)
                                                         for k in spec.knobs], default=str),
         best_config=json.dumps(bvals, default=str),
-        best_overrides=(overrides_of(cfg, bvals) if spec.benchmark is None else "the precise EPP file's weights: "
+        best_unused_knobs=json.dumps(unused_knobs(bvals, variants)),
+        best_overrides=(overrides_of(cfg, dict(_effective(bvals, variants))) if spec.benchmark is None
+                         else "the precise EPP file's weights: "
                         + ", ".join(f"{LLMD_KNOBS[k]} {v / 100:g}" for k, v in bvals.items())),
         grid_points_total=int(len(_Search(spec).points)) if spec.method == "grid" else -1)))
     return ds
@@ -876,17 +926,50 @@ def _document(ds: xr.Dataset, spec: TuneSpec):
 
 
 # ------------------------------------------------------------------------------ text and figures
-def _knob_text(ds, vals) -> str:
+def _knob_text(ds, vals, skip=()) -> str:
     knobs = json.loads(ds.attrs["knobs"])
     out = []
     for k, v in zip(knobs, vals):
+        if k["name"] in skip:
+            continue
         out.append(f"{k['name']}={k['values'][int(v)] if k['kind'] == 'cat' else (int(v) if k['kind'] == 'int' else round(float(v), 4))}")  # noqa: E501
     return " ".join(out)
+
+
+def _ties_text(ds) -> list[str]:
+    ties = json.loads(ds.attrs.get("best_ties", "[]"))
+    if not ties:
+        return []
+    keys = [k for k in ties[0] if len({str(t.get(k)) for t in ties}) > 1]
+    same = {k: v for k, v in ties[0].items() if k not in keys}
+    alts = "; ".join(", ".join(f"{k}={t.get(k, '-')}" for k in keys) for t in ties)
+    return [f"tied: {len(ties)} configurations reach exactly the best objective {float(ds.best_objective):.6g}"
+            + (f" ({', '.join(f'{k}={v}' for k, v in same.items())})" if same else "") + f": {alts}; the one above "
+            "is the first with the smallest numeric knobs (the smallest capacity that reaches the best)"]
+
+
+def _holdout_slo_text(ds) -> list[str]:
+    """The fresh seeds on which the winner misses an SLO (each named, with its value)."""
+    if "holdout_metric_value" not in ds:
+        return []
+    names = [str(m) for m in ds.metric.values]
+    out = []
+    for m, side, b in json.loads(ds.attrs.get("slo", "[]")):
+        if m not in names:
+            continue
+        v = ds.holdout_metric_value.sel(metric=m).values
+        for s, x in zip(ds.holdout_seed.values, v):
+            if (x > b) if side == "max" else (x < b):
+                out.append(f"out of sample, seed {int(s)} misses the SLO: {m} {x:.4g} {'>' if side == 'max' else '<'} "
+                           f"{b:g}")
+    return out or [f"out of sample: every fresh seed meets the SLO ({', '.join(map(str, ds.constraint.values))})"
+                   if ds.sizes.get("constraint") else "out of sample: no SLO set"]
 
 
 def summarize_tune(ds: xr.Dataset) -> str:
     a = ds.attrs
     obj = json.loads(a["objective_terms"])
+    unused = json.loads(a.get("best_unused_knobs", "[]"))
     lines = B.header(ds) + [
         "",
         f"method {a['method']}: {int(a['generations'])} generations x {int(a['population'])} candidates, "
@@ -897,14 +980,17 @@ def summarize_tune(ds: xr.Dataset) -> str:
         "",
         f"best objective {float(ds.best_objective):.6g}" + ("" if int(ds.best_feasible) else " (INFEASIBLE)")
         + f" at generation {int(ds.best_generation) + 1}, candidate {int(ds.best_candidate)}",
-        f"best configuration: {_knob_text(ds, ds.best_knob_value.values)}",
+        f"best configuration: {_knob_text(ds, ds.best_knob_value.values, unused)}"
+        + (f" ({', '.join(unused)} searched too, but not a knob of this router: left out)" if unused else ""),
         (f"as command-line overrides: {a['best_overrides']}" if not a.get("benchmark") else a["best_overrides"]),
     ]
+    lines += _ties_text(ds)
     if "holdout_objective" in ds:
         lines.append(f"out of sample ({ds.sizes['holdout_seed']} fresh seeds "
                      f"{ds.holdout_seed.values.tolist()}): objective {float(ds.holdout_objective):.6g} "
                      f"(per seed {', '.join(f'{v:.4g}' for v in ds.holdout_objective_seed.values)}), gap "
                      f"{float(ds.holdout_gap):+.4g} from the in-sample {float(ds.best_objective):.6g}")
+        lines += _holdout_slo_text(ds)
     rows = [["metric", "in sample", "out of sample"]]
     for j, m in enumerate(ds.metric.values):
         ho = f"{float(ds.holdout_metric_value[:, j].mean()):.4g}" if "holdout_metric_value" in ds else "-"
@@ -934,8 +1020,10 @@ def summarize_tune(ds: xr.Dataset) -> str:
 
 def plot_tune(ds: xr.Dataset):
     """The convergence figure: every candidate's objective and the best so far against evaluations."""
-    f = B.fig(11, 4.2)
-    ax, ax2 = f.subplots(1, 2)
+    nk = ds.sizes["knob"]
+    f = B.fig(5.5 + 3.6 * nk, 4.2)
+    axes = f.subplots(1, 1 + nk)
+    ax = axes[0]
     P = ds.sizes["candidate"]
     ev = np.arange(ds.sizes["generation"] * P).reshape(-1, P) + 1
     obj, feas = ds.objective.values, ds.feasible.values == 1
@@ -945,23 +1033,44 @@ def plot_tune(ds: xr.Dataset):
     ax.step(ds.evaluations_so_far.values, ds.best_so_far.values, where="post", c="k", label="best so far")
     if "holdout_objective" in ds:
         ax.axhline(float(ds.holdout_objective), c="tab:red", ls=":", label="winner out of sample")
-    ax.set_xlabel("evaluations")
-    ax.set_ylabel(ds.objective.attrs.get("long_name", "objective")[:60])
+    ax.set_xlabel("evaluations (candidates)")
+    ax.set_ylabel(_obj_label(ds))
     fin = obj[feas]
     if fin.size:
         lo, hi = np.nanmin(fin), np.nanpercentile(fin, 90)
         ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
     ax.legend(fontsize=7)
-    ax.set_title(f"{ds.attrs['method']}: {ds.attrs['generations']} x {P}")
-    u = ds.unit_value.values
-    for j, k in enumerate(ds.knob.values):
-        med = [np.nanmedian(u[g, :, j]) for g in range(u.shape[0])]
-        ax2.plot(np.arange(1, len(med) + 1), med, "o-", ms=3, label=str(k))
-    ax2.set_xlabel("generation")
-    ax2.set_ylabel("median candidate, unit coordinate")
-    ax2.set_ylim(-0.05, 1.05)
-    ax2.legend(fontsize=7)
+    ax.set_title(f"{ds.attrs['method']}: {ds.attrs['generations']} generations x {P} candidates", fontsize="small")
+    knobs = json.loads(ds.attrs["knobs"])
+    gen = np.repeat(np.arange(1, ds.sizes["generation"] + 1)[:, None], P, axis=1)
+    for j, (k, kax) in enumerate(zip(knobs, axes[1:])):
+        v = ds.knob_value.values[:, :, j]
+        ok = np.isfinite(v)
+        kax.scatter(gen[ok & ~feas], v[ok & ~feas], s=10, c="tab:gray", alpha=0.5, label="infeasible")
+        kax.scatter(gen[ok & feas], v[ok & feas], s=10, c="tab:blue", alpha=0.6, label="feasible")
+        if k["name"] not in json.loads(ds.attrs.get("best_unused_knobs", "[]")):  # not a knob of the best's router
+            kax.axhline(float(ds.best_knob_value.values[j]), c="k", ls=":", lw=1, label="best")
+        kax.set_xticks(range(1, ds.sizes["generation"] + 1))
+        if k["kind"] == "cat":  # a categorical knob: its values as categories, not a continuous coordinate
+            kax.set_yticks(range(len(k["values"])), [str(x) for x in k["values"]], fontsize="x-small")
+            kax.set_ylim(-0.5, len(k["values"]) - 0.5)
+        kax.set_xlabel("generation")
+        kax.set_ylabel(f"{k['name']}" + (f" ({_KNOB_UNITS.get(k['name'], '')})" if _KNOB_UNITS.get(k['name']) else ""))
+        kax.set_title(f"{k['name']}: every candidate", fontsize="small")
+        kax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=7)
     return f
+
+
+#: units of the searched knobs on the figure's axes
+_KNOB_UNITS = {"capacity_blocks": "blocks per replica", "chwbl_c_pct": "load bound c x 100", "replicas": "replicas",
+               "prefix_blocks": "blocks", "ttl_s": "s"}
+
+
+def _obj_label(ds) -> str:
+    ln = ds.objective.attrs.get("long_name", "objective").replace(" (mean over the seeds)", "")
+    u = ds.objective.attrs.get("units", "")
+    return f"{ln[:50]} ({u})" if u and u != "1" else ln[:60]
 
 
 def comparison_figure(datasets: list, labels: list):
@@ -972,7 +1081,7 @@ def comparison_figure(datasets: list, labels: list):
         ax.step(ds.evaluations_so_far.values, ds.best_so_far.values, where="post", label=lab)
     ax.set_xscale("log")
     ax.set_xlabel("evaluations")
-    ax.set_ylabel(datasets[0].objective.attrs.get("long_name", "objective")[:60])
+    ax.set_ylabel(_obj_label(datasets[0]))
     ax.legend(fontsize=8)
     return f
 
