@@ -1287,6 +1287,8 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         if pc[PC_MODE] == M_BLOCK:
             D.init(pc[PC_CODE], pq[x, :NS])
             pq[x, NS] = 0  # the float scalar 0.0
+            pbl[x, B_HD, :] = -1  # the frequency buckets: empty lists
+            pbl[x, B_TL, :] = -1
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
     frun, fst = np.zeros((R, L), np.int32), np.zeros((R, L), np.int32)
     rs = np.zeros((R, NRS), np.int64)
