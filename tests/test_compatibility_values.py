@@ -17,6 +17,7 @@ from reference_batch import reference_batch
 from reference_fleet import reference_fleet
 
 from cacheresearch.cache.policies import POLICIES
+from cacheresearch.core.params import resolve_router
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.core.simulate import request_bits
 from cacheresearch.routers import ROUTERS, VIEWS
@@ -51,7 +52,9 @@ def _kwargs(p, fn) -> dict:
         kw["ttl_s"] = int(p.ttl_ms) / 1000 if pol.uses_ttl else None
         if not pol.uses_capacity:
             kw["capacity_blocks"] = None
-    else:
+    else:  # the router's knobs go to the reference's **kn (resolve_router names them), with the cell's values
+        kw.update({n: np.asarray(getattr(p, n)).item() for n in resolve_router(kw["router"], view=kw["view"])
+                   if n in p._fields and n not in ("router", "view", "replicas", "policy")})
         kw["capacity_blocks"] = int(p.capacity)
         kw["ttl_ms"] = int(p.ttl_ms) if pol.uses_ttl else None
         kw["pool_knobs"] = dict(small=int(p.s3fifo_small), ghost=int(p.s3fifo_ghost), promote=int(p.s3fifo_promote))
