@@ -47,6 +47,9 @@ program. The compiled rules are all evaluated and the chosen one selected: each 
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from cacheresearch.routers.common import (
     Context,
     FleetView,
@@ -74,10 +77,12 @@ from cacheresearch.routers.registry import (
 )
 from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
 
-# every rule registers itself on import (ids fix the order, not this list)
-from cacheresearch.routers import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
-from cacheresearch.routers import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
-from cacheresearch.routers import gie, gie_index  # noqa: E402,F401  isort: skip
+# every rule registers itself on import (ids fix the order, not the import order): each module of this package
+# but the helpers below is a router file and is imported here, so a new router is its one file
+_HELPERS = {"common", "registry", "presets", "views", "numba_rules", "dispatch", "fixed", "epp", "gie_index",
+            "__main__"}
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _HELPERS):
+    importlib.import_module(f"{__name__}.{_m}")
 
 __all__ = [
     "ROUTERS",
