@@ -1,7 +1,7 @@
 """A router with state: ``least_recent`` (one package file, ``cacheresearch/routers/least_recent.py``, and its oracle,
 ``tests/reference_fleet.py``'s ``LeastRecent``) equals its oracle request by request on the numba fcfs fleet (the
 per-block policies) and on the numba vllm replica; the JAX engine, whose scan carries no router state, refuses it
-in one line; ``auto`` takes numba for it, and refuses in one line where no numba backend covers the rest."""
+in one line; ``auto`` takes numba for it, and refuses it in that line where no numba backend covers the rest."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from test_numba_blocks import numba_and_reference
 from test_numba_vllm import _compare, _workload
 
 from cacheresearch.cache.policies import BLOCK_POLICY_IDS
-from cacheresearch.core.run import BackendError, simulate
+from cacheresearch.core.run import simulate
 from cacheresearch.engine import compile_stream, make_params
 from cacheresearch.routers import LOAD_FREE_ROUTERS, REGISTRY
 from cacheresearch.routers import dispatch as rdispatch
@@ -59,8 +59,8 @@ def test_the_jax_engine_refuses_it_in_one_line():
     # auto: numba, on any host (the JAX engine cannot run it)
     m = simulate(s, p, jax.random.key(0), backend="auto", max_replicas=2, per_request=True)
     assert np.asarray(m.replica)[: w.n_requests].tolist() == [i % 2 for i in range(w.n_requests)]
-    # the run store's policies have no numba fleet that routes by state: one line, naming the router
-    with pytest.raises(BackendError) as e:
+    # the run store's policies have no numba fleet that routes by state: the JAX engine's line, naming the router
+    with pytest.raises(ValueError) as e:
         simulate(s, make_params("lru", capacity_blocks=20, replicas=2, router="least_recent"), jax.random.key(0),
                  max_replicas=2)
     assert "\n" not in str(e.value) and "'least_recent'" in str(e.value)

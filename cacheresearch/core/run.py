@@ -347,10 +347,6 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     st = SimpleNamespace(scheduler=scheduler, index=index, stale=stale, priority=priority, s3=s3,
                          blocks=(block,) if block else ())
     missing = numba_module(scheduler, bool(block)).coverage([p], st)
-    if norule and missing and backend == "auto":
-        name = next(r.name for r in REGISTRY.routers() if r.id == int(p.router))
-        raise BackendError(f"router {name!r} has no JAX rule (numba only), and the numba backend does not cover: "
-                           f"{'; '.join(missing)}", tuple(missing))
     if backend == "numba" or (numba_only and not missing and numba_available()):
         return "numba", missing
     return ("numba" if cpu and not missing and numba_available() else "jax"), []

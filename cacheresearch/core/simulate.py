@@ -694,7 +694,7 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
         if norule:
             raise ValueError(f"router {norule[0].name!r} on the JAX engine: it has a numba rule and no JAX rule"
                              f"{' (it keeps state across requests)' if norule[0].stateful else ''}; run it on "
-                             "engine.backend=numba or auto")
+                             "engine.backend=numba or auto, where a numba engine models the rest of the configuration")
     missing = sorted(set(int(x) for x in routers) - set(st.routers))
     if missing:
         names = [n for n, i in ROUTERS.items() if i in missing]
