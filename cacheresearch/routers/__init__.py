@@ -6,8 +6,11 @@ decision is reproduced exactly by the plain-Python reference (``tests/reference_
 
 One file per rule (``random.py``, ``round_robin.py``, ``prefix_hash.py``, ``least_loaded.py``,
 ``power_of_two.py``, ``chwbl.py``, ``cache_aware.py``, ``kv_cost.py``, ``weighted_scorers.py``,
-``preble_e2.py``, ``gie.py``): each declares its knobs and registers its rule (:mod:`.registry`), and its
-docstring states the rule in full. The views and the shared knobs are :mod:`.views`, the helpers
+``preble_e2.py``, ``gie.py``, ``least_recent.py``): each declares its knobs and registers its rule, in JAX and in
+numba (:mod:`.registry`; a router with state in numba only), and its docstring states the rule in full. Every
+module of this package but the helpers is imported here, so a new router is its one file. The numba engines'
+dispatch is generated from the registry (:mod:`.dispatch`, the rules' helpers :mod:`.numba_rules`).
+The views and the shared knobs are :mod:`.views`, the helpers
 :mod:`.common`, the named presets :mod:`.presets`. ``docs/routers.md`` is the table of all of them,
 generated from the registry; ``docs/adding_a_router.md`` says how to add one.
 

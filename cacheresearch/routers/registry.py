@@ -5,7 +5,9 @@ A router is one file of :mod:`cacheresearch.routers` that calls :func:`register`
 (``reads_cache``: the per-replica prefix ``match`` / ``tree_size``; ``reads_load``: ``queue`` /
 ``active_blocks``), its own knobs (:class:`Knob`: default, range, kind, doc, unit), the shared knobs its
 rule reads (``uses``), the rule itself (``rule(ctx) -> replica``, a pure JAX function of a
-:class:`~cacheresearch.routers.common.Context`), a one-line summary, its source, and the rule in full
+:class:`~cacheresearch.routers.common.Context`; ``numba=``: the same rule for the numba engines, over
+:data:`cacheresearch.routers.numba_rules.ARGS`), the int64 state slots a rule with memory keeps
+(``state_replica``, ``state_global``: numba only), a one-line summary, its source, and the rule in full
 (the file's docstring). Knobs that are not one router's own (the view, router instances, the prefix
 length, ``kv_pressure``) are declared once with :func:`register_knobs` (``views.py``).
 
