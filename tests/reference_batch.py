@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 import numpy as np
-from reference_fleet import ring_nodes, route_one
+from reference_fleet import ring_nodes, router_oracle
 from reference_gie_index import GieIndexer
 from reference_vllm import POOL_ORACLES
 
@@ -159,6 +159,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  gie_load_threshold=128, gie_lru_capacity=31_250, gie_active_w_pct=0, gie_active_timeout_ms=120_000)
     knobs.update(kn)
     ring = ring_nodes(replicas, int(knobs.get("vnodes", 100))) if router == "chwbl" else None  # chwbl's ring
+    route = router_oracle(router, R)  # with its state, for a router that keeps one
     ttft = [-1] * N
     fin = [-1] * N
     hit = [0] * N
@@ -529,9 +530,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         tracked = [sum(1 for j in [w[0] for w in rp.waiting] + [q.i for q in rp.running]
                        if T == 0 or not any(sent[j] + T < k * T for k in range(1, now // T + 1)))
                    for rp in reps]
-        r = route_one(router, i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
-                      match_total=len(gie_of[i]) if view == "gie_estimate" else None, active_req=tracked)
+        r = route(i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
+                  active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
+                  match_total=len(gie_of[i]) if view == "gie_estimate" else None, active_req=tracked)
         rep_of[i] = r
         if view == "gie_estimate":
             gix.add(gie_of[i], r)

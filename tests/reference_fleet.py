@@ -47,7 +47,8 @@ import numpy as np
 from reference import drop_expired, policy_limits, touch
 from reference_blocks import BLOCK_ORACLES
 
-__all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes"]
+__all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes", "ORACLES", "register_oracle",
+           "router_oracle", "LeastRecent"]
 
 POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
 ROUTERS = (
@@ -62,6 +63,7 @@ ROUTERS = (
     "weighted_scorers",
     "preble_e2",
     "gie",
+    "least_recent",
 )
 VIEWS = ("precise", "approximate", "stale")
 
@@ -163,10 +165,46 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=
     return tied[_scale(bits1, len(tied))]
 
 
+class LeastRecent:
+    """``least_recent`` (cacheresearch/routers/least_recent.py): the replica whose last request is the oldest
+    (never served first), ties to the lowest index."""
+
+    def __init__(self, R: int):
+        self.last = [None] * R  # the index of the last request sent to each replica
+
+    def route(self, *, i: int, R: int, **_) -> int:
+        r = min(range(R), key=lambda x: (-1 if self.last[x] is None else self.last[x], x))
+        self.last[r] = i
+        return r
+
+
+#: Routers with state: name -> a class whose instance (made per run with ``R``) holds the router's memory and
+#: routes by ``.route(**route_one's keywords)``. A plug-in registers its own with :func:`register_oracle`.
+ORACLES: dict = {"least_recent": LeastRecent}
+
+
+def register_oracle(name: str, oracle) -> None:
+    """Register the oracle of router ``name`` (a class as in :data:`ORACLES`; a plug-in's, at run time)."""
+    ORACLES[name] = oracle
+
+
+def router_oracle(router: str, R: int):
+    """One run's router: ``f(**route_one's keywords but the name) -> replica``, with its state when it has one."""
+    if router in ORACLES:
+        return ORACLES[router](R).route
+    return lambda **kw: route_one(router, **kw)
+
+
 def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, match, queue, active_blocks,
               tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None, active_req=None) -> int:
     """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``.
-    ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks."""
+    ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks.
+    A router with state (:data:`ORACLES`) decides from a fresh state (its first decision of a run)."""
+    if router in ORACLES:
+        return ORACLES[router](R).route(i=i, n=n, prefix_key=prefix_key, bits=bits, R=R, match=match, queue=queue,
+                                        active_blocks=active_blocks, tree_size=tree_size, ring=ring, kn=kn,
+                                        kv_used=kv_used, capacity=capacity, match_total=match_total,
+                                        active_req=active_req)
     off = _scale(bits[0], R)
     if router == "random":
         return off
@@ -273,8 +311,8 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES + tuple(BLOCK_ORACLES)}")
     if block and (kv_pressure or restart_replica >= 0):
         raise ValueError("the per-block oracles run at a fixed capacity with no restart")
-    if router not in ROUTERS:
-        raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
+    if router not in ROUTERS and router not in ORACLES:
+        raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS + tuple(ORACLES)}")
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}; expected one of {VIEWS}")
     R = int(replicas)
@@ -321,6 +359,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         gie_active_w_pct=int(gie_active_w_pct),  # the fcfs engine: its in-flight queue, no expiry
     )
     ring = ring_nodes(R, int(vnodes)) if router == "chwbl" else None
+    route = router_oracle(router, R)
     K = int(prefix_blocks)
     icap = int(index_capacity)
     tps = int(prefill_tps)
@@ -407,9 +446,9 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         if n > 0:
             copies.append(sum(1 for r in range(R) if precise[r] >= min(int(prefix_blocks), n)))
         # 6. route
-        r = route_one(router, i=i, n=n, prefix_key=prefix_key, bits=bits_l[i], R=R, match=match, queue=queue,
-                      active_blocks=active, tree_size=tree, ring=ring, kn=kn,
-                      capacity=2**31 - 1 if capacity is None else capacity)
+        r = route(i=i, n=n, prefix_key=prefix_key, bits=bits_l[i], R=R, match=match, queue=queue,
+                  active_blocks=active, tree_size=tree, ring=ring, kn=kn,
+                  capacity=2**31 - 1 if capacity is None else capacity)
         assert 0 <= r < R, (router, r)
         out["replica"][i] = r
         # 7. lookup, update, evict (tests/reference.py)

@@ -14,14 +14,14 @@ from reference_fleet import reference_fleet
 from test_engine import HYP, N_MAX, R_MAX, tree_workloads
 from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 
-from cacheresearch.backends import numba_vllm as nv
 from cacheresearch.cache.policies import BLOCK_POLICY_IDS
 from cacheresearch.core.run import BackendError, simulate_cells
 from cacheresearch.engine import compile_stream, make_params, request_bits
 from cacheresearch.routers import CACHE_ROUTERS
+from cacheresearch.routers import dispatch as rdispatch
 from cacheresearch.workload.synthetic import tenant_workload
 
-ROUTERS = sorted(nv.ROUTER_CODES)
+ROUTERS = sorted(rdispatch.codes())  # every router with a numba rule
 
 
 def numba_and_reference(w, policy, kw, replicas, router, seed):

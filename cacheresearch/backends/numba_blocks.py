@@ -12,7 +12,8 @@ fleet as compiled loops, one configuration per thread (``prange``), per request 
    the router's view (precise, stale, or the approximate index of ``(instance, replica)``: a leaf-first
    LRU over the runs the router sent, the run-compressed store of :mod:`cacheresearch.backends.numba_cache`),
    the tree sizes (blocks stored; the approximate view: the index's);
-4. the route (:func:`cacheresearch.backends.numba_vllm._route`, the registered rules as compiled code);
+4. the route (the router's numba rule in its file of :mod:`cacheresearch.routers`, through the dispatch
+   generated from the router registry, :mod:`cacheresearch.routers.dispatch`; a router's state kept per run);
 5. one ``get`` per block, leaf-first, in the chosen replica's policy (its kernel file in
    :mod:`cacheresearch.cache.kernels`, through the dispatch generated from the registry; equal to libCacheSim
    access for access);
@@ -39,12 +40,14 @@ from cacheresearch.cache.kernels.lists import lead
 from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import Metrics
-from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
+from cacheresearch.routers import VIEWS, ring_positions
+from cacheresearch.routers import dispatch as rdispatch
 
 __all__ = ["coverage", "run_stream", "state_bytes"]
 
 NS = 16  # a row's scalars (cacheresearch.cache.kernels)
-D = None  # the dispatch on a policy code (cacheresearch.cache.kernels.dispatch.bind)
+D = None  # the dispatch on a policy code (cacheresearch.cache.kernels.dispatch)
+RD = None  # the dispatch on a router code (cacheresearch.routers.dispatch.bind binds both)
 _T_BIG = 2**62
 _JIT = numba.njit(cache=True)
 
@@ -58,12 +61,9 @@ def coverage(params: list, st) -> list[str]:
     pols = sorted({pol_names[int(p.policy)] for p in params} - set(block_policies()))
     if pols:
         out.append(f"policies {pols} (not per-block policies)")
-    rnames = {v: k for k, v in ROUTERS.items()}
-    rts = sorted({rnames[int(p.router)] for p in params} - set(nv.ROUTER_CODES))
-    if rts:
-        out.append(f"routers {rts}")
-    if any(int(p.router) == ROUTERS["kv_cost"] and float(p.temperature) > 0 for p in params):
-        out.append("kv_cost at temperature > 0 (float32 softmax sampling: JAX only)")
+    rnames = rdispatch.names()
+    out += rdispatch.refusals(rnames[int(p.router)] for p in params)
+    out += sorted({w for p in params for w in rdispatch.config_refusals(rnames[int(p.router)], p)})
     if any(int(p.view) == VIEWS["gie_estimate"] for p in params):
         out.append("the gie_estimate view")
     if any(bool(p.kv_pressure) for p in params):
@@ -162,8 +162,8 @@ def _dispatch(r, i, u, now, inp, ht, rq, ptps, dus, Q, fin, fblk, fins, head, bu
 
 
 @_JIT
-def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, th, ptps, dus, R, Q, NI, queue, match,
-         stale, index, per_req, hit_blocks, ttft_out, mreq, rep_out, ints, per_r):
+def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, C, cs, cg, th, ptps, dus, R, Q, NI, queue,
+         match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep_out, ints, per_r):
     """One configuration: the fleet over the stream, request by request."""
     N = rq.shape[0]
     E = log0.shape[0]
@@ -190,6 +190,7 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
     mt, mv, q, a_ = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     tree, tmpv = np.zeros(R, np.int64), np.zeros(R, np.int64)
     elig = np.zeros(R, np.bool_)
+    sr, sg = np.zeros((R, RD.NSR), np.int64), np.zeros(RD.NSG, np.int64)  # the router's state
     nrep = min(max(pi[nv.NREP], 1), R)
     ninst = min(max(pi[nv.NINST], 1), NI)
     local = pi[nv.LOCAL] != 0
@@ -212,8 +213,8 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
                         a_[x] += fblk[x, k]
         pb = min(pi[nv.PB], n)
         kpos = a + max(pb - 1, 0)
-        r = nv._route(rcode, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
-                      q, mv, a_, tree, pi, ring, elig, tmpv, a_, 0, q)
+        r = RD.route(rcode, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
+                     q, mv, a_, tree, a_, q, -1, C, rk, ring, elig, tmpv, sr, sg)
         mbest, cp = 0, 0
         for x in range(nrep):
             mbest = max(mbest, mt[x])
@@ -249,8 +250,8 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, C, cs, cg, t
 
 
 @numba.njit(parallel=True, cache=True)
-def _kernel(code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, cap, cS, cG, thr, ptps, dus, R, Q, NI, queue, match,
-            stale, index, per_req):
+def _kernel(code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, cap, cS, cG, thr, ptps, dus, R, Q, NI, queue,
+            match, stale, index, per_req):
     G, N = pi.shape[0], rq.shape[0]
     hit_blocks = np.zeros((G, N), np.int32)
     ttft_out = np.zeros((G, N), np.int32)
@@ -259,9 +260,9 @@ def _kernel(code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, cap, cS, cG,
     ints = np.zeros((G, 8), np.int64)  # hit tokens, requests hit, qover, tover, copies, copies_n, over_n, over_q
     per_r = np.zeros((G, 5, R), np.int64)  # occupancy, max occupancy, requests, busy, busy_ms
     for g in numba.prange(G):  # one type for the prange index: one compiled _one
-        _one(np.int64(g), code[g], rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi[g], cap[g], cS[g], cG[g], thr[g],
-             ptps[g], dus[g], R, Q, NI, queue, match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep, ints,
-             per_r)
+        _one(np.int64(g), code[g], rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi[g], rk[g], cap[g], cS[g], cG[g],
+             thr[g], ptps[g], dus[g], R, Q, NI, queue, match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep,
+             ints, per_r)
     return rep, hit_blocks, ttft_out, mreq, ints, per_r
 
 
@@ -290,7 +291,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas
     ring = np.asarray(ring_positions(R, st.max_vnodes)).astype(np.int64)
-    dispatch.bind(sys.modules[__name__])
+    RD = rdispatch.bind(sys.modules[__name__])
     names, codes = {v.id: k for k, v in POLICIES.items()}, dispatch.codes()
     code = np.asarray([codes[names[int(x)]] for x in P["policy"]], np.int64)
     i64 = {f: P[f].astype(np.int64) for f in ("capacity", "s3fifo_small", "s3fifo_ghost", "s3fifo_promote",
@@ -298,7 +299,8 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     nrep = np.clip(P["replicas"].astype(np.int64), 1, R)
     rep, hb, ttft, mreq, ints, per_r = _kernel(
         code, rq, log0, int(stream.n_keys), ids, int(stream.n_distinct), max(int(st.block_q), 3),
-        int(stream.block_tokens), pkey, bits, ring, nv._config_matrix(P), i64["capacity"], i64["s3fifo_small"],
+        int(stream.block_tokens), pkey, bits, ring, nv._config_matrix(P), rdispatch.knob_matrix(P, RD),
+        i64["capacity"], i64["s3fifo_small"],
         i64["s3fifo_ghost"], i64["s3fifo_promote"], i64["prefill_tps"], i64["decode_us_per_token"], R,
         int(st.queue_slots), int(st.max_instances), bool(st.queue), bool(st.match), bool(st.stale), bool(st.index),
         bool(st.per_request))
@@ -306,4 +308,4 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
 
 
 
-dispatch.bind(sys.modules[__name__])
+rdispatch.bind(sys.modules[__name__])

@@ -34,7 +34,7 @@ from cacheresearch.backends.capabilities import REPLAY_POLICIES
 from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream, compile_stream
 from cacheresearch.metrics.core import LIMB, Metrics
-from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
+from cacheresearch.routers import REGISTRY, ROUTERS
 from cacheresearch.routers.fixed import first_bits, fixed_routes, prefix_keys
 from cacheresearch.workload import Workload
 
@@ -64,8 +64,8 @@ def coverage(params: list, st) -> list[str]:
     pols = sorted({pol_names[int(p.policy)] for p in params} - set(REPLAY_POLICIES))
     if pols:
         out.append(f"policies {pols}")
-    rnames = {v: k for k, v in ROUTERS.items()}
-    rts = sorted({rnames[int(p.router)] for p in params} - set(LOAD_FREE_ROUTERS))
+    rnames = {r.id: r.name for r in REGISTRY.routers()}  # a plug-in's too
+    rts = sorted({rnames[int(p.router)] for p in params} - set(REGISTRY.load_free()))
     if rts:
         out.append(f"routers {rts} (they read load or cache state)")
     if any(bool(p.kv_pressure) for p in params):

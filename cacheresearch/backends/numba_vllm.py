@@ -31,8 +31,10 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   an LRU list over block ids in the per-block policies' links, fed by the pool's evictions (:func:`_cpu_put`),
   read at admission after the pool's leading hit (:func:`_cpu_lead`), its loads added to the admitting step's
   time (``LOADP``); ``tests/test_tiers_vllm.py`` checks it against ``tests/reference_batch.py``;
-* the routers of :data:`ROUTER_CODES` on the ``precise``, ``approximate`` (the router's own leaf-first
-  index per instance and replica, the store's lazy pointer), ``stale`` and ``gie_estimate`` views,
+* every router with a numba rule (its file in :mod:`cacheresearch.routers`, through the dispatch generated
+  from the router registry, :mod:`cacheresearch.routers.dispatch`) on the ``precise``, ``approximate`` (the
+  router's own leaf-first index per instance and replica, the store's lazy pointer), ``stale`` and
+  ``gie_estimate`` views,
   ``local_load``, the load scrape every ``load_refresh_ms`` (:func:`_scrape`) and vLLM's published gauges
   (``load_gauges``: each step publishes its waiting count and KV blocks in use at its end, :func:`_publish`);
 * ``gie`` (:mod:`cacheresearch.routers.gie`): GIE's queue, kv-cache, prefix (estimate / precise) and
@@ -60,20 +62,18 @@ from cacheresearch.cache.kernels import dispatch
 from cacheresearch.cache.policies import POLICIES
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import LIMB, Metrics
-from cacheresearch.routers import ROUTERS, VIEWS, ring_positions
+from cacheresearch.routers import VIEWS, ring_positions
+from cacheresearch.routers import dispatch as rdispatch
 
-__all__ = ["coverage", "run_stream", "state_bytes", "ROUTER_CODES", "pool_policies", "pool_refusal"]
+__all__ = ["coverage", "run_stream", "state_bytes", "pool_policies", "pool_refusal"]
 
 PS_MS = 10**9
 MS_LIM = 2**31 - 1
 T_BIG = 2**62  # above every clock
 T_LIM = MS_LIM * PS_MS  # the JAX clock's span (Time saturates at MS_LIM ms): time_overflow past it
 BIG = 2**31 - 1
-#: router name -> the kernel's code (kv_cost at temperature 0)
-ROUTER_CODES = {"random": 0, "round_robin": 1, "prefix_hash": 2, "least_loaded": 3, "power_of_two": 4, "chwbl": 5,
-                "cache_aware": 6, "kv_cost": 7, "weighted_scorers": 8, "preble_e2": 9, "gie": 10}
-GIE_S = 65536  # routers.gie.S: the gie scores in 1/65536
-D = None  # the dispatch on a per-block policy code (cacheresearch.cache.kernels.dispatch.bind)
+D = None  # the dispatch on a per-block policy code (cacheresearch.cache.kernels.dispatch)
+RD = None  # the dispatch on a router code (cacheresearch.routers.dispatch.bind binds both)
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
@@ -113,12 +113,9 @@ def coverage(params: list, st) -> list[str]:
     pol_names = {v.id: k for k, v in POLICIES.items()}
     for pol in sorted({pol_names[int(p.policy)] for p in params} - set(pool_policies())):
         out.append(f"policy {pol!r} on the vllm pool ({pool_refusal(pol)})")
-    rnames = {v: k for k, v in ROUTERS.items()}
-    rts = sorted({rnames[int(p.router)] for p in params} - set(ROUTER_CODES))
-    if rts:
-        out.append(f"routers {rts}")
-    if any(int(p.router) == ROUTERS["kv_cost"] and float(p.temperature) > 0 for p in params):
-        out.append("kv_cost at temperature > 0 (float32 softmax sampling: JAX only)")
+    rnames = rdispatch.names()
+    out += rdispatch.refusals(rnames[int(p.router)] for p in params)
+    out += sorted({w for p in params for w in rdispatch.config_refusals(rnames[int(p.router)], p)})
     if any(int(p.restart_replica) >= 0 for p in params):
         out.append("a replica restart (restart_replica)")
     if st.priority or st.s3:
@@ -847,177 +844,7 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
                         break
 
 
-# ------------------------------------------------------------------------------ routers
-@njit(cache=True)
-def _mix32(hi, lo):
-    """routers.common.mix32 (uint64 lanes, wrapping products)."""
-    M = np.uint64(0xFFFFFFFF)
-    h = (np.uint64(lo) ^ ((np.uint64(hi) * np.uint64(0x9E3779B1)) & M)) & M
-    h ^= h >> np.uint64(16)
-    h = (h * np.uint64(0x85EBCA6B)) & M
-    h ^= h >> np.uint64(13)
-    h = (h * np.uint64(0xC2B2AE35)) & M
-    h ^= h >> np.uint64(16)
-    return np.int64(h)
-
-
-@njit(cache=True)
-def _argmin_rot(v, elig, nrep, off):
-    """routers.common.argmin_rot: the eligible replica minimising (v, (r - off) mod R); 0 if none."""
-    vmin = np.int64(BIG)
-    for r in range(nrep):
-        if elig[r] and v[r] < vmin:
-            vmin = v[r]
-    best, brot = 0, BIG
-    for r in range(nrep):
-        if elig[r] and v[r] == vmin:
-            rot = (r - off) % nrep
-            if rot < brot:
-                brot, best = rot, r
-    return best
-
-
-@njit(cache=True)
-def _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv):
-    """cache_aware, kv_cost (temperature 0), weighted_scorers, preble_e2."""
-    qmax, qmin = 0, np.int64(BIG)
-    for r in range(nrep):
-        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
-        elig[r] = True
-    ll = _argmin_rot(q, elig, nrep, off)
-    if code == 6:
-        if qmax - qmin > pi[BAL_ABS] and qmax * 100 > pi[BAL_REL] * qmin:
-            return ll
-        for r in range(nrep):
-            tmpv[r] = -m[r]
-        b = _argmin_rot(tmpv, elig, nrep, off)
-        if n > 0 and m[b] * 1000 > pi[CT_PM] * n:
-            return b
-        return _argmin_rot(tree, elig, nrep, off) if pi[MISS_TREE] != 0 else ll
-    if code == 7:
-        for r in range(nrep):
-            tmpv[r] = min(pi[OVL_W] * min(n - m[r], 2**30), 2**30) + min(100 * min(a[r], 2**30), 2**30)
-        return _argmin_rot(tmpv, elig, nrep, off)
-    if code == 8:
-        T = max(pi[QT], 1)
-        for r in range(nrep):
-            psc = (m[r] * 1024) // max(n, 1) if n > 0 else 0
-            tmpv[r] = -(pi[PW] * psc + pi[LW] * ((512 * (T - min(q[r], T))) // T))
-        return _argmin_rot(tmpv, elig, nrep, off)
-    # preble_e2
-    if qmax * 100 > pi[PR_REL] * qmin and qmax - qmin > pi[PR_ABS]:
-        return ll
-    mstar = 0
-    for r in range(nrep):
-        mstar = max(mstar, m[r])
-    if mstar > 0 and n - mstar < mstar:
-        for r in range(nrep):
-            elig[r] = m[r] == mstar
-            tmpv[r] = a[r] if m[r] == mstar else BIG
-        return _argmin_rot(tmpv, elig, nrep, off)
-    for r in range(nrep):
-        tmpv[r] = min(a[r], 2**30) + min(n - m[r], 2**30)
-    return _argmin_rot(tmpv, elig, nrep, off)
-
-
-@njit(cache=True)
-def _route(code, i, n, pkh, pkl, bits, nrep, q, m, a, tree, pi, ring, elig, tmpv, kvu, total_g, ac):
-    """The routers of ROUTER_CODES (routers/*.py; tests/reference_fleet.py's route_one)."""
-    off = (bits[0] * nrep) >> 32
-    if code == 0:
-        return off
-    if code == 1:
-        return i % nrep
-    if code == 10:
-        return _gie_rule(n, nrep, bits[1], q, m, kvu, total_g, pi, tmpv, ac)
-    h = _mix32(pkh, pkl)
-    if code == 2:
-        return h % nrep
-    if code == 3:
-        for r in range(nrep):
-            elig[r] = True
-        return _argmin_rot(q, elig, nrep, off)
-    if code == 4:
-        pa = (bits[1] * nrep) >> 32
-        pb = (pa + 1 + ((bits[2] * (nrep - 1)) >> 32)) % nrep if nrep > 1 else pa
-        return pb if q[pb] < q[pa] else pa
-    if code == 5:
-        total = 0
-        for r in range(nrep):
-            total += q[r]
-        denom = 100 * nrep
-        cap = (pi[CHWBL_C] * (total + 1) + denom - 1) // denom
-        V = ring.shape[1]
-        bd, best = np.int64(2**33), np.int64(BIG)
-        for r in range(nrep):
-            if q[r] < cap:
-                for v in range(min(pi[VNODES], V)):
-                    d = (ring[r, v] - h) & 0xFFFFFFFF
-                    if d < bd or (d == bd and r * V + v < best):
-                        bd, best = d, r * V + v
-        return min(best // V, ring.shape[0] - 1)
-    return _load_rules(code, n, nrep, off, bits, q, m, a, tree, pi, elig, tmpv)
-
-
-# ------------------------------------------------------------------------------ gie: scorers, its index, the scrape
-@njit(cache=True)
-def _i32(x):
-    """``x`` wrapped to int32 (the JAX rule's int32 products)."""
-    return ((x + 2**31) % 2**32) - 2**31
-
-
-@njit(cache=True)
-def _ratio16(a, b):
-    """routers.gie.ratio16: ``floor(S a / b)`` with both shifted right until ``b < 2**15``."""
-    b = max(b, 1)
-    s = 0
-    while (b >> s) >= 2**15:
-        s += 1
-    return _i32((a >> s) * GIE_S) // max(b >> s, 1)
-
-
-@njit(cache=True)
-def _gie_rule(n, nrep, bits1, q, m, kvu, total_g, pi, tmpv, ac):
-    """routers.gie.rule: the weighted queue, kv-cache, prefix, load-aware and active-request scores, then
-    the max-score picker (the ``floor(bits[1] k / 2**32)``-th of the ``k`` tied pods in index order)."""
-    qmax, qmin, mmax, mmin, cmax = 0, np.int64(BIG), 0, np.int64(BIG), 0
-    for r in range(nrep):
-        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
-        cmax = max(cmax, ac[r])
-        if m[r] > 0:
-            mmax, mmin = max(mmax, m[r]), min(mmin, m[r])
-    cap = max(pi[CAP], 1)
-    W = pi[G_WIN]
-    total = min(n, W) if W > 0 else n
-    if pi[VIEW] == 3:  # view gie_estimate: GIE's own hashes
-        total = total_g
-    T = max(pi[G_THR], 1)
-    best = np.int64(-(2**62))
-    for r in range(nrep):
-        qs = _i32((qmax - q[r]) * GIE_S) // max(qmax - qmin, 1) if qmax > qmin else GIE_S
-        ks = _ratio16(cap - min(max(kvu[r], 0), cap), cap)
-        if pi[G_MODE] == 1:
-            ps = _ratio16(min(m[r], total), total) if total > 0 else 0
-        elif pi[G_MODE] == 2:
-            ps = 0 if m[r] <= 0 else (_ratio16(m[r] - mmin, max(mmax - mmin, 1)) if mmax > mmin else GIE_S)
-        else:
-            ps = 0
-        ls = _ratio16(T - min(q[r], T), T) // 2
-        asc = _ratio16(cmax - ac[r], cmax) if cmax > 0 else GIE_S
-        tmpv[r] = _i32(pi[G_WP] * ps + pi[G_WK] * ks + pi[G_WQ] * qs + pi[G_WL] * ls + pi[G_WA] * asc)
-        best = max(best, tmpv[r])
-    k = 0
-    for r in range(nrep):
-        k += 1 if tmpv[r] == best else 0
-    j = (bits1 * k) >> 32
-    for r in range(nrep):
-        if tmpv[r] == best:
-            if j == 0:
-                return r
-            j -= 1
-    return 0
-
-
+# ------------------------------------------------------------------------------ gie: its index, the scrape
 @njit(cache=True)
 def _gie_match(ids, n, nrep, gpres, cnt):
     """routers.gie_index.gie_match: walk the hashes while some pod holds one, counting per pod."""
@@ -1276,8 +1103,8 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
 
 
 @njit(cache=True)
-def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, bits, ring, L, E, gh, gn, GI,
-         ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
+def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, rk, bits, ring, L, E, gh, gn,
+         GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
     pbl = np.zeros((R, NB, max(K, pc[PC_LB]) if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int64)
@@ -1305,6 +1132,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     mt, mv, q, a = np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     tree, tmpv = np.zeros(R, np.int64), np.zeros(R, np.int64)
     elig = np.zeros(R, np.bool_)
+    sr, sg = np.zeros((R, RD.NSR), np.int64), np.zeros(RD.NSG, np.int64)  # the router's state
     nrep = min(max(pi[NREP], 1), R)
     ninst = min(max(pi[NINST], 1), NI)
     code = pi[ROUTER]
@@ -1350,12 +1178,12 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             kvu[x] = skv[x] if gauges else rs[x, PINNED] + rs[x, WORK]
             if gauges:  # the scraped (or published) waiting counts (every router's queue)
                 q[x] = sq[x]
-        if code == 10 and pi[G_WA] > 0:
+        if pi[G_WA] > 0:  # gie's active-request scorer
             _tracked(rq[i, QARR], nrep, Q, pi, rq, rs, sl, wq, ac)
         pb = min(pi[PB], n)
         kpos = rq[i, QOFF] + max(pb - 1, 0)
-        r = _route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
-                   q, mv, a, tree, pi, ring, elig, tmpv, kvu, gn[i], ac)
+        r = RD.route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
+                     q, mv, a, tree, kvu, ac, gn[i] if gie else -1, pi[CAP], rk, ring, elig, tmpv, sr, sg)
         if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
             _gie_add(gh[i], gn[i], r, pi[G_LRU], gpres, gst, gs, glog)
         # the routing metrics (replicas holding the routing prefix; sent away from the best)
@@ -1382,7 +1210,8 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
 
 
 @njit(parallel=True, cache=True)
-def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, bits, ring, L, E, gh, gn, GI):
+def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi, pc, rk, bits, ring, L, E, gh, gn,
+            GI):
     G, N = pi.shape[0], rq.shape[0]
     ttft, fin = np.full((G, N), -1, np.int64), np.full((G, N), -1, np.int64)
     hitb, npre, repof = np.zeros((G, N), np.int64), np.zeros((G, N), np.int64), np.zeros((G, N), np.int64)
@@ -1392,8 +1221,8 @@ def _kernel(rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     kat = np.zeros((G, N, 2), np.float32)  # kv_acc_at, q_acc_at
     snd = np.zeros((G, N), np.int64)  # the sends (ms) under the client's permits (client_permits > 0)
     for g in prange(G):  # the prange index is typed both int64 and uint64: pass one type, one compiled _one
-        _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], pc[g], bits, ring,
-             L, E, gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd)
+        _one(np.int64(g), rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, pi[g], pc[g], rk[g],
+             bits, ring, L, E, gh, gn, GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd)
     return ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd
 
 
@@ -1411,8 +1240,8 @@ def _config_matrix(P: dict) -> np.ndarray:
     pi = np.zeros((G, NPI), np.int64)
     for k, f in enumerate(_PI_FIELDS):
         pi[:, k] = P[f].astype(np.int64)
-    rnames = {v: k for k, v in ROUTERS.items()}
-    pi[:, ROUTER] = [ROUTER_CODES[rnames[int(x)]] for x in P["router"]]
+    rnames, codes = rdispatch.names(), rdispatch.codes()
+    pi[:, ROUTER] = [codes[rnames[int(x)]] for x in P["router"]]  # coverage() refused a router without a code
     return pi
 
 
@@ -1518,10 +1347,12 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
     n = int(stream.n_requests)
     host = {k: np.asarray(getattr(stream, k))[:n].astype(np.int64) for k in
             ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs", "entry0")}
+    me = sys.modules[__name__]
+    RD = rdispatch.bind(me)
     if per_block:
         log0, K = _block_log(stream, n)
         host["n_runs"], host["entry0"] = host["n_blocks"], host["offset"]
-        D = dispatch.bind(sys.modules[__name__])
+        D = me.D
         hot = int(np.bincount(log0[:-1, 0]).max(initial=0)) if log0.shape[0] > 1 else 0
         pc = pc.copy()
         pc[:, PC_LB] = [hot + 2 if D.BUCKETS[c] else 0 for c in pc[:, PC_CODE]]  # a bucket per frequency, 0 unused
@@ -1541,7 +1372,8 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
     gh, gn, GI = _gie_arrays(stream, P, n)
     out = _kernel(rq, log0, pkey, K, int(stream.block_tokens), R, st.max_running, st.queue_slots,
                   st.max_instances, st.max_running, bool(st.stale), bool(st.index), bool(st.match),
-                  _config_matrix(P), np.ascontiguousarray(pc), bits, ring, 2 * K + 16, int(log0.shape[0]), gh, gn, GI)
+                  _config_matrix(P), np.ascontiguousarray(pc), rdispatch.knob_matrix(P, RD), bits, ring, 2 * K + 16,
+                  int(log0.shape[0]), gh, gn, GI)
     out = list(out)
     hitb = out[2]
     out[2] = hitb & (CPU_SHIFT - 1)
@@ -1643,4 +1475,4 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     )
 
 
-dispatch.bind(sys.modules[__name__])
+rdispatch.bind(sys.modules[__name__])

@@ -60,7 +60,7 @@ from cacheresearch.core.simulate import (
 from cacheresearch.core.simulate import simulate as simulate_jax
 from cacheresearch.core.simulate import simulate_grid as simulate_grid_jax
 from cacheresearch.core.stream import Stream, pad_stream, stream_shape
-from cacheresearch.routers import CACHE_ROUTERS, ROUTERS, VIEWS
+from cacheresearch.routers import CACHE_ROUTERS, REGISTRY, ROUTERS, VIEWS
 
 __all__ = ["simulate_cells", "plan_cells", "check_cells", "CellRunner", "Call", "cell_order", "Plan", "GroupPlan",
            "available_memory_bytes", "MemoryError_", "BACKENDS", "BackendError", "simulate", "simulate_grid"]
@@ -332,10 +332,12 @@ _POLICY_NAME = {spec.id: n for n, spec in POLICIES.items()}
 
 def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tuple[str, list]:
     """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``; a closed-loop
-    client (``client_permits > 0``) and the vllm pool's orders beyond leaf-first LRU (``ttl_refresh``, ``fifo``,
-    ``sieve``, ``s3fifo``) are the numba vllm backend's only, so ``auto`` takes numba for them on any host."""
+    client (``client_permits > 0``), the vllm pool's orders beyond leaf-first LRU (``ttl_refresh``, ``fifo``,
+    ``sieve``, ``s3fifo``) and a router with no JAX rule (one with state) are the numba backends' only, so ``auto``
+    takes numba for them on any host."""
     closed = int(getattr(p, "client_permits", 0)) > 0
-    numba_only = closed or (scheduler == "vllm" and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
+    norule = any(r.rule is None for r in REGISTRY.routers() if r.id == int(p.router))  # a numba rule only
+    numba_only = closed or norule or (scheduler == "vllm" and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
     if closed and (backend == "jax" or not numba_available()):
         raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
                            "backend only: engine.backend=auto or numba, with numba installed")
@@ -365,7 +367,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
             refused[why] = refused.get(why, 0) + 1
         groups.setdefault(needs + (b,), {}).setdefault(int(stream_of[g]), []).append(g)
     if backend == "auto" and scheduler != "vllm":
-        groups = _whole_programs(groups)
+        norule = {r.id for r in REGISTRY.routers() if r.rule is None}  # these stay on numba
+        groups = _whole_programs(groups, {g for g, p in enumerate(params) if int(p.router) in norule})
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
         kinds = ("vllm",) if scheduler == "vllm" else ("fcfs", "blocks")  # the backends' own words
@@ -375,19 +378,21 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
     return groups
 
 
-def _whole_programs(groups: dict) -> dict:
+def _whole_programs(groups: dict, keep: set = frozenset()) -> dict:
     """``auto`` on the fcfs replica: a program (one static state shape) runs on one backend, numba when it
     covers all of the program's configurations, else JAX for all of them. The JAX program is compiled
     for the rest anyway and its vmapped batch takes the covered configurations at little extra cost,
     where a numba part would add its own compile and one call per stream (the main job: 24 of 108
     configurations on numba made it slower, not faster). On the vllm replica the JAX program's cost per
-    configuration is high, so there the covered configurations still go to numba."""
+    configuration is high, so there the covered configurations still go to numba. The cells of ``keep`` (what only
+    numba runs) stay on numba."""
     out: dict = {}
     for key, by_stream in groups.items():
-        if key[-1] == "numba" and key[:-1] + ("jax",) in groups:
-            key = key[:-1] + ("jax",)
+        jax_key = key[:-1] + ("jax",)
+        move = key[-1] == "numba" and jax_key in groups
         for s, cells in by_stream.items():
-            out.setdefault(key, {}).setdefault(s, []).extend(cells)
+            for c in cells:
+                out.setdefault(jax_key if move and c not in keep else key, {}).setdefault(s, []).append(c)
     for by_stream in out.values():
         for cells in by_stream.values():
             cells.sort()

@@ -49,6 +49,7 @@ from cacheresearch.replica import fcfs as qm
 from cacheresearch.routers import (
     CACHE_ROUTERS,
     LOAD_FREE_ROUTERS,
+    REGISTRY,
     ROUTERS,
     VIEWS,
     FleetView,
@@ -688,6 +689,12 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
     if np.any(np.asarray(params.vnodes) > st.max_vnodes):
         raise ValueError(f"vnodes above max_vnodes={st.max_vnodes}")
     routers = np.asarray(params.router).reshape(-1)
+    if backend != "numba":
+        norule = [r for r in REGISTRY.routers() if r.rule is None and r.id in set(int(x) for x in routers)]
+        if norule:
+            raise ValueError(f"router {norule[0].name!r} on the JAX engine: it has a numba rule and no JAX rule"
+                             f"{' (it keeps state across requests)' if norule[0].stateful else ''}; run it on "
+                             "engine.backend=numba or auto, where a numba engine models the rest of the configuration")
     missing = sorted(set(int(x) for x in routers) - set(st.routers))
     if missing:
         names = [n for n, i in ROUTERS.items() if i in missing]

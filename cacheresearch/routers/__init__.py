@@ -6,8 +6,11 @@ decision is reproduced exactly by the plain-Python reference (``tests/reference_
 
 One file per rule (``random.py``, ``round_robin.py``, ``prefix_hash.py``, ``least_loaded.py``,
 ``power_of_two.py``, ``chwbl.py``, ``cache_aware.py``, ``kv_cost.py``, ``weighted_scorers.py``,
-``preble_e2.py``, ``gie.py``): each declares its knobs and registers its rule (:mod:`.registry`), and its
-docstring states the rule in full. The views and the shared knobs are :mod:`.views`, the helpers
+``preble_e2.py``, ``gie.py``, ``least_recent.py``): each declares its knobs and registers its rule, in JAX and in
+numba (:mod:`.registry`; a router with state in numba only), and its docstring states the rule in full. Every
+module of this package but the helpers is imported here, so a new router is its one file. The numba engines'
+dispatch is generated from the registry (:mod:`.dispatch`, the rules' helpers :mod:`.numba_rules`).
+The views and the shared knobs are :mod:`.views`, the helpers
 :mod:`.common`, the named presets :mod:`.presets`. ``docs/routers.md`` is the table of all of them,
 generated from the registry; ``docs/adding_a_router.md`` says how to add one.
 
@@ -47,6 +50,9 @@ program. The compiled rules are all evaluated and the chosen one selected: each 
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from cacheresearch.routers.common import (
     Context,
     FleetView,
@@ -74,10 +80,12 @@ from cacheresearch.routers.registry import (
 )
 from cacheresearch.routers.views import REPLICA_KNOBS, VIEW_KNOBS, VIEWS, view_id
 
-# every rule registers itself on import (ids fix the order, not this list)
-from cacheresearch.routers import random, round_robin, prefix_hash, least_loaded, power_of_two, chwbl  # noqa: E402,F401  isort: skip
-from cacheresearch.routers import cache_aware, kv_cost, weighted_scorers, preble_e2  # noqa: E402,F401  isort: skip
-from cacheresearch.routers import gie, gie_index  # noqa: E402,F401  isort: skip
+# every rule registers itself on import (ids fix the order, not the import order): each module of this package
+# but the helpers below is a router file and is imported here, so a new router is its one file
+_HELPERS = {"common", "registry", "presets", "views", "numba_rules", "dispatch", "fixed", "epp", "gie_index",
+            "__main__"}
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _HELPERS):
+    importlib.import_module(f"{__name__}.{_m}")
 
 __all__ = [
     "ROUTERS",

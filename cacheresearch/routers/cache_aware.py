@@ -10,8 +10,10 @@ sglang PR 14305), otherwise ``argmin_rot(queue)``.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from cacheresearch.routers.common import Context
+from cacheresearch.routers.numba_rules import nb_all, nb_argmin_rot, nb_offset
 from cacheresearch.routers.registry import Knob, Router, register
 
 
@@ -23,6 +25,24 @@ def rule(ctx: Context):
     hit = (m[b] * 1000 > params.cache_threshold_pm * n) & (n > 0)
     miss = jnp.where(params.miss_smallest_tree, ctx.argmin_rot(jnp.where(active, ctx.fleet.tree_size, 0)), ll)
     return jnp.where(imbalanced, ll, jnp.where(hit, b, miss))
+
+
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    ct_pm, bal_abs, bal_rel, miss_tree = kn[0], kn[1], kn[2], kn[3]
+    qmax, qmin = 0, np.int64(2**31 - 1)
+    for r in range(nrep):
+        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+    nb_all(elig, nrep)
+    off = nb_offset(bits, nrep)
+    ll = nb_argmin_rot(q, elig, nrep, off)
+    if qmax - qmin > bal_abs and qmax * 100 > bal_rel * qmin:
+        return ll
+    for r in range(nrep):
+        tmpv[r] = -m[r]
+    b = nb_argmin_rot(tmpv, elig, nrep, off)
+    if n > 0 and m[b] * 1000 > ct_pm * n:
+        return b
+    return nb_argmin_rot(tree, elig, nrep, off) if miss_tree != 0 else ll
 
 
 KNOBS = (
@@ -39,5 +59,5 @@ ROUTER = register(Router(
     summary="imbalanced queues: ``argmin_rot(queue)``; else the longest match if above the threshold; "
             "else ``argmin_rot(queue)`` (``argmin_rot(tree_size)`` with ``miss_smallest_tree``)",
     source="SGLang router (sgl-model-gateway src/policies/cache_aware.rs)",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

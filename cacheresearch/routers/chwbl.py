@@ -10,8 +10,10 @@ After assignment no replica holds more than ``cap``.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from cacheresearch.routers.common import BIG, M32, Context
+from cacheresearch.routers.numba_rules import nb_mix32
 from cacheresearch.routers.registry import Knob, Router, register
 
 
@@ -32,6 +34,25 @@ def rule(ctx: Context):
     return jnp.minimum(best // V, Rmax - 1).astype(jnp.int32)
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    vnodes, c_pct = kn[0], kn[1]
+    h = nb_mix32(pkh, pkl)
+    total_q = 0
+    for r in range(nrep):
+        total_q += q[r]
+    denom = 100 * nrep
+    lim = (c_pct * (total_q + 1) + denom - 1) // denom
+    V = ring.shape[1]
+    bd, best = np.int64(2**33), np.int64(2**31 - 1)
+    for r in range(nrep):
+        if q[r] < lim:
+            for v in range(min(vnodes, V)):
+                d = (ring[r, v] - h) & 0xFFFFFFFF
+                if d < bd or (d == bd and r * V + v < best):
+                    bd, best = d, r * V + v
+    return min(best // V, ring.shape[0] - 1)
+
+
 KNOBS = (
     Knob("vnodes", 100, 1, 2**16, doc="ring nodes per replica (at most the engine's max_vnodes)", unit="nodes"),
     Knob("chwbl_c_pct", 125, 100, 10**6, doc="load bound c: no replica above ceil(c (in flight + 1) / R)",
@@ -43,5 +64,5 @@ ROUTER = register(Router(
     summary="first ring node clockwise from ``mix32(prefix key)`` among replicas with "
             "``queue < ceil(c_pct (sum(queue) + 1) / (100 R))``",
     source="Mirrokni, Thorup, Zadimoghaddam 2018; KubeAI, HAProxy",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

@@ -49,8 +49,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cacheresearch.routers.common import BIG, Context, scale_bits
+from cacheresearch.routers.numba_rules import nb_i32, nb_ratio16, nb_scale
 from cacheresearch.routers.registry import Knob, Router, register
 from cacheresearch.routers.views import VIEWS
 
@@ -103,6 +105,46 @@ def rule(ctx: Context):
     return jnp.argmax(tied & (pos == j)).astype(jnp.int32)
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    """The rule above over int64 (int32 products wrapped as the JAX rule's: ``nb_i32``)."""
+    mode, wp, wk, wq, win, wl, thr, wa = kn[0], kn[1], kn[2], kn[3], kn[4], kn[5], kn[6], kn[7]
+    qmax, qmin, mmax, mmin, cmax = 0, np.int64(2**31 - 1), 0, np.int64(2**31 - 1), 0
+    for r in range(nrep):
+        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+        cmax = max(cmax, ac[r])
+        if m[r] > 0:
+            mmax, mmin = max(mmax, m[r]), min(mmin, m[r])
+    c = max(cap, 1)
+    tot = min(n, win) if win > 0 else n
+    if total >= 0:  # view gie_estimate: GIE's own hashes
+        tot = total
+    T = max(thr, 1)
+    best = np.int64(-(2**62))
+    for r in range(nrep):
+        qs = nb_i32((qmax - q[r]) * 65536) // max(qmax - qmin, 1) if qmax > qmin else 65536
+        ks = nb_ratio16(c - min(max(kvu[r], 0), c), c)
+        if mode == 1:
+            ps = nb_ratio16(min(m[r], tot), tot) if tot > 0 else 0
+        elif mode == 2:
+            ps = 0 if m[r] <= 0 else (nb_ratio16(m[r] - mmin, max(mmax - mmin, 1)) if mmax > mmin else 65536)
+        else:
+            ps = 0
+        ls = nb_ratio16(T - min(q[r], T), T) // 2
+        asc = nb_ratio16(cmax - ac[r], cmax) if cmax > 0 else 65536
+        tmpv[r] = nb_i32(wp * ps + wk * ks + wq * qs + wl * ls + wa * asc)
+        best = max(best, tmpv[r])
+    k = 0
+    for r in range(nrep):
+        k += 1 if tmpv[r] == best else 0
+    j = nb_scale(bits[1], k)
+    for r in range(nrep):
+        if tmpv[r] == best:
+            if j == 0:
+                return r
+            j -= 1
+    return 0
+
+
 KNOBS = (
     Knob("gie_prefix_mode", 0, 0, 2, doc="prefix scorer: 0 none, 1 estimate (matched / total: GIE's hashes on "
          "view gie_estimate, else over the first gie_window_blocks blocks), 2 precise (longest prefix, min-max "
@@ -131,5 +173,5 @@ ROUTER = register(Router(
     summary="max-score picker (uniform ties) over ``w_p prefix + w_kv (1 - KV usage) + w_q (qmax - q) / "
     "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise)",
     source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

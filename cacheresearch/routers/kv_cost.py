@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from cacheresearch.routers.common import BIG, Context, clamp30
+from cacheresearch.routers.numba_rules import nb_all, nb_argmin_rot, nb_offset
 from cacheresearch.routers.registry import Knob, Router, register
 
 
@@ -33,6 +34,21 @@ def rule(ctx: Context):
     return jnp.where(params.temperature > 0, sampled, greedy)
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    ow = kn[0]
+    for r in range(nrep):
+        tmpv[r] = min(ow * min(n - m[r], 2**30), 2**30) + min(100 * min(a[r], 2**30), 2**30)
+    nb_all(elig, nrep)
+    return nb_argmin_rot(tmpv, elig, nrep, nb_offset(bits, nrep))
+
+
+def numba_refusal(p):
+    """The numba rule is the greedy one (temperature 0)."""
+    if float(p.temperature) > 0:
+        return "kv_cost at temperature > 0 (float32 softmax sampling: JAX only)"
+    return None
+
+
 KNOBS = (
     Knob("overlap_weight_pct", 100, 0, 10**4, doc="weight of the blocks to prefill against the active blocks",
          unit="1/100"),
@@ -44,5 +60,5 @@ ROUTER = register(Router(
     summary="``argmin_rot(overlap_weight_pct (n - match) + 100 active_blocks)``; softmax sampling at "
             "``temperature > 0``",
     source="NVIDIA Dynamo docs/router/kv_cache_routing.md",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule, numba_refusal=numba_refusal,
 ))

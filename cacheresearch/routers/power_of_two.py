@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from cacheresearch.routers.common import Context, scale_bits
+from cacheresearch.routers.numba_rules import nb_scale
 from cacheresearch.routers.registry import Router, register
 
 
@@ -19,10 +20,16 @@ def rule(ctx: Context):
     return jnp.where(q[pb] < q[pa], pb, pa).astype(jnp.int32)
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    pa = nb_scale(bits[1], nrep)
+    pb = (pa + 1 + nb_scale(bits[2], nrep - 1)) % nrep if nrep > 1 else pa
+    return pb if q[pb] < q[pa] else pa
+
+
 ROUTER = register(Router(
     name="power_of_two", id=4, rule=rule, reads_load=True,
     summary=("two distinct random replicas (``bits[1]``, ``bits[2]``); the one with the shorter queue, "
              "the first on ties"),
     source="the power of two choices (Mitzenmacher 2001)",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

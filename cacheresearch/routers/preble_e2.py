@@ -9,8 +9,10 @@ exploit: ``argmin_rot(active_blocks)`` over replicas with ``match[r] = m*``; els
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from cacheresearch.routers.common import BIG, Context, clamp30
+from cacheresearch.routers.numba_rules import nb_all, nb_argmin_rot, nb_offset
 from cacheresearch.routers.registry import Knob, Router, register
 
 
@@ -25,6 +27,29 @@ def rule(ctx: Context):
     return jnp.where(reb, ll, jnp.where(exploit, ex, explore))
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    rel, ab = kn[0], kn[1]
+    qmax, qmin = 0, np.int64(2**31 - 1)
+    for r in range(nrep):
+        qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
+    nb_all(elig, nrep)
+    off = nb_offset(bits, nrep)
+    ll = nb_argmin_rot(q, elig, nrep, off)
+    if qmax * 100 > rel * qmin and qmax - qmin > ab:
+        return ll
+    mstar = 0
+    for r in range(nrep):
+        mstar = max(mstar, m[r])
+    if mstar > 0 and n - mstar < mstar:
+        for r in range(nrep):
+            elig[r] = m[r] == mstar
+            tmpv[r] = a[r] if m[r] == mstar else 2**31 - 1
+        return nb_argmin_rot(tmpv, elig, nrep, off)
+    for r in range(nrep):
+        tmpv[r] = min(a[r], 2**30) + min(n - m[r], 2**30)
+    return nb_argmin_rot(tmpv, elig, nrep, off)
+
+
 KNOBS = (
     Knob("preble_rel_pct", 150, 0, 10**6, doc="rebalance when max queue exceeds this multiple of min queue ...",
          unit="1/100"),
@@ -37,5 +62,5 @@ ROUTER = register(Router(
     summary="imbalanced: ``argmin_rot(queue)``; a long match: least ``active_blocks`` among the longest "
             "matches; else ``argmin_rot(active_blocks + n - match)``",
     source="Preble (arXiv 2407.00023), E2 scheduling",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

@@ -8,6 +8,7 @@ tie-breaking offset ``off`` of every other rule.
 from __future__ import annotations
 
 from cacheresearch.routers.common import Context
+from cacheresearch.routers.numba_rules import nb_offset
 from cacheresearch.routers.registry import Router, register
 
 
@@ -15,8 +16,12 @@ def rule(ctx: Context):
     return ctx.off
 
 
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    return nb_offset(bits, nrep)
+
+
 ROUTER = register(Router(
     name="random", id=0, rule=rule,
     summary="``floor(bits[0] * R / 2**32)``",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))

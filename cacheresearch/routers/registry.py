@@ -5,7 +5,9 @@ A router is one file of :mod:`cacheresearch.routers` that calls :func:`register`
 (``reads_cache``: the per-replica prefix ``match`` / ``tree_size``; ``reads_load``: ``queue`` /
 ``active_blocks``), its own knobs (:class:`Knob`: default, range, kind, doc, unit), the shared knobs its
 rule reads (``uses``), the rule itself (``rule(ctx) -> replica``, a pure JAX function of a
-:class:`~cacheresearch.routers.common.Context`), a one-line summary, its source, and the rule in full
+:class:`~cacheresearch.routers.common.Context`; ``numba=``: the same rule for the numba engines, over
+:data:`cacheresearch.routers.numba_rules.ARGS`), the int64 state slots a rule with memory keeps
+(``state_replica``, ``state_global``: numba only), a one-line summary, its source, and the rule in full
 (the file's docstring). Knobs that are not one router's own (the view, router instances, the prefix
 length, ``kv_pressure``) are declared once with :func:`register_knobs` (``views.py``).
 
@@ -61,7 +63,7 @@ class Router:
 
     name: str
     id: int
-    rule: Callable[[Context], Any]
+    rule: Callable[[Context], Any] | None = None  # the JAX rule (None: the JAX engine refuses the router)
     knobs: tuple[Knob, ...] = ()
     uses: tuple[str, ...] = ()  # shared knobs the rule reads (besides its own)
     reads_cache: bool = False  # reads match / tree_size: needs the engine's per-replica prefix match
@@ -69,15 +71,25 @@ class Router:
     summary: str = ""  # the rule in one line (the docs table)
     source: str = ""
     doc: str = ""  # the rule in full (the router file's docstring)
+    numba: Callable | None = None  # the numba rule (routers/numba_rules.py's ARGS; None: the numba engines refuse)
+    numba_refusal: Callable[[Any], str | None] | None = None  # a configuration its numba rule cannot model: why
+    state_replica: int = 0  # int64 slots per replica the numba rule keeps across requests (sr)
+    state_global: int = 0  # int64 slots for the whole fleet (sg)
 
     @property
     def module(self) -> str:
-        return getattr(self.rule, "__module__", "") or ""
+        return getattr(self.rule if self.rule is not None else self.numba, "__module__", "") or ""
+
+    @property
+    def stateful(self) -> bool:
+        """Keeps state across requests (its numba rule's ``sr`` / ``sg``): run by the numba engines only."""
+        return self.state_replica > 0 or self.state_global > 0
 
     @property
     def load_free(self) -> bool:
-        """Reads neither load nor cache: the routed sequence is fixed before the run."""
-        return not (self.reads_cache or self.reads_load)
+        """Reads neither load nor cache and keeps no state: the routed sequence is fixed before the run
+        (:mod:`cacheresearch.routers.fixed`)."""
+        return not (self.reads_cache or self.reads_load or self.stateful)
 
 
 @dataclass
@@ -100,9 +112,22 @@ class Registry:
         taken = {r.id: r.name for r in self._routers.values()}
         if router.id in taken:
             raise ValueError(f"router {router.name!r}: id {router.id} is taken by {taken[router.id]!r}")
+        if router.rule is None and router.numba is None:
+            raise ValueError(f"router {router.name!r}: give its JAX rule (rule=), its numba rule (numba=) or both")
+        if min(router.state_replica, router.state_global) < 0:
+            raise ValueError(f"router {router.name!r}: state_replica and state_global are slot counts (>= 0)")
+        if router.stateful and (router.rule is not None or router.numba is None):
+            raise ValueError(f"router {router.name!r}: a router with state has a numba rule and no JAX rule (the JAX "
+                             "scan carries no router state)")
         self._check_new_knobs(router.knobs, f"router {router.name!r}")
         self._routers[router.name] = router
         return router
+
+    def unregister(self, name: str) -> Router:
+        """Remove router ``name`` (a plug-in registered for a while, a test's); returns it."""
+        if name not in self._routers:
+            raise ValueError(f"router {name!r} is not registered")
+        return self._routers.pop(name)
 
     def register_knobs(self, group: str, *knobs: Knob) -> tuple[Knob, ...]:
         """Declare knobs that are no single router's own: group ``view`` or ``replica``."""
@@ -208,7 +233,7 @@ class Registry:
         ctx = Context(req, fleet, params, ring)
         res = jnp.int32(0)
         for r in rs:
-            if r.id in compiled:
+            if r.id in compiled and r.rule is not None:  # the engine's checks refuse a router without one
                 res = jnp.where(router == r.id, r.rule(ctx), res)
         return res
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from cacheresearch.routers.common import Context
+from cacheresearch.routers.numba_rules import nb_all, nb_argmin_rot, nb_offset
 from cacheresearch.routers.registry import Knob, Router, register
 
 
@@ -22,6 +23,15 @@ def rule(ctx: Context):
     lscore = (512 * (T - jnp.minimum(q, T))) // T
     score = params.prefix_weight_pct * pscore + params.load_weight_pct * lscore
     return ctx.argmax_rot(score)
+
+
+def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
+    pw, lw, T = kn[0], kn[1], max(kn[2], 1)
+    for r in range(nrep):
+        psc = (m[r] * 1024) // max(n, 1) if n > 0 else 0
+        tmpv[r] = -(pw * psc + lw * ((512 * (T - min(q[r], T))) // T))
+    nb_all(elig, nrep)
+    return nb_argmin_rot(tmpv, elig, nrep, nb_offset(bits, nrep))
 
 
 KNOBS = (
@@ -37,5 +47,5 @@ ROUTER = register(Router(
     summary=("``argmax_rot(prefix_weight_pct floor(1024 match / n) + "
              "load_weight_pct floor(512 (T - min(queue, T)) / T))``"),
     source="llm-d inference scheduler / Gateway API Inference Extension",
-    doc=__doc__,
+    doc=__doc__, numba=numba_rule,
 ))
