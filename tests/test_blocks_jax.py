@@ -16,13 +16,16 @@ from test_engine import HYP, N_MAX, R_MAX, padded_stream, tree_workloads
 from test_fleet import assert_fleet_equal, knob_sets, with_outputs
 
 from cacheresearch.backends.numba_policies import block_replay_grid
+from cacheresearch.cache.blocks import JAX_RULES
 from cacheresearch.cache.policies import BLOCK_POLICY_IDS
 from cacheresearch.core.run import simulate_cells
 from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
 from cacheresearch.engine import compile_stream, make_params, request_bits, stack_params
-from cacheresearch.routers import CACHE_ROUTERS, ROUTERS
+from cacheresearch.routers import CACHE_ROUTERS, REGISTRY
 from cacheresearch.workload.synthetic import tenant_workload
 
+JAXED = tuple(p for p in BLOCK_POLICY_IDS if p in JAX_RULES)  # the per-block policies with a JAX rule
+ROUTERS = tuple(r.name for r in REGISTRY.routers() if r.rule is not None)  # the routers with a JAX rule
 OPTS = dict(max_replicas=R_MAX, max_instances=3, queue_slots=N_MAX + 1, match=True, index=True, stale=True,
             routers_compiled=tuple(ROUTERS))  # one program per policy: every router and view
 
@@ -46,7 +49,7 @@ def engine_and_reference(w, policy, kw, replicas, router, seed):
 def test_every_router_and_view_on_block_policies_matches_reference(w, data, router, knobs, replicas, seed):
     outs = data.draw(st.lists(st.integers(0, 400), min_size=w.n_requests, max_size=w.n_requests))
     w = with_outputs(w, outs, data.draw(st.sampled_from([1, 5, 40])))
-    policy = data.draw(st.sampled_from(BLOCK_POLICY_IDS))
+    policy = data.draw(st.sampled_from(JAXED))
     kw = dict(knobs, capacity=data.draw(st.one_of(st.integers(0, 12), st.integers(10, 40))))
     m, ref = engine_and_reference(w, policy, kw, replicas, router, seed)
     assert_fleet_equal(w, m, ref, (router, policy, knobs, replicas))
@@ -63,7 +66,7 @@ def test_stale_and_approximate_views_on_block_policies(w, data, router, knobs, r
     knobs = dict(knobs, view=data.draw(st.sampled_from(["stale", "approximate"])),
                  stale_lag_ms=data.draw(st.integers(0, 8)), index_capacity=data.draw(st.integers(0, 10)),
                  temperature=0.0)
-    policy = data.draw(st.sampled_from(BLOCK_POLICY_IDS))
+    policy = data.draw(st.sampled_from(JAXED))
     m, ref = engine_and_reference(w, policy, dict(knobs, capacity=data.draw(st.integers(0, 20))), replicas, router, 0)
     assert_fleet_equal(w, m, ref, (router, policy, knobs, replicas))
 
@@ -78,7 +81,7 @@ def test_grid_equals_the_numba_kernels(tenants):
     """A grid of every per-block policy x capacity x replicas in one call equals libCacheSim's kernels."""
     w = tenants
     ps = [make_params(pol, capacity_blocks=c, replicas=r, router=rt, s3fifo_small_pm=pm)
-          for pol in BLOCK_POLICY_IDS for c in (5, 20, 60) for r in (1, 3) for rt in ("round_robin", "prefix_hash")
+          for pol in JAXED for c in (5, 20, 60) for r in (1, 3) for rt in ("round_robin", "prefix_hash")
           for pm in ((100, 250) if pol == "s3fifo" else (100,))]
     keys = jax.vmap(jax.random.key)(np.arange(len(ps)))
     m = simulate_grid(compile_stream(w), stack_params(ps), keys, max_replicas=4, per_request=True, queue=False)

@@ -20,11 +20,13 @@ from test_engine import HYP, L_MAX, N_MAX, R_MAX, padded_stream, tree_workloads
 
 from cacheresearch.core.simulate import simulate, simulate_grid  # the JAX scan
 from cacheresearch.engine import compile_stream, make_params, request_bits, stack_params
-from cacheresearch.routers import CACHE_ROUTERS, PRESETS, ROUTERS
+from cacheresearch.routers import CACHE_ROUTERS, PRESETS, REGISTRY
 from cacheresearch.workload import Workload
 
+#: the routers with a JAX rule (a router with state has a numba rule only: tests/test_router_state.py)
+JAX_ROUTERS = tuple(r.name for r in REGISTRY.routers() if r.rule is not None)
 OPTS = dict(max_replicas=R_MAX, max_instances=3, queue_slots=N_MAX + 1, match=True, index=True, stale=True,
-            routers_compiled=tuple(ROUTERS))  # one program for every test here
+            routers_compiled=JAX_ROUTERS)  # one program for every test here
 
 
 def with_outputs(w: Workload, outputs, spread: int) -> Workload:
@@ -95,7 +97,7 @@ def assert_fleet_equal(w, m, ref, ctx):
 @given(
     w=tree_workloads(),
     data=st.data(),
-    router=st.sampled_from(sorted(ROUTERS)),
+    router=st.sampled_from(sorted(JAX_ROUTERS)),
     knobs=knob_sets,
     replicas=st.integers(1, R_MAX),
     seed=st.integers(0, 3),
@@ -182,7 +184,7 @@ def test_grid_of_routers_is_one_program_and_equals_single_runs():
     w = Workload.from_lists(keys, block_tokens=16, arrival_ms=np.arange(20) * 4,
                             output_tokens=rng.integers(0, 100, 20))
     stream = compile_stream(w, chunk_runs=4)
-    names = sorted(ROUTERS) + ["llmd_approximate", "sglang_cache_aware"]
+    names = sorted(JAX_ROUTERS) + ["llmd_approximate", "sglang_cache_aware"]
     ps = [make_params("lru", 20, replicas=3, router=r, prefill_tps=3000, decode_us_per_token=100) for r in names]
     keys_ = jax.random.split(jax.random.key(5), len(ps))
     g = simulate_grid(stream, stack_params(ps), keys_, per_request=True, **OPTS)

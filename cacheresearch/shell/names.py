@@ -26,7 +26,7 @@ def policy_names() -> tuple[str, ...]:
 
 #: :data:`cacheresearch.routers.ROUTERS` (the rules)
 ROUTER_NAMES = ("random", "round_robin", "prefix_hash", "least_loaded", "power_of_two", "chwbl", "cache_aware",
-                "kv_cost", "weighted_scorers", "preble_e2", "gie")
+                "kv_cost", "weighted_scorers", "preble_e2", "gie", "least_recent")
 #: :data:`cacheresearch.routers.PRESETS` (named routers: a rule and its knobs)
 PRESET_NAMES = ("sglang_cache_aware", "sglang_cache_aware_old", "llmd_precise", "llmd_approximate", "llmd_load",
                 "dynamo_kv", "kubeai_chwbl", "preble")
