@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-import importlib.util
 import inspect
-import os
 import re
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -108,16 +105,7 @@ def current() -> ModuleType:
     tag = h.hexdigest()[:16]
     if _STATE.get("tag") == tag:
         return _STATE["module"]
-    name = f"cacheresearch_routers_dispatch_{tag}"
-    path = policy_dispatch._folder() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    mod = policy_dispatch.load_generated(f"cacheresearch_routers_dispatch_{tag}", src)
     mod.TAG = tag
     mod.BUILTIN = {r.name for r in routers} <= _builtin()
     _STATE.update(tag=tag, module=mod)

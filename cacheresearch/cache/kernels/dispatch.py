@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["current", "codes", "bind", "kernel_of", "pool_refusal", "ROW", "FUNCS"]
+__all__ = ["current", "codes", "bind", "kernel_of", "pool_refusal", "load_generated", "ROW", "FUNCS"]
 
 #: the arguments every kernel function starts with (the row); then each function's own
 ROW = "o_, n_, w_, a_, s, pr, hd, tl, ct"
@@ -95,6 +95,23 @@ def _folder() -> Path:
     raise OSError("no writable folder for the generated kernel dispatch (set CACHERESEARCH_CACHE)")
 
 
+def load_generated(name: str, src: str) -> ModuleType:
+    """Module ``name`` with source ``src``, written once to the generated-code folder (numba caches it by its file)
+    and imported; the same module object when this process already loaded it."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = _folder() / f"{name}.py"
+    if not path.exists() or path.read_text() != src:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(src)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def current() -> ModuleType:
     """The dispatch module for the registry as it is now (generated once per registry and kernel contents)."""
     names = list(codes())
@@ -108,16 +125,7 @@ def current() -> ModuleType:
     tag = h.hexdigest()[:16]
     if _STATE.get("tag") == tag:
         return _STATE["module"]
-    name = f"cacheresearch_blocks_dispatch_{tag}"
-    path = _folder() / f"{name}.py"
-    if not path.exists() or path.read_text() != src:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    mod = load_generated(f"cacheresearch_blocks_dispatch_{tag}", src)
     mod.TAG = tag
     mod.BUILTIN = set(names) <= _builtin()
     _STATE.update(tag=tag, module=mod)
