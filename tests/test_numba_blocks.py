@@ -68,6 +68,30 @@ def test_stale_and_approximate_views(w, data, router, knobs, replicas):
     assert_fleet_equal(w, m, ref, (router, policy, knobs, replicas))
 
 
+@settings(HYP, max_examples=15)
+@given(w=tree_workloads(), data=st.data(), router=st.sampled_from(ROUTERS), knobs=knob_sets,
+       replicas=st.integers(1, R_MAX))
+def test_configurations_sharing_a_thread_match_reference(w, data, router, knobs, replicas):
+    """Many configurations in one call: a thread reuses its block lists from one configuration to the next
+    (cleared between them), so a policy's state left behind (a frequency, a visited bit) would change the
+    next one's hits. Each equals its own reference."""
+    w = with_outputs(w, [0] * w.n_requests, 1)
+    pols = data.draw(st.lists(st.sampled_from(BLOCK_POLICY_IDS), min_size=6, max_size=8))
+    caps = data.draw(st.lists(st.integers(1, 12), min_size=len(pols), max_size=len(pols)))
+    kw = dict(knobs, kv_pressure=False, temperature=0.0)
+    kw.pop("ttl_ms", None)
+    if router not in CACHE_ROUTERS:
+        kw["view"] = "precise"
+    ps = [make_params(p, capacity_blocks=c, replicas=replicas, router=router, **kw) for p, c in zip(pols, caps)]
+    m, _ = simulate_cells([compile_stream(w, block_ids=True)], np.zeros(len(ps), np.int64), ps,
+                          np.zeros(len(ps), np.int64), max_replicas=R_MAX, per_request=True, backend="numba",
+                          match=True, queue_slots=N_MAX + 1)
+    bits = np.asarray(request_bits(jax.random.key(0), w.n_requests + 1))[:w.n_requests]
+    for g, (p, c) in enumerate(zip(pols, caps)):
+        ref = reference_fleet(w, policy=p, replicas=replicas, router=router, bits=bits, capacity_blocks=c, **kw)
+        assert_fleet_equal(w, jax.tree_util.tree_map(lambda x, g=g: np.asarray(x)[g], m), ref, (router, p, c, g))
+
+
 @pytest.fixture(scope="module")
 def tenants():
     return tenant_workload(n_tenants=6, prefix_tokens=160, users_per_tenant=3, user_tokens=64, query_tokens=32,

@@ -36,7 +36,7 @@ import numpy as np
 from cacheresearch.backends import numba_cache as nc
 from cacheresearch.backends import numba_vllm as nv
 from cacheresearch.cache.kernels import dispatch
-from cacheresearch.cache.kernels.lists import lead
+from cacheresearch.cache.kernels.lists import clear, lead, rows
 from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.core.stream import Stream
 from cacheresearch.metrics.core import Metrics
@@ -87,13 +87,6 @@ def state_bytes(stream: Stream, st) -> int:
 
 
 # ------------------------------------------------------------------------------ the kernel
-@_JIT
-def _serve(code, r, ids, a, n, C, x1, x2, x3, o_, n_, w_, a_, s, pr, hd, tl, ct):
-    """One request's gets (leaf-first) on replica ``r`` in policy ``code``."""
-    for j in range(a + n - 1, a - 1, -1):
-        D.get(code, o_[r], n_[r], w_[r], a_[r], s[r], pr[r], hd[r], tl[r], ct[r], ids[j], C, x1, x2, x3)
-
-
 @_JIT
 def _learn(row, rq, i, log0, K, ist, lr, lm, lb, cnt, pq, poff, thr, iocc, icap):
     """The approximate index of row ``(u, r)`` learns request ``i``: its runs restamped leaf-first, logged
@@ -163,12 +156,12 @@ def _dispatch(r, i, u, now, inp, ht, rq, ptps, dus, Q, fin, fblk, fins, head, bu
 
 @_JIT
 def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, C, cs, cg, th, ptps, dus, R, Q, NI, queue,
-         match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep_out, ints, per_r):
-    """One configuration: the fleet over the stream, request by request."""
+         match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep_out, ints, per_r, where, older, newer, aux,
+         snap):
+    """One configuration: the fleet over the stream, request by request, on the thread's block lists (empty:
+    :func:`~cacheresearch.cache.kernels.lists.rows`; then :func:`~cacheresearch.cache.kernels.lists.clear`)."""
     N = rq.shape[0]
     E = log0.shape[0]
-    where, older, newer, aux = np.zeros((R, U), np.int32), np.full((R, U), -1, np.int32), \
-        np.full((R, U), -1, np.int32), np.zeros((R, U), np.int32)
     Lb = L if D.BUCKETS[code] else 1
     bh, bt_, bc = np.full((R, Lb), -1, np.int32), np.full((R, Lb), -1, np.int32), np.zeros((R, Lb), np.int32)
     st = np.zeros((R, NS), np.int64)
@@ -176,7 +169,6 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, C, cs, c
         D.init(code, st[x])
     pr = np.zeros((R, 1), np.float64)
     top = D.top(code)
-    snap = np.zeros((R if stale else 1, U if stale else 1), np.int32)
     sync = np.zeros(2, np.int64)
     rows = NI * R if index else 1
     ist = np.full((rows, K if index else 1), -1, np.int64)
@@ -229,7 +221,8 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, C, cs, c
             for x in range(nrep):
                 mreq[g, i, x] = mv[x]
         h = lead(where[r], ids, a, n, top)
-        _serve(code, r, ids, a, n, C, cs, cg, th, older, newer, where, aux, st, pr, bh, bt_, bc)
+        D.gets(code, older[r], newer[r], where[r], aux[r], st[r], pr[r], bh[r], bt_[r], bc[r], ids, a, a + n, C, cs, cg,
+               th)
         o = D.occ(code, st[r])
         per_r[g, 1, r] = max(per_r[g, 1, r], o)
         per_r[g, 2, r] += 1
@@ -251,7 +244,7 @@ def _one(g, code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, C, cs, c
 
 @numba.njit(parallel=True, cache=True)
 def _kernel(code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, cap, cS, cG, thr, ptps, dus, R, Q, NI, queue,
-            match, stale, index, per_req):
+            match, stale, index, per_req, T):
     G, N = pi.shape[0], rq.shape[0]
     hit_blocks = np.zeros((G, N), np.int32)
     ttft_out = np.zeros((G, N), np.int32)
@@ -259,10 +252,16 @@ def _kernel(code, rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi, rk, cap, cS,
     rep = np.zeros((G, N), np.int64)
     ints = np.zeros((G, 8), np.int64)  # hit tokens, requests hit, qover, tover, copies, copies_n, over_n, over_q
     per_r = np.zeros((G, 5, R), np.int64)  # occupancy, max occupancy, requests, busy, busy_ms
-    for g in numba.prange(G):  # one type for the prange index: one compiled _one
-        _one(np.int64(g), code[g], rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi[g], rk[g], cap[g], cS[g], cG[g],
-             thr[g], ptps[g], dus[g], R, Q, NI, queue, match, stale, index, per_req, hit_blocks, ttft_out, mreq, rep,
-             ints, per_r)
+    T = max(min(T, G), 1)
+    for t in numba.prange(T):  # a thread's lists serve its configurations t, t + T, ...
+        older, newer, where, aux = rows(R, U)
+        snap = np.zeros((R if stale else 1, U if stale else 1), np.int32)
+        for g in range(t, G, T):
+            _one(np.int64(g), code[g], rq, log0, K, ids, U, L, bt, pkey, bits, ring, pi[g], rk[g], cap[g], cS[g],
+                 cG[g], thr[g], ptps[g], dus[g], R, Q, NI, queue, match, stale, index, per_req, hit_blocks, ttft_out,
+                 mreq, rep, ints, per_r, where, older, newer, aux, snap)
+            clear(rep[g], rq[:, nv.QOFF], rq[:, nv.QNB], ids, older, newer, where, aux)
+            snap[:] = 0
     return rep, hit_blocks, ttft_out, mreq, ints, per_r
 
 
@@ -303,7 +302,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
         i64["capacity"], i64["s3fifo_small"],
         i64["s3fifo_ghost"], i64["s3fifo_promote"], i64["prefill_tps"], i64["decode_us_per_token"], R,
         int(st.queue_slots), int(st.max_instances), bool(st.queue), bool(st.match), bool(st.stale), bool(st.index),
-        bool(st.per_request))
+        bool(st.per_request), numba.get_num_threads())
     return nc.assemble(stream, P, st, rep, nrep, (hb, ttft, mreq, ints, per_r), n_out)
 
 

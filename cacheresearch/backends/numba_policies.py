@@ -24,7 +24,7 @@ import numpy as np
 from cacheresearch.analysis.mrc import route_requests_many
 from cacheresearch.cache.block import block_sizes
 from cacheresearch.cache.kernels import dispatch
-from cacheresearch.cache.kernels.lists import lead
+from cacheresearch.cache.kernels.lists import clear, lead, rows
 from cacheresearch.cache.policies import POLICIES, block_policies
 from cacheresearch.routers import LOAD_FREE_ROUTERS, ROUTERS
 from cacheresearch.workload import Workload
@@ -51,13 +51,13 @@ D = None  # the dispatch on a policy code (cacheresearch.cache.kernels.dispatch.
 
 
 @numba.njit(cache=True)
-def _config(g, c, C, x1, x2, x3, ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh, occ_out, mocc, nreq, bh):
-    """Configuration ``g`` (policy ``c``, capacity ``C``) over the stream on its fixed routes ``rep[g]``."""
+def _config(g, c, C, x1, x2, x3, ids, off, nb, inp, bt, rep, R, L, hb, ht, rh, occ_out, mocc, nreq, bh, o_, n_, w_,
+            a_):
+    """Configuration ``g`` (policy ``c``, capacity ``C``) over the stream on its fixed routes ``rep[g]``, on the
+    thread's empty rows (``o_``, ``n_``, ``w_``, ``a_``: :func:`~cacheresearch.cache.kernels.lists.rows`)."""
     N = rep.shape[1]
     top = D.top(c)
     Lb = L if D.BUCKETS[c] else 1
-    o_, n_ = np.full((R, U), -1, np.int32), np.full((R, U), -1, np.int32)
-    w_, a_ = np.zeros((R, U), np.int32), np.zeros((R, U), np.int32)
     s = np.zeros((R, NS), np.int64)
     pr = np.zeros((R, 1), np.float64)
     hd, tl, ct = np.full((R, Lb), -1, np.int32), np.full((R, Lb), -1, np.int32), np.zeros((R, Lb), np.int32)
@@ -67,13 +67,7 @@ def _config(g, c, C, x1, x2, x3, ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh
         r = rep[g, i]
         a, n = off[i], nb[i]
         h = lead(w_[r], ids, a, n, top)
-        hits = 0
-        for j in range(a + n - 1, a - 1, -1):
-            k = ids[j]
-            w = w_[r, k]
-            if w >= 1 and w <= top:
-                hits += 1
-            D.get(c, o_[r], n_[r], w_[r], a_[r], s[r], pr[r], hd[r], tl[r], ct[r], k, C, x1, x2, x3)
+        hits = D.gets(c, o_[r], n_[r], w_[r], a_[r], s[r], pr[r], hd[r], tl[r], ct[r], ids, a, a + n, C, x1, x2, x3)
         o = D.occ(c, s[r])
         if o > mocc[g, r]:
             mocc[g, r] = o
@@ -87,7 +81,7 @@ def _config(g, c, C, x1, x2, x3, ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh
 
 
 @numba.njit(parallel=True, cache=True)
-def _run(code, ids, off, nb, inp, bt, rep, cap, x1, x2, x3, R, U, L):
+def _run(code, ids, off, nb, inp, bt, rep, cap, x1, x2, x3, R, U, L, T):
     """Configurations ``g`` (policy ``code[g]``) over the stream on fixed routes ``rep``: one ``get`` per block,
     leaf-first, after the lookup; returns (hit_blocks [G, N], hit_tokens, requests_hit, occupancy [G, R],
     max_occupancy, requests per replica, block hits)."""
@@ -95,9 +89,13 @@ def _run(code, ids, off, nb, inp, bt, rep, cap, x1, x2, x3, R, U, L):
     hb, ht, rh = np.zeros((G, N), np.int32), np.zeros(G, np.int64), np.zeros(G, np.int64)
     occ_out, mocc, nreq = np.zeros((G, R), np.int32), np.zeros((G, R), np.int32), np.zeros((G, R), np.int32)
     bh = np.zeros(G, np.int64)
-    for g in numba.prange(G):
-        _config(np.int64(g), code[g], cap[g], x1[g], x2[g], x3[g], ids, off, nb, inp, bt, rep, R, U, L, hb, ht, rh,
-                occ_out, mocc, nreq, bh)
+    T = max(min(T, G), 1)
+    for t in numba.prange(T):  # a thread's rows serve its configurations t, t + T, ... (cleared between them)
+        o_, n_, w_, a_ = rows(R, U)
+        for g in range(t, G, T):
+            _config(np.int64(g), code[g], cap[g], x1[g], x2[g], x3[g], ids, off, nb, inp, bt, rep, R, L, hb, ht, rh,
+                    occ_out, mocc, nreq, bh, o_, n_, w_, a_)
+            clear(rep[g], off, nb, ids, o_, n_, w_, a_)
     return hb, ht, rh, occ_out, mocc, nreq, bh
 
 
@@ -153,7 +151,7 @@ def block_replay_grid(workload: Workload, params, keys=None, *, max_replicas: in
                        np.int64).reshape(G, 3)
     L = _hot(workload, ids) + 2 if any(D.BUCKETS[c] for c in code) else 1  # a bucket per frequency, +1, 0 unused
     out = _run(code, ids, off, nb, inp, int(workload.block_tokens), rep, cap, sizes[:, 0].copy(),
-               sizes[:, 1].copy(), sizes[:, 2].copy(), int(max_replicas), U, L)
+               sizes[:, 1].copy(), sizes[:, 2].copy(), int(max_replicas), U, L, numba.get_num_threads())
     hb, ht, rh, occ, mocc, nreq, bh = out
     total = float(workload.input_tokens.sum())
     rate = ht / total if total > 0 else np.zeros(G)

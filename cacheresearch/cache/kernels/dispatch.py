@@ -80,6 +80,17 @@ def _source(names: list[str]) -> str:
                 continue
             lines.append(f"    if code == {c}:\n        return _p{c}.{f}({args})")
         lines += [f"    raise ValueError('per-block policy code without a {f} kernel')", ""]
+    # the loop over a request's blocks, one per policy: the code is tested once a request, not once a block
+    # (a test inside the loop kept every policy's code in it and made FIFO's get 2.7x slower)
+    lines += ["", "@numba.njit(cache=True)", f"def gets(code, {ROW}, ids, lo, hi, C, x1, x2, x3):",
+              '    """``get`` of ``ids[j]``, j = hi-1 .. lo (leaf-first); returns how many were stored before."""',
+              "    h = 0"]
+    for c, m in enumerate(mods):
+        lines += [f"    if code == {c}:", "        for j in range(hi - 1, lo - 1, -1):",
+                  "            k = ids[j]", "            w = w_[k]",
+                  f"            h += 1 if w >= 1 and w <= {int(m.TOP)} else 0",
+                  f"            _p{c}.get({ROW}, k, C, x1, x2, x3)", "        return h"]
+    lines += ["    raise ValueError('per-block policy code out of range')", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -10,8 +10,9 @@ scalars ``s`` when it is done.
 from __future__ import annotations
 
 import numba
+import numpy as np
 
-__all__ = ["push", "unlink", "lead", "J"]
+__all__ = ["push", "unlink", "lead", "rows", "clear", "J"]
 
 #: every kernel function: compiled where it is called (numba's IR inlining), cached on disk
 J = numba.njit(cache=True, inline="always")
@@ -56,3 +57,24 @@ def lead(w_, ids, a, n, top):
             break
         h += 1
     return h
+
+
+@numba.njit(cache=True)
+def rows(R, U):
+    """``R`` empty rows over ``U`` block ids: (o_, n_, w_, a_), each [R, U]."""
+    return (np.full((R, U), -1, np.int32), np.full((R, U), -1, np.int32), np.zeros((R, U), np.int32),
+            np.zeros((R, U), np.int32))
+
+
+@numba.njit(cache=True)
+def clear(rep, off, nb, ids, o_, n_, w_, a_):
+    """Return rows to :func:`rows`'s state after a run that sent request ``i`` (blocks ``ids[off[i]:off[i] +
+    nb[i]]``) to row ``rep[i]``: a policy writes only the entries of the blocks ``get`` was called with, so
+    these are all it may have changed. An engine keeps one set of rows per thread and clears it between
+    configurations: allocating [R, U] afresh (the stream's distinct blocks times the rows) cost more than
+    the run on a stream of unique blocks."""
+    for i in range(rep.shape[0]):
+        r, a = rep[i], off[i]
+        for j in range(a, a + nb[i]):
+            k = ids[j]
+            o_[r, k], n_[r, k], w_[r, k], a_[r, k] = -1, -1, 0, 0
