@@ -54,6 +54,7 @@ from cacheresearch.core.simulate import (
     check_stream,
     finalize,
     nested_fn,
+    serve_needs,
     serve_stream,
     static_options,
     with_block_bound,
@@ -435,6 +436,14 @@ def _checked_programs(streams, stream_of, params, max_replicas: int, backend: st
     """Per program (one state shape, one backend): (its key, streams, cells per stream, static options, served
     streams), every check of a run done (coverage, bounds, streams) and nothing compiled."""
     groups = _group_cells(params, stream_of, backend, cpu, options.get("scheduler", "fcfs"))
+    derived: dict = {}  # (stream, what serve_stream derives) -> the served stream, shared by the programs
+
+    def served_stream(s_, st):
+        k = (s_,) + serve_needs(st)
+        if k not in derived:
+            derived[k] = serve_stream(streams[s_], st)
+        return derived[k]
+
     for key, by_stream in groups.items():
         index, stale, priority, s3, block, kind = key
         sids = sorted(by_stream)
@@ -445,7 +454,7 @@ def _checked_programs(streams, stream_of, params, max_replicas: int, backend: st
         st = static_options(grid, max_replicas=max_replicas, index=index, stale=stale, priority=priority,
                             max_depth=depth, s3=s3, blocks=(block,) if block else (), **options)
         check_bounds(grid, max_replicas, st, backend=kind)  # the one scope check, for the backend that runs it
-        served = {s_: serve_stream(streams[s_], st) for s_ in sids}  # what this program needs, derived once
+        served = {s_: served_stream(s_, st) for s_ in sids}  # what this program needs, derived once a stream
         for s_ in sids:  # the per-block lists (lfu: the largest frequency) of every stream of the program
             st = with_block_bound(served[s_], st)
         for s_ in sids:

@@ -771,13 +771,20 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
                          "use a router that reads no cache state with it")
 
 
+def serve_needs(st: Static) -> tuple[bool, bool]:
+    """What :func:`serve_stream` derives for program ``st``: (every run stateful, block ids); programs with the
+    same needs are served the same stream."""
+    return bool(st.priority or st.scheduler == "vllm"), bool(st.s3 or st.blocks)
+
+
 def serve_stream(stream: Stream, st: Static) -> Stream:
     """What the program ``st`` needs from a stream, derived from it (``compile_stream(w)`` serves every
     policy): every run stateful for the priority policies and the vllm replica, block ids for
-    ``s3fifo_sosp``. The stream itself when it has them already."""
-    if (st.priority or st.scheduler == "vllm") and stream.has_singletons:
+    ``s3fifo_sosp`` and the per-block policies. The stream itself when it has them already."""
+    stateful, ids = serve_needs(st)
+    if stateful and stream.has_singletons:
         stream = with_stateful_singletons(stream)
-    if (st.s3 or st.blocks) and stream.n_distinct == 0:
+    if ids and stream.n_distinct == 0:
         stream = with_block_ids(stream)
     return stream
 

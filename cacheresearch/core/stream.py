@@ -400,8 +400,10 @@ def with_block_ids(s: Stream) -> Stream:
     n = int(np.asarray(s.n_requests))
     S = int(np.asarray(s.n_blocks)[:n].astype(np.int64).sum())
     keys = (np.asarray(s.key_hi)[:S].astype(np.uint64) << np.uint64(32)) | np.asarray(s.key_lo)[:S].astype(np.uint64)
-    _, ids = np.unique(keys, return_inverse=True)
-    ids = first_seen(ids.reshape(-1))
+    _, first, inv = np.unique(keys, return_index=True, return_inverse=True)  # one sort: ranks and first positions
+    new = np.empty(first.size, np.int64)
+    new[np.argsort(first, kind="stable")] = np.arange(first.size)  # first_seen's numbering
+    ids = new[inv.reshape(-1)]
     U = int(ids.max()) + 1 if S else 1
     bid = np.full(int(np.asarray(s.key_hi).shape[-1]), U, np.int32)
     bid[:S] = ids
