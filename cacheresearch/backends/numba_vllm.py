@@ -128,11 +128,10 @@ def state_bytes(stream: Stream, st) -> int:
     the client's permits a private copy of the request table and the permit holders: counted always)."""
     K = int(np.asarray(stream.run_len).shape[0])
     E = int(np.asarray(stream.log).shape[-2])
-    pool = 0
     if st.blocks:  # a per-block policy: every block a run of its own, with its policy's links and counts
         K = max(int(stream.n_distinct), K)
         E = int(np.asarray(stream.n_blocks).astype(np.int64).sum()) + 1
-        pool = st.max_replicas * K * NB * 8
+    pool = st.max_replicas * K * (NB + 2) * 4  # the per-block rows (ttl_refresh's release times; the cpu tier's list)
     R = st.max_replicas
     rows = st.max_instances * R if st.index else 0
     G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
@@ -154,12 +153,15 @@ NWQ = 6
 M_LRU, M_TTL, M_BLOCK = range(3)  # vLLM's free queue, its TTL variant, a per-block policy (PC_CODE)
 #: run-store policy name -> the pool's mode (lru and unbounded: vLLM's free queue; unbounded never evicts)
 POLICY_MODES = {"lru": M_LRU, "unbounded": M_LRU, "ttl_refresh": M_TTL}
-# per block (a run of one block in block mode) [R, NB, max(K, buckets)]: the kernel row's links, list, per-block
-# extra (cacheresearch.cache.kernels), release time (ttl_refresh, ps), the frequency buckets' heads, tails, counts
-B_OLD, B_NEW, B_WHERE, B_FREQ, B_TIME, B_HD, B_TL, B_CT = range(8)
-NB = 8
-# per replica [R, NPQ]: a per-block policy's scalars (NS), then its float scalar (as float64 bits); the cpu tier
-# (lru pool) uses list 1 as (head = newest, tail = oldest, count) at 0-2
+# per block (a run of one block in block mode) [R, 4 or 6, K], int32: the kernel row's links, list, per-block
+# extra (cacheresearch.cache.kernels); ttl_refresh's release time (ps, int64) split in two rows (high, low 31 bits),
+# allocated in that mode only (int32 rows and no K-long bucket rows: the pool of a stream of unique blocks took
+# 64 bytes a block and replica, now 16)
+B_OLD, B_NEW, B_WHERE, B_FREQ, B_TIME_HI, B_TIME_LO = range(6)
+NB = 4
+# per replica [R, NPQ + 3 x buckets]: a per-block policy's scalars (NS), then its float scalar (as float64 bits),
+# then the frequency buckets' heads, tails and counts (lfu); the cpu tier (lru pool) uses list 1 as (head = newest,
+# tail = oldest, count) at 0-2
 NS = 16
 NPQ = NS + 1
 
@@ -197,11 +199,30 @@ def _lunlink(r, k, pbl, pq):
     pbl[r, B_WHERE, k] = 0
 
 
+@njit(cache=True, inline="always")
+def _hd(pq, r):
+    """Replica ``r``'s frequency buckets' heads (a view of its row of ``pq``)."""
+    lb = (pq.shape[1] - NPQ) // 3
+    return pq[r, NPQ:NPQ + lb]
+
+
+@njit(cache=True, inline="always")
+def _tl(pq, r):
+    lb = (pq.shape[1] - NPQ) // 3
+    return pq[r, NPQ + lb:NPQ + 2 * lb]
+
+
+@njit(cache=True, inline="always")
+def _ct(pq, r):
+    lb = (pq.shape[1] - NPQ) // 3
+    return pq[r, NPQ + 2 * lb:NPQ + 3 * lb]
+
+
 @njit(cache=True)
 def _admit_block(r, k, pbl, pq, pc):
     """A computed block enters the pool's per-block policy (its kernel's ``admit``)."""
     D.admit(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
-            pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], k, 0, pc[PC_SMALL], pc[PC_GHOST],
+            pq[r, NS:NPQ].view(np.float64), _hd(pq, r), _tl(pq, r), _ct(pq, r), k, 0, pc[PC_SMALL], pc[PC_GHOST],
             pc[PC_PROMOTE])
 
 
@@ -209,7 +230,7 @@ def _admit_block(r, k, pbl, pq, pc):
 def _hit_block(r, k, pbl, pq, pc):
     """A cached block reused by an admitted request (its kernel's ``touch``)."""
     D.touch(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
-            pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], k)
+            pq[r, NS:NPQ].view(np.float64), _hd(pq, r), _tl(pq, r), _ct(pq, r), k)
 
 
 @njit(cache=True)
@@ -217,7 +238,7 @@ def _victim(r, cap, pref, pbl, pq, pc):
     """The per-block policy's next victim, never pinned, unlinked (the caller checked that an unpinned cached
     block exists): its kernel's ``victim``."""
     return D.victim(pc[PC_CODE], pbl[r, B_OLD], pbl[r, B_NEW], pbl[r, B_WHERE], pbl[r, B_FREQ], pq[r, :NS],
-                    pq[r, NS:].view(np.float64), pbl[r, B_HD], pbl[r, B_TL], pbl[r, B_CT], cap, pc[PC_SMALL],
+                    pq[r, NS:NPQ].view(np.float64), _hd(pq, r), _tl(pq, r), _ct(pq, r), cap, pc[PC_SMALL],
                     pc[PC_GHOST], pc[PC_PROMOTE], pref[r])
 
 
@@ -321,7 +342,8 @@ def _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             pst[r, run] = stamp
             rs[r, PINNED] -= ps[r, run]
             if pc[PC_MODE] == M_TTL:
-                pbl[r, B_TIME, run] = rs[r, CLOCK]
+                pbl[r, B_TIME_HI, run] = rs[r, CLOCK] >> 31
+                pbl[r, B_TIME_LO, run] = rs[r, CLOCK] & 0x7FFFFFFF
             if ps[r, run] > 0 and pc[PC_MODE] != M_BLOCK:
                 _push(r, run, stamp, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, CTR] = ctr + n
@@ -337,7 +359,7 @@ def _expire(r, now, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
         j = rs[r, FPTR]
         if _valid(r, j, ps, pref, pst, frun, fst, pbl, pq, pc):
             run = frun[r, j]
-            if now - pbl[r, B_TIME, run] <= pc[PC_TTL]:
+            if now - ((np.int64(pbl[r, B_TIME_HI, run]) << 31) | np.int64(pbl[r, B_TIME_LO, run])) <= pc[PC_TTL]:
                 return
             rs[r, CACHED] -= ps[r, run]
             ps[r, run] = 0
@@ -1107,15 +1129,16 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
          GI, ttft, fin, hitb, npre, repof, rs_out, fs_out, tot, kat, snd):
     """One configuration: the scan over arrivals (replica.vllm.simulate_vllm)."""
     N = rq.shape[0]
-    pbl = np.zeros((R, NB, max(K, pc[PC_LB]) if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int64)
-    pq = np.full((R, NPQ), -1, np.int64)
+    pbl = np.zeros((R, NB + (2 if pc[PC_MODE] == M_TTL else 0),
+                    K if (pc[PC_MODE] != M_LRU or pc[PC_CPU] > 0) else 1), np.int32)
+    lb = max(pc[PC_LB], 1)
+    pq = np.full((R, NPQ + 3 * lb), -1, np.int64)  # the buckets' heads and tails: empty lists
     for x in range(R):
         pq[x, 2] = 0  # the cpu tier's list: empty
+        pq[x, NPQ + 2 * lb:] = 0  # the buckets' counts
         if pc[PC_MODE] == M_BLOCK:
             D.init(pc[PC_CODE], pq[x, :NS])
             pq[x, NS] = 0  # the float scalar 0.0
-            pbl[x, B_HD, :] = -1  # the frequency buckets: empty lists
-            pbl[x, B_TL, :] = -1
     ps, pref, pst = np.zeros((R, K), np.int32), np.zeros((R, K), np.int32), np.zeros((R, K), np.int32)
     frun, fst = np.zeros((R, L), np.int32), np.zeros((R, L), np.int32)
     rs = np.zeros((R, NRS), np.int64)
