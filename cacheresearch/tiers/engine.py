@@ -199,13 +199,24 @@ def _get(S, row, k):
 @_JF
 def _get_seq(S, row, keys, e0, n, step, vic):
     """One ``get`` of each of ``keys[e0 + j]``, ``j`` = 0 .. n-1 (``step`` 1) or n-1 .. 0 (``step`` -1), on a
-    ``fifo`` or per-block row; the victims into ``vic`` in eviction order; returns how many."""
-    nv = 0
+    ``fifo`` or per-block row; the victims into ``vic`` in eviction order; returns how many. The gets run in the
+    dispatch's loop (the policy code tested once, not once a block); the presence bits follow after, as
+    :func:`_get` sets them one get at a time: every victim absent, then each key as its row now holds it (a
+    block's first change in an epoch saves the same as-of-sync value either way)."""
+    code = S.code[row] - 1
+    p = S.prow[row]
+    w_ = S.wh[p]
+    nv = D.gets_seq(code, S.nxt[row], S.prv[row], w_, S.ax[p], S.st[p], S.pp[p], S.bh[p], S.bt[p], S.bc[p], keys, e0,
+                    n, step, S.cap[row], S.cs[row], S.cg[row], S.cp[row], vic)
+    for x in range(nv):
+        _setp(S, row, vic[x], 0)
+    top = D.top(code)
     for x in range(n):
-        v = _get(S, row, keys[e0 + (x if step > 0 else n - 1 - x)])
-        if v >= 0:
-            vic[nv] = v
-            nv += 1
+        k = keys[e0 + x]
+        w = w_[k]
+        st = 1 if w >= 1 and w <= top else 0
+        if st != S.pres[row, k]:
+            _setp(S, row, k, st)
     return nv
 
 

@@ -91,6 +91,16 @@ def _source(names: list[str]) -> str:
                   f"            h += 1 if w >= 1 and w <= {int(m.TOP)} else 0",
                   f"            _p{c}.get({ROW}, k, C, x1, x2, x3)", "        return h"]
     lines += ["    raise ValueError('per-block policy code out of range')", ""]
+    lines += ["", "@numba.njit(cache=True)", f"def gets_seq(code, {ROW}, keys, e0, n, step, C, x1, x2, x3, vic):",
+              '    """``get`` of ``keys[e0 + x]``, x = 0 .. n-1 (``step`` 1) or n-1 .. 0 (-1); the blocks that',
+              '    left into ``vic`` in order; returns how many."""',
+              "    nv = 0"]
+    for c, m in enumerate(mods):
+        lines += [f"    if code == {c}:", "        for x in range(n):",
+                  f"            v = _p{c}.get({ROW}, keys[e0 + (x if step > 0 else n - 1 - x)], C, x1, x2, x3)",
+                  "            if v >= 0:", "                vic[nv] = v", "                nv += 1",
+                  "        return nv"]
+    lines += ["    raise ValueError('per-block policy code out of range')", ""]
     return "\n".join(lines) + "\n"
 
 
