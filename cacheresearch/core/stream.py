@@ -162,7 +162,9 @@ def run_structure(w: Workload) -> RunStructure:
         return cache
     n, S = w.n_requests, w.total_blocks
     nb = w.n_blocks.astype(np.int64)
-    raw = w.dense_ids().astype(np.int64) if S else np.zeros(0, np.int64)
+    # int32 positions and ids (S < 2**31: compile_stream's bound) and O(runs) request indices: on a day of the
+    # design scenario (32M blocks) the int64 arrays of every position were most of the peak memory
+    raw = w.dense_ids().astype(np.int32) if S else np.zeros(0, np.int32)
     U = int(raw.max()) + 1 if S else 0
     first = np.zeros(S, bool)
     last = np.zeros(S, bool)
@@ -170,15 +172,15 @@ def run_structure(w: Workload) -> RunStructure:
     first[w.offsets[:-1][has]] = True
     last[w.offsets[1:][has] - 1] = True
     # successor / predecessor of every position (-1: end / start of the request)
-    succ = np.full(S, -1, np.int64)
-    pred = np.full(S, -1, np.int64)
+    succ = np.full(S, -1, np.int32)
+    pred = np.full(S, -1, np.int32)
     if S > 1:
         succ[:-1] = np.where(last[:-1], -1, raw[1:])
         pred[1:] = np.where(first[1:], -1, raw[:-1])
     # a key's successor (predecessor) is unique when its min equals its max and is a real key
     def unique_neighbour(v):
-        lo = np.full(U, np.iinfo(np.int64).max)
-        hi = np.full(U, -2, np.int64)
+        lo = np.full(U, np.iinfo(np.int32).max, np.int32)
+        hi = np.full(U, -2, np.int32)
         np.minimum.at(lo, raw, v)
         np.maximum.at(hi, raw, v)
         return np.where((lo == hi) & (lo >= 0), lo, -1)
@@ -194,9 +196,11 @@ def run_structure(w: Workload) -> RunStructure:
         start = np.zeros(0, np.int64)
     ends = np.append(start[1:], S)
     length = ends - start
-    req = np.repeat(np.arange(n, dtype=np.int64), nb)[start] if S else np.zeros(0, np.int64)
+    # the request of each run start: the last request whose offset is at or before it (empty requests skipped)
+    req = (np.searchsorted(np.asarray(w.offsets[1:], np.int64), start, side="right").astype(np.int64) if S
+           else np.zeros(0, np.int64))
     n_runs = np.bincount(req, minlength=n).astype(np.int64) if S else np.zeros(n, np.int64)
-    rs = RunStructure(start, length, req, raw[start] if S else start, n_runs)
+    rs = RunStructure(start, length, req, raw[start].astype(np.int64) if S else start, n_runs)
     object.__setattr__(w, "_runs", rs)
     return rs
 

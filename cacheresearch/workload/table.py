@@ -110,9 +110,15 @@ class Workload:
         k = self.keys[order]
         new = np.ones(k.shape[0], dtype=bool)
         new[1:] = k[1:] != k[:-1]
-        ids = np.empty(k.shape[0], dtype=np.int64)
-        ids[order] = np.cumsum(new) - 1
-        req = np.repeat(np.arange(self.n_requests), self.n_blocks)[order]
+        del k  # one block-long temporary at a time (a day of the design scenario has 32M blocks)
+        ids = np.empty(new.shape[0], dtype=np.int64)
+        c = np.cumsum(new, dtype=np.int64)
+        c -= 1
+        ids[order] = c
+        del c
+        # the request of each sorted position: the first whose end lies past it (empty requests hold none)
+        req = np.searchsorted(np.asarray(self.offsets[1:], np.int64), order, side="right")
+        del order
         dup = ~new[1:] & (req[1:] == req[:-1])
         first = int(req[1:][dup].min()) if dup.any() else -1
         object.__setattr__(self, "_dense", ids)
