@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 #: presence: 1 <= W <= TOP[policy] (lfu: any frequency)
-TOP = {"fifo": 1, "sieve": 1, "s3fifo": 2, "lfu": 2**30, "arc": 2}
-_NQ = {"fifo": 2, "sieve": 2, "s3fifo": 4, "arc": 5}
+TOP = {"fifo": 1, "sieve": 1, "s3fifo": 2, "lfu": 2**30, "arc": 2, "clock": 1}
+_NQ = {"fifo": 2, "sieve": 2, "s3fifo": 4, "arc": 5, "clock": 2}
 
 
 class BlockState(NamedTuple):
@@ -217,6 +217,34 @@ def _get_sieve(a: dict, c: _Ctx, k, C, kn, do):
     return a, hit
 
 
+# ---------------------------------------------------------------- clock
+def _get_clock(a: dict, c: _Ctx, k, C, kn, do):
+    """libCacheSim Clock (cacheresearch/cache/kernels/clock.py): a hit sets the block's bit; to make room, an
+    oldest block with its bit set moves to the head with it cleared, else it leaves."""
+    U = a["W"].shape[1]
+    r = c.r
+    hit = do & (a["W"][r, k] == 1)
+    a["A"] = a["A"].at[r, jnp.where(hit, k, U)].set(1, mode="drop")
+    miss = do & ~hit & (C >= 1)
+
+    def cond(a):
+        return miss & (a["LC"][r, 1] + 1 > C)
+
+    def body(a):
+        act = cond(a)  # under vmap the body also runs for lanes whose loop ended: they must change nothing
+        t = a["LT"][r, 1]
+        again = act & (a["A"][r, jnp.clip(t, 0, U - 1)] > 0)
+        _unlink(a, c, t, act)
+        a["A"] = a["A"].at[r, jnp.where(again, t, U)].set(0, mode="drop")
+        _push(a, c, t, 1, again)
+        return a
+
+    a = _loop(cond, body, a)
+    a["A"] = a["A"].at[r, jnp.where(miss, k, U)].set(0, mode="drop")
+    _push(a, c, k, 1, miss)
+    return a, hit
+
+
 # ---------------------------------------------------------------- s3fifo
 def _get_s3fifo(a: dict, c: _Ctx, k, C, kn, do):
     """libCacheSim S3FIFO (cache/kernels/s3fifo.py) as a flat state machine: mode 0 choose,
@@ -365,7 +393,8 @@ def _get_arc(a: dict, c: _Ctx, k, C, kn, do):
 
 #: The JAX rules, by policy name: a per-block policy without one runs on the numba engines only, and the JAX
 #: engine refuses it in one line (core.simulate.check_bounds).
-_GET = {"fifo": _get_fifo, "sieve": _get_sieve, "s3fifo": _get_s3fifo, "lfu": _get_lfu, "arc": _get_arc}
+_GET = {"fifo": _get_fifo, "sieve": _get_sieve, "s3fifo": _get_s3fifo, "lfu": _get_lfu, "arc": _get_arc,
+        "clock": _get_clock}
 JAX_RULES = tuple(_GET)
 
 
@@ -374,7 +403,7 @@ def _occ(a: dict, name: str, r):
         return a["S"][r, 1]
     if name == "lfu":
         return a["S"][r, 0]
-    if name == "sieve":
+    if name in ("sieve", "clock"):
         return a["LC"][r, 1]
     return a["LC"][r, 1] + a["LC"][r, 2]
 
