@@ -182,8 +182,9 @@ def _grouped(items: list, pick) -> dict:
 
 def simulate_disagg(wl: Workload, cells: list[DisaggCell], *, key=None, max_running: int = 256,
                     queue_slots: int = 4096) -> DisaggResult:
-    """Every cell over ``wl``: the prefill pools of all disaggregated cells in one engine call, the aggregated
-    cells in another, then per distinct KV arrival sequence one decode call (cells sharing it run together)."""
+    """Every cell over ``wl``: the distinct prefill pools of the disaggregated cells in one engine call (cells
+    that differ only in link or decode pool share it), the aggregated cells in another, then per distinct KV
+    arrival sequence one decode call (cells sharing it run together)."""
     import jax  # noqa: PLC0415
 
     if not cells:
@@ -205,12 +206,15 @@ def simulate_disagg(wl: Workload, cells: list[DisaggCell], *, key=None, max_runn
         for c in (cells[g] for g in dis):
             if not isinstance(c.link, KvLink) or int(c.block_bytes) < 1:
                 raise DisaggError("disagg.block_bytes: a disaggregated cell needs a KvLink and block_bytes >= 1")
-        t, e, h, r, p, d = _run(prefill_workload(wl), [cells[g].prefill for g in dis], key, S=max_running,
+        uniq = _grouped(dis, lambda g: tuple(np.asarray(x).tolist() for x in cells[g].prefill))
+        first = [dis[js[0]] for js in uniq.values()]  # one prefill run per distinct prefill pool
+        t, e, h, r, p, d = _run(prefill_workload(wl), [cells[g].prefill for g in first], key, S=max_running,
                                 Q=queue_slots)
         nblk = -(-wl.input_tokens // wl.block_tokens)
         arrivals = {}
-        for j, g in enumerate(dis):
-            c = cells[g]
+        run_of = {dis[j]: u for u, js in enumerate(uniq.values()) for j in js}
+        for g in dis:
+            c, j = cells[g], run_of[g]
             done = np.where(e[j] >= 0, wl.arrival_ms + e[j], -1)
             land = link_arrivals(done, r[j], nblk * int(c.block_bytes), c.link)
             karr = np.where(land >= 0, -(-land // 1_000_000), -1)
