@@ -150,3 +150,49 @@ def test_pd_shape_and_link_checks():
         with pytest.raises(DisaggError, match=msg) as e:
             KvLink(**kw)
         assert "\n" not in str(e.value)
+
+
+_SMALL = dict(workload=dict(n_tenants=6, prefix_tokens=160, suffix_tokens=40, n_requests=120, hot_share=0.3,
+                            output_tokens=8, block_tokens=16),
+              rates_per_s=[20.0], replicas=3, pd=["agg", "1:2", "2:1"], routers=["llmd_precise"],
+              prefix_cache=["on", "off"], link_gbps=[0.05, 50.0],
+              vllm=dict(step_model="llama31_8b_h100_tp1", capacity_blocks=200, max_num_seqs=8,
+                        max_num_batched_tokens=256, queue_slots=64))
+
+
+def test_study_cells_equal_the_reference():
+    """experiment=disagg on a small fleet: a split cell's TTFT percentiles and ITL from the reference."""
+    from cacheresearch.replica.hardware import block_bytes
+    from cacheresearch.studies import disagg as S
+    from cacheresearch.studies.base import run_in_memory
+    from cacheresearch.workload.synthetic import design_workload
+
+    ds = run_in_memory(S.STUDIES[0], dict(kind="disagg", seed=1, seeds=1, study=_SMALL))
+    assert "the best split is" in S.summarize_disagg(ds)
+    w = S.salted(design_workload(**_SMALL["workload"], rate_per_s=20.0, seed=1))
+    kn = dict(capacity_blocks=200, max_num_batched_tokens=256, max_num_seqs=8, step_base_ns=5_752_705,
+              step_prefill_ns=17_251, step_decode_ns=5_999)
+    link = KvLink(0.05, 10.0, "prefill")
+    ref = reference_disagg(w, pd=(2, 1), prefill=dict(_ref_kwargs("llmd_precise", kn), max_running=8, queue_slots=64),
+                           decode=dict(_ref_kwargs("least_loaded", kn), max_running=8, queue_slots=64),
+                           mbps=link.mbps, latency_ns=link.latency_ns, block_bytes=block_bytes("llama3_8b"),
+                           bits=lambda n: np.asarray(request_bits(jax.random.key(0), n + 1))[:n])
+    t, e = np.asarray(ref["ttft_ms"]), np.asarray(ref["e2e_ms"])
+    cell = ds.sel(rate_per_s=20.0, pd="2:1", router="llmd_precise", prefix_cache="off", link_gbps=0.05)
+    ok = t >= 0
+    assert float(cell.ttft_p99_ms) == float(np.sort(t[ok])[(99 * ok.sum() + 99) // 100 - 1])
+    assert float(cell.itl_mean_ms) == pytest.approx(((e - t)[ok] / 7).mean())
+    assert int(cell.gpus) == 3 and float(ds.link_wait_ms.sel(pd="agg").max()) == 0.0
+
+
+@pytest.mark.parametrize("over,msg", [(dict(pd=["4:0"]), "study.pd: '4:0' has 0 decode workers"),
+                                      (dict(pd=["1:1"]), "uses 2 GPUs; every P:D must sum"),
+                                      (dict(link_gbps=[0.0]), "disagg.link_gbps: a link of 0.0 GB/s"),
+                                      (dict(prefix_cache=["maybe"]), "study.prefix_cache")])
+def test_study_errors_are_one_line(over, msg):
+    from cacheresearch.studies import disagg as S
+    from cacheresearch.studies.base import StudyError, run_in_memory
+
+    with pytest.raises(StudyError, match=msg) as e:
+        run_in_memory(S.STUDIES[0], dict(kind="disagg", study=dict(_SMALL, **over)))
+    assert "\n" not in str(e.value)
