@@ -154,10 +154,12 @@ def test_pd_shape_and_link_checks():
 
 _SMALL = dict(workload=dict(n_tenants=6, prefix_tokens=160, suffix_tokens=40, n_requests=120, hot_share=0.3,
                             output_tokens=8, block_tokens=16),
-              rates_per_s=[20.0], replicas=3, pd=["agg", "1:2", "2:1"], routers=["llmd_precise"],
-              prefix_cache=["on", "off"], link_gbps=[0.05, 50.0],
+              replicas=3, prefix_cache=["on", "off"],
               vllm=dict(step_model="llama31_8b_h100_tp1", capacity_blocks=200, max_num_seqs=8,
                         max_num_batched_tokens=256, queue_slots=64))
+
+
+_GRID = dict(pd=["agg", "1:2", "2:1"], router=["llmd_precise"], link_gbps=[0.05, 50.0], rate_per_s=[20.0])
 
 
 def test_study_cells_equal_the_reference():
@@ -167,7 +169,7 @@ def test_study_cells_equal_the_reference():
     from cacheresearch.studies.base import run_in_memory
     from cacheresearch.workload.synthetic import design_workload
 
-    ds = run_in_memory(S.STUDIES[0], dict(kind="disagg", seed=1, seeds=1, study=_SMALL))
+    ds = run_in_memory(S.STUDIES[0], dict(kind="disagg", seed=1, seeds=1, study=_SMALL, grid=_GRID))
     assert "the best split is" in S.summarize_disagg(ds)
     w = S.salted(design_workload(**_SMALL["workload"], rate_per_s=20.0, seed=1))
     kn = dict(capacity_blocks=200, max_num_batched_tokens=256, max_num_seqs=8, step_base_ns=5_752_705,
@@ -185,14 +187,16 @@ def test_study_cells_equal_the_reference():
     assert int(cell.gpus) == 3 and float(ds.link_wait_ms.sel(pd="agg").max()) == 0.0
 
 
-@pytest.mark.parametrize("over,msg", [(dict(pd=["4:0"]), "study.pd: '4:0' has 0 decode workers"),
-                                      (dict(pd=["1:1"]), "uses 2 GPUs; every P:D must sum"),
-                                      (dict(link_gbps=[0.0]), "disagg.link_gbps: a link of 0.0 GB/s"),
-                                      (dict(prefix_cache=["maybe"]), "study.prefix_cache")])
-def test_study_errors_are_one_line(over, msg):
+@pytest.mark.parametrize("over,grid,msg", [
+    ({}, dict(pd=["4:0"]), "grid.pd: '4:0' has 0 decode workers"),
+    ({}, dict(pd=["1:1"]), "uses 2 GPUs; every P:D must sum"),
+    ({}, dict(link_gbps=[0.0]), "disagg.link_gbps: a link of 0.0 GB/s"),
+    ({}, dict(policy=["lru"]), "grid.policy: unknown key"),
+    (dict(prefix_cache=["maybe"]), {}, "study.prefix_cache")])
+def test_study_errors_are_one_line(over, grid, msg):
     from cacheresearch.studies import disagg as S
     from cacheresearch.studies.base import StudyError, run_in_memory
 
     with pytest.raises(StudyError, match=msg) as e:
-        run_in_memory(S.STUDIES[0], dict(kind="disagg", study=dict(_SMALL, **over)))
+        run_in_memory(S.STUDIES[0], dict(kind="disagg", study=dict(_SMALL, **over), grid=dict(_GRID, **grid)))
     assert "\n" not in str(e.value)

@@ -1,14 +1,15 @@
 """``experiment=disagg``: aggregated serving vs prefill/decode disaggregation on the design scenario.
 
 The design scenario (:func:`~cacheresearch.workload.synthetic.design_workload`: 200 tenants x 10,000-token
-prefixes, 200 fresh and 200 output tokens a request, one hot tenant taking half) at a fixed Poisson rate, served
-by a fleet of vllm replicas (:mod:`cacheresearch.fleet.disagg`, the numba vllm backend: BLIS's step preset, the
-model preset's KV bytes per token) of ``replicas`` GPUs: aggregated (``agg``) or split ``P:D`` (``study.pd``),
-x the prefill router (the decode pool routes by load) x prefix caching on / off (off: every request's blocks
-salted with its index, so no block is shared and every prompt is computed, as with vLLM's
-``enable_prefix_caching=False``) x the KV link's bandwidth. Per cell: TTFT p50 / p99, ITL (mean and p99 of the
-per-request mean), SLO attainment and goodput (requests meeting both the TTFT and the ITL SLO per second, and
-per GPU), GPUs used, the prefill side's token hit rate, the KV link's wait and transfer time, preemptions, drops.
+prefixes, 200 fresh and 200 output tokens a request, one hot tenant taking half) at Poisson rates
+(``grid.rate_per_s``), served by a fleet of vllm replicas (:mod:`cacheresearch.fleet.disagg`, the numba vllm
+backend: BLIS's step preset, the model preset's KV bytes per token) of ``replicas`` GPUs: aggregated (``agg``) or
+split ``P:D`` (``grid.pd``) x the prefill router (``grid.router``; the decode pool routes by load) x prefix caching
+on / off (off: every request's blocks salted with its index, so no block is shared and every prompt is computed,
+as with vLLM's ``enable_prefix_caching=False``) x the KV link's bandwidth (``grid.link_gbps``). Per cell: TTFT
+p50 / p99, ITL (mean and p99 of the per-request mean), SLO attainment and goodput (requests meeting both the TTFT
+and the ITL SLO per second, and per GPU), GPUs used, the prefill side's token hit rate, the KV link's wait and
+transfer time, preemptions, drops.
 """
 
 from __future__ import annotations
@@ -29,13 +30,9 @@ __all__ = ["DISAGG_DEFAULTS", "disagg_study", "summarize_disagg", "plot_disagg",
 DISAGG_DEFAULTS = dict(
     workload=dict(n_tenants=200, prefix_tokens=10_000, suffix_tokens=200, n_requests=2_000, hot_share=0.5,
                   output_tokens=200, block_tokens=16),
-    rates_per_s=[10.0, 20.0, 40.0],
     replicas=8,
-    pd=["agg", "1:7", "2:6", "4:4", "6:2"],
-    routers=["llmd_precise", "least_loaded"],
     decode_router="least_loaded",
     prefix_cache=["on", "off"],
-    link_gbps=[10.0, 50.0, 200.0],
     link_latency_us=10.0,
     link="prefill",
     model="llama3_8b",
@@ -44,6 +41,11 @@ DISAGG_DEFAULTS = dict(
               max_num_batched_tokens=8192, queue_slots=4096),
     slo=dict(ttft_ms=2_000, itl_ms=25),
 )
+
+#: The study's grid (``grid.KEY=[...]`` on the command line): P:D splits ("agg": aggregated), the prefill
+#: router (agg: the fleet's), the KV link's GB/s (agg ignores it), the arrival rate.
+GRID = dict(pd=["agg", "1:7", "2:6", "4:4", "6:2"], router=["llmd_precise", "least_loaded"],
+            link_gbps=[10.0, 50.0, 200.0], rate_per_s=[10.0, 20.0, 40.0])
 
 _VARS = {
     "ttft_p50_ms": ("TTFT p50 (nearest rank, served requests)", "ms"),
@@ -74,27 +76,48 @@ def salted(wl: Workload) -> Workload:
                     name=wl.name + "/salted", meta=dict(wl.meta))
 
 
+def _grid(cfg) -> dict:
+    """:data:`GRID` with the ``grid.*`` lists given (one-line errors)."""
+    g = dict(GRID)
+    given = cfg.get("grid") if hasattr(cfg, "get") else None
+    if given is not None:
+        from omegaconf import OmegaConf  # noqa: PLC0415
+
+        given = OmegaConf.to_container(given, resolve=True) if not isinstance(given, dict) else given
+        for k, v in given.items():
+            if v is None:  # the sweep's own grid keys, unset
+                continue
+            if k not in g:
+                raise StudyError(f"grid.{k}: unknown key; the disagg grid has {sorted(g)}")
+            if not isinstance(v, (list, tuple)) or not v:
+                raise StudyError(f"grid.{k}: must be a non-empty list")
+            g[k] = list(v)
+    return g
+
+
 def _check(c) -> list:
     """The P:D shapes (None: agg), with one-line errors for the rest of the study's keys."""
     if not isinstance(c["pd"], (list, tuple)) or not c["pd"]:
-        raise StudyError("study.pd: a non-empty list of 'agg' and 'P:D' strings")
+        raise StudyError("grid.pd: a non-empty list of 'agg' and 'P:D' strings")
     R = c["replicas"]
     if isinstance(R, bool) or not isinstance(R, int) or R < 1:
         raise StudyError(f"study.replicas: must be an integer >= 1, got {R!r}")
     try:
-        shapes = [pd_shape(x, "study.pd") for x in c["pd"]]
+        shapes = [pd_shape(x, "grid.pd") for x in c["pd"]]
         for gb in c["link_gbps"]:
             KvLink(float(gb), float(c["link_latency_us"]), str(c["link"]))
     except DisaggError as e:
         raise StudyError(str(e)) from None
     for sh, x in zip(shapes, c["pd"]):
         if sh is not None and sum(sh) != R:
-            raise StudyError(f"study.pd: {x!r} uses {sum(sh)} GPUs; every P:D must sum to study.replicas = {R}")
+            raise StudyError(f"grid.pd: {x!r} uses {sum(sh)} GPUs; every P:D must sum to study.replicas = {R}")
     bad = [x for x in c["prefix_cache"] if x not in ("on", "off")]
     if bad or not c["prefix_cache"]:
         raise StudyError(f"study.prefix_cache: {bad or 'empty'}; a list of 'on' and 'off'")
-    B.positive_list("study.link_gbps", c["link_gbps"])
-    B.positive_list("study.rates_per_s", c["rates_per_s"])
+    B.positive_list("grid.link_gbps", c["link_gbps"])
+    B.positive_list("grid.rate_per_s", c["rates_per_s"])
+    if len(set(map(str, c["pd"]))) != len(c["pd"]) or len(set(c["routers"])) != len(c["routers"]):
+        raise StudyError(f"grid.pd / grid.router: repeated values in {c['pd']} / {c['routers']}")
     return shapes
 
 
@@ -117,7 +140,7 @@ def _cells(c, shapes, bb):
                                                 KvLink(float(gb), float(c["link_latency_us"]), str(c["link"])), bb))
                     where.append((i, j, k))
     except ValueError as e:
-        raise StudyError(f"study.routers: {e}") from None
+        raise StudyError(f"grid.router: {e}") from None
     return cells, where
 
 
@@ -154,6 +177,8 @@ def disagg_study(cfg) -> xr.Dataset:
 
     t0 = time.perf_counter()
     c = B.study_cfg(cfg, DISAGG_DEFAULTS)
+    g = _grid(cfg)
+    c.update(pd=g["pd"], routers=g["router"], link_gbps=g["link_gbps"], rates_per_s=g["rate_per_s"])
     shapes = _check(c)
     seed = B.seeds(cfg)[0]
     rates = [float(x) for x in c["rates_per_s"]]
