@@ -59,6 +59,12 @@ def _check(wl, *, pd, prouter, drouter, link, block_bytes, kn, S=6, Q=64):
     if pd is not None:
         for f in ("prefill_done_ms", "kv_arrival_ms"):
             np.testing.assert_array_equal(getattr(res, f)[0], np.asarray(ref[f], np.int64), err_msg=f)
+        # causality: arrival <= prefill done <= KV landed <= first token <= last token, for every served request
+        ok = res.ttft_ms[0] >= 0
+        arr, done, land = wl.arrival_ms[ok], res.prefill_done_ms[0][ok], res.kv_arrival_ms[0][ok]
+        assert np.all(done >= arr) and np.all(land >= done)
+        assert np.all(arr + res.ttft_ms[0][ok] > land) and np.all(res.e2e_ms[0][ok] >= res.ttft_ms[0][ok])
+        assert np.all(res.decode_replica[0][ok] < pd[1]) and np.all(res.prefill_replica[0] < pd[0])
     assert int(res.preemptions[0]) == ref["preemptions"] and int(res.dropped[0]) == ref["dropped"]
     return res, ref
 
@@ -93,7 +99,7 @@ def test_disagg_contention_and_preemption():
     assert ref["preemptions"] > 0
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 4096]),
        seqs=st.integers(1, 6), out=st.integers(0, 30), frac=st.integers(0, 100))
 def test_imported_kv_equals_reference(seed, cap, budget, seqs, out, frac):
@@ -106,8 +112,8 @@ def test_imported_kv_equals_reference(seed, cap, budget, seqs, out, frac):
     s = compile_stream(w, stateful_singletons=True)
     st_ = static_options(p, max_replicas=2, per_request=True, scheduler="vllm", max_running=6, queue_slots=64,
                          max_runs=int(np.max(np.asarray(s.n_runs))))
-    m = nv.run_stream(s, [p], [jax.random.key(0)], st_, imported=imp)
-    ref = reference_batch(w, replicas=2, max_running=6, queue_slots=64, imported=imp,
+    m = nv.run_stream(s, [p], [jax.random.key(KEY)], st_, imported=imp)
+    ref = reference_batch(w, replicas=2, max_running=6, queue_slots=64, imported=imp, bits=_bits(w.n_requests),
                           **_ref_kwargs("llmd_precise", dict(capacity_blocks=cap, max_num_batched_tokens=budget,
                                                              max_num_seqs=seqs)))
     for f in ("ttft_ms", "e2e_ms", "hit_blocks", "replica", "preempted"):
@@ -192,11 +198,14 @@ def test_study_cells_equal_the_reference():
     ({}, dict(pd=["1:1"]), "uses 2 GPUs; every P:D must sum"),
     ({}, dict(link_gbps=[0.0]), "disagg.link_gbps: a link of 0.0 GB/s"),
     ({}, dict(policy=["lru"]), "grid.policy: unknown key"),
+    (dict(engine=dict(backend="jax")), {}, "engine.backend=jax: experiment=disagg"),
     (dict(prefix_cache=["maybe"]), {}, "study.prefix_cache")])
 def test_study_errors_are_one_line(over, grid, msg):
     from cacheresearch.studies import disagg as S
     from cacheresearch.studies.base import StudyError, run_in_memory
 
     with pytest.raises(StudyError, match=msg) as e:
-        run_in_memory(S.STUDIES[0], dict(kind="disagg", study=dict(_SMALL, **over), grid=dict(_GRID, **grid)))
+        eng = over.pop("engine", None)
+        cfg = dict(kind="disagg", study=dict(_SMALL, **over), grid=dict(_GRID, **grid))
+        run_in_memory(S.STUDIES[0], dict(cfg, engine=eng) if eng else cfg)
     assert "\n" not in str(e.value)

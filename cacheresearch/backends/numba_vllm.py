@@ -43,6 +43,10 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
   valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
 
+* imported KV (``run_stream(..., imported=)``, a P/D decode pool: :mod:`cacheresearch.fleet.disagg`): a request's
+  first admission counts ``min(imported, input - 1)`` prompt tokens as computed, so only the rest is prefilled
+  (the JAX replica does not model it; ``tests/reference_batch.py`` states the same rule).
+
 The metrics are the JAX replica's, field by field (:func:`run_stream` builds the same unfinalized
 :class:`~cacheresearch.metrics.core.Metrics`); the float32 KV and queue integrals are accumulated in the
 same order by the same float32 operations. ``tests/test_numba_vllm.py`` checks every request's TTFT,

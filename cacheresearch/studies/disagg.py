@@ -177,6 +177,11 @@ def disagg_study(cfg) -> xr.Dataset:
 
     t0 = time.perf_counter()
     c = B.study_cfg(cfg, DISAGG_DEFAULTS)
+    eng = cfg.get("engine") if hasattr(cfg, "get") else None
+    backend = str(eng.get("backend", "auto")) if eng is not None and hasattr(eng, "get") else "auto"
+    if backend == "jax":
+        raise StudyError("engine.backend=jax: experiment=disagg imports KV into the decode pool, which only the numba "
+                         "vllm backend models; use engine.backend=numba or auto")
     g = _grid(cfg)
     c.update(pd=g["pd"], routers=g["router"], link_gbps=g["link_gbps"], rates_per_s=g["rate_per_s"])
     shapes = _check(c)
