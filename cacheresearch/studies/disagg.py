@@ -211,6 +211,10 @@ def disagg_study(cfg) -> xr.Dataset:
                     coords=dict(rate_per_s=rates, pd=[str(x) for x in c["pd"]], router=list(c["routers"]),
                                 prefix_cache=list(c["prefix_cache"]), link_gbps=[float(x) for x in c["link_gbps"]]))
     B.doc(ds, _VARS)
+    ds["pd"].attrs.update(long_name="prefill:decode workers ('agg': one aggregated fleet)")
+    ds["prefix_cache"].attrs.update(long_name="prefix caching on the replicas (off: every request's keys salted)")
+    ds["link_gbps"].attrs.update(long_name="KV link bandwidth, prefill to decode (agg: unused)", units="GB/s")
+    ds["router"].attrs.update(long_name="prefill pool's router (agg: the fleet's)")
     ds.attrs.update(B.common_attrs(cfg, "disagg", t0, dict(
         simulate_time_s=ts, build_time_s=tb - t0, n_requests=wls[0].n_requests,
         configurations=len(rates) * len(c["prefix_cache"]) * len(cells),
