@@ -270,7 +270,7 @@ def _answers(ds) -> list[str]:
                    f"the mean wait from prefill done to KV landed is {float(lo.link_wait_ms.median()):.0f} ms (median "
                    f"over split cells; worst {float(lo.link_wait_ms.max()) / 1000:.1f} s), at {gbs.max():g} GB/s "
                    f"{float(hi.link_wait_ms.median()):.0f} ms.")
-    if ds.router.size > 1 and dis_pd and gbs.size:
+    if ds.router.size > 1 and dis_pd and gbs.size and a.get("link") == "prefill":
         r0, r1 = (str(x) for x in ds.router.values[:2])
         w = ds.link_wait_ms.sel(link_gbps=gbs.min(), prefix_cache=ds.prefix_cache.values[0]).sel(pd=dis_pd)
         out.append(f"- routing and the per-worker links (prefix cache {ds.prefix_cache.values[0]}, {gbs.min():g} GB/s, "
