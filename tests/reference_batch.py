@@ -129,10 +129,12 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
                     load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
-                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", **kn):
+                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", imported=None, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
     ``policy``: the pool's free-block order (``tests/reference_vllm.py``; ``ttl_ms`` for ``ttl_refresh``,
-    ``pool_knobs`` for a per-block policy's sizes); ``cpu_blocks`` etc.: the cpu tier of the module docstring."""
+    ``pool_knobs`` for a per-block policy's sizes); ``cpu_blocks`` etc.: the cpu tier of the module docstring.
+    ``imported`` (per request, optional): prompt tokens whose KV arrives with the request (a P/D decode pool): its
+    first admission (no preemption yet) starts from ``max(hit tokens, min(imported, input - 1))`` computed tokens."""
     assert cpu_blocks == 0 or policy == "lru", "the cpu tier runs behind the lru pool only"
     R = int(replicas)
     N = int(workload.n_requests)
@@ -150,6 +152,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     scrape_t, scrape_q, scrape_kv = -1, [0] * R, [0] * R
     keys_of = [[int(k) for k in workload.request_keys(i)] for i in range(N)]
     P_of = [int(x) for x in workload.input_tokens]
+    imp_of = [0] * N if imported is None else [int(x) for x in imported]
     O_of = [int(x) for x in workload.output_tokens]
     bits_l = [[0, 0, 0, 0]] * N if bits is None else [[int(x) for x in row] for row in np.asarray(bits).tolist()]
     knobs = dict(chwbl_c_pct=150, cache_threshold_pm=500, balance_abs=32, balance_rel_pct=150,
@@ -318,6 +321,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             start = overlap == "async" and rdy < 0 and ch > 0  # allocate the hit, load, schedule when it lands
             pt = P + dprev
             c0 = h * B
+            if np_ == 0 and imp_of[i] > 0:  # imported KV: all but the last prompt token computed at admission
+                c0 = max(c0, min(imp_of[i], max(P - 1, 0)))
             tk = 0 if start else min(pt - c0, left)
             c1 = c0 + tk
             a1 = _cdiv(c1, B) - keyed(c1, P)

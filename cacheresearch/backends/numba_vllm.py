@@ -43,6 +43,10 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
   valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
 
+* imported KV (``run_stream(..., imported=)``, a P/D decode pool: :mod:`cacheresearch.fleet.disagg`): a request's
+  first admission counts ``min(imported, input - 1)`` prompt tokens as computed, so only the rest is prefilled
+  (the JAX replica does not model it; ``tests/reference_batch.py`` states the same rule).
+
 The metrics are the JAX replica's, field by field (:func:`run_stream` builds the same unfinalized
 :class:`~cacheresearch.metrics.core.Metrics`); the float32 KV and queue integrals are accumulated in the
 same order by the same float32 operations. ``tests/test_numba_vllm.py`` checks every request's TTFT,
@@ -86,9 +90,10 @@ SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU = range(11)
 NSL = 11
 #: a request's cpu-hit blocks leave the kernel packed above its hit blocks: hitb = hit + cpu hit x CPU_SHIFT
 CPU_SHIFT = 2**32
-# the stream, columns of rq [N, NRQ] (per request)
-QARR, QNB, QIN, QOUT, QOFF, QNR, QE0 = range(7)
-NRQ = 7
+# the stream, columns of rq [N, NRQ] (per request); QIMP: prompt tokens whose KV arrives with the request (a P/D
+# decode pool, cacheresearch/fleet/disagg.py): computed at its first admission, at most input - 1
+QARR, QNB, QIN, QOUT, QOFF, QNR, QE0, QIMP = range(8)
+NRQ = 8
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
@@ -595,6 +600,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         start = asy and rdy < 0 and ch > 0  # async: allocate the hit blocks and start the load; schedule later
         pt = Ph + dprev
         c0 = hit * bt
+        if np_ == 0 and rq[h, QIMP] > 0:  # imported KV (P/D): computed at the first admission but the last token
+            c0 = max(c0, min(rq[h, QIMP], max(Ph - 1, 0)))
         tk = 0 if start else min(pt - c0, left)
         c1 = c0 + tk
         k1 = _keyed(c1, Ph, bt)
@@ -1338,13 +1345,17 @@ def _block_log(stream: Stream, n: int):
     return log0, U
 
 
-def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | None = None) -> Metrics:
+def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | None = None,
+               imported: np.ndarray | None = None) -> Metrics:
     """Configurations ``params`` (PRNG ``keys``) over one unpadded stream under the static options ``st``
     (``scheduler="vllm"``): the JAX replica's unfinalized :class:`Metrics` (ratio fields NaN; pass them to
     :func:`~cacheresearch.metrics.core.finalize`), leading axis [G]; per-request arrays have ``n_out``
     entries (default: the stream's requests), padded as the JAX program pads them. Configurations with a
     per-block policy run on the stream with every block a run of its own (:func:`_block_log`), the others on
-    its runs; the results come back in the order given."""
+    its runs; the results come back in the order given. ``imported`` (int [N], optional): per request, the prompt
+    tokens whose KV arrives with it (a P/D decode pool, :mod:`cacheresearch.fleet.disagg`): its first admission
+    counts ``min(imported, input - 1)`` tokens as computed (more when its prefix hit is longer), the rest is
+    prefilled; a preempted request recomputes as ever."""
     P = _fields(params)
     G = P["policy"].shape[0]
     missing = coverage([type("P", (), {f: P[f][g] for f in P})() for g in range(G)], st)
@@ -1353,15 +1364,17 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     pc = _pool_config(P)
     per_block = pc[:, PC_MODE] == M_BLOCK
     if per_block.all() or not per_block.any():
-        return _run_part(stream, P, pc, keys, st, n_out, bool(per_block.all()))
+        return _run_part(stream, P, pc, keys, st, n_out, bool(per_block.all()), imported=imported)
     parts = [np.nonzero(~per_block)[0], np.nonzero(per_block)[0]]
-    ms = [_run_part(stream, {f: v[ix] for f, v in P.items()}, pc[ix], [keys[int(g)] for g in ix], st, n_out, b)
+    ms = [_run_part(stream, {f: v[ix] for f, v in P.items()}, pc[ix], [keys[int(g)] for g in ix], st, n_out, b,
+                    imported=imported)
           for ix, b in zip(parts, (False, True))]
     order = np.argsort(np.concatenate(parts), kind="stable")
     return Metrics(*(np.concatenate([np.asarray(a), np.asarray(b)])[order] for a, b in zip(*ms)))
 
 
-def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu_out: list | None = None) -> Metrics:
+def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu_out: list | None = None, *,
+              imported: np.ndarray | None = None) -> Metrics:
     """One kernel call; with ``cpu_out`` (a list) the per-request cpu-hit blocks ``[G, N]`` and the blocks offloaded
     per configuration ``[G]`` are appended to it (configurations with a cpu tier: ``pc[:, PC_CPU] > 0``, per-block
     mode, :mod:`cacheresearch.tiers.vllm`)."""
@@ -1386,8 +1399,9 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
         ent = log0[:-1]
         if np.any(ent[:, 0] >= K) or np.any(run_len[np.minimum(ent[:, 0], K - 1)] != ent[:, 1]):
             raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True) (whole runs)")
+    host["imported"] = np.zeros(n, np.int64) if imported is None else np.asarray(imported, np.int64)[:n]
     rq = np.stack([host[k] for k in ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs",
-                                     "entry0")], axis=1)
+                                     "entry0", "imported")], axis=1)
     pkey = np.stack([np.asarray(stream.key_hi), np.asarray(stream.key_lo)], axis=1).astype(np.int64)
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas

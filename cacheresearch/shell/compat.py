@@ -389,6 +389,15 @@ def markdown(checks: dict, tiers: tuple[dict, dict], col: dict) -> str:
             lines.append(f"| `{r}` | {v if v == ANY_VIEW else f'`{v}`'} | " + " | ".join(row) + " |")
     lines += ["", "What the tiered engine refuses (`tiers.make_config`, its message word for word), one of each:", ""]
     lines += [f"- {what}: {_md(msg)}" for what, msg in refused.items()]
+    lines += ["", "## Fleet shapes", "",
+              "- **P/D disaggregation** (`fleet/disagg.py`, `experiment=disagg`, axes `grid.pd` and `grid.link_gbps`):"
+              " the prefill and the decode pool are each a vllm replica cell on the numba backend, so a pool's router"
+              " runs where the vllm table above has `N`; the decode pool imports the prompt's KV, which the JAX engine"
+              " does not model (`engine.backend=jax` is refused in one line); the fcfs replica is not split; the grid"
+              " study refuses `grid.pd` and `grid.link_gbps` in one line.",
+              "- **Autoscaling** (`fleet/autoscale.py`, `experiment=autoscale`): the fcfs replica with a leaf-first"
+              " LRU per slot and its own five routers on its own numba kernel (`backends/numba_autoscale.py`); no JAX"
+              " program, no vllm replica."]
     return "\n".join(lines) + "\n"
 
 

@@ -24,8 +24,9 @@ KNOB_KEYS = tuple(k for k in KNOB_NAMES if k != "prefix_blocks")
 TENANT_GRID_KEYS = ("rate_per_s", "hot_share", "arrival", "salt")
 GRID_KEYS = (("policy", "capacity_blocks", "cpu_capacity_blocks", "ttl_s", "replicas", "router", "prefix_blocks")
              + KNOB_KEYS + TENANT_GRID_KEYS + ("layout", "seed"))
-#: Grid keys of studies that lay out their own grid (experiment=tiers); the grid study refuses them.
-STUDY_GRID_KEYS = ("cpu_gbps",)
+#: Grid keys of studies that lay out their own grid (experiment=tiers: cpu_gbps; experiment=disagg: pd, link_gbps);
+#: the grid study refuses them.
+STUDY_GRID_KEYS = ("cpu_gbps", "pd", "link_gbps")
 LAYOUTS = ("stable", "timestamp_top")
 SOURCES = ("fleet", "design", "trace", "tenant", "fitted")
 ARRIVALS = ("poisson", "bursty", "diurnal")

@@ -336,6 +336,9 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise SweepError(f"workload.source: unknown source {source!r}; choose one of {list(SOURCES)}")
     grid = OmegaConf.to_container(cfg.grid, resolve=True)
     unknown = sorted(k for k, v in grid.items() if k not in GRID_KEYS and v is not None)
+    if "pd" in unknown or "link_gbps" in unknown:
+        raise SweepError("grid.pd / grid.link_gbps: prefill/decode splits run in experiment=disagg "
+                         "(studies/disagg.py); this grid serves aggregated fleets")
     if unknown:  # a study's own grid key (experiment=tiers), or no schema
         raise SweepError(f"grid: unknown keys {unknown}; known grid keys are {list(GRID_KEYS)}")
     base = _base_values(cfg)

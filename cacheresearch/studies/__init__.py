@@ -16,7 +16,7 @@ and the progress bar. The modules:
   ``mooncake_table1``, ``ttl_trace``;
 * :mod:`~cacheresearch.studies.hosted`: ``hosted``; :mod:`~cacheresearch.studies.layouts`: ``layouts``;
   :mod:`~cacheresearch.studies.policy_curves`: ``policy_curves``;
-* :mod:`~cacheresearch.studies.autoscale`: ``autoscale``.
+* :mod:`~cacheresearch.studies.autoscale`: ``autoscale``; :mod:`~cacheresearch.studies.disagg`: ``disagg``.
 
 Adding a study: ``docs/adding_a_study.md``.
 """
@@ -29,6 +29,7 @@ from cacheresearch.studies import (
     audit,
     autoscale,
     diagnostics,
+    disagg,
     economics,
     hosted,
     layouts,
@@ -55,8 +56,8 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, autoscale, diagnostics, traces, llmd_benchmark, hosted, layouts, policy_curves, tune,
-                tiers):
+for _module in (economics, audit, autoscale, disagg, diagnostics, traces, llmd_benchmark, hosted, layouts,
+                policy_curves, tune, tiers):
     for _s in _module.STUDIES:
         register(_s)
 
