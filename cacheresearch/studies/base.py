@@ -32,8 +32,8 @@ from omegaconf import OmegaConf
 from cacheresearch import __version__
 
 __all__ = ["StudyError", "Cells", "Study", "StudyRun", "engine_hits", "run_in_memory", "defaults_class",
-           "study_cfg", "seeds", "positive_list", "common_attrs", "doc", "pct", "usd", "table", "header", "fig",
-           "errbar", "progress", "HOUR", "DAY"]
+           "study_cfg", "seeds", "grid_lists", "positive_list", "common_attrs", "doc", "pct", "usd", "table",
+           "header", "fig", "errbar", "progress", "HOUR", "DAY"]
 
 HOUR = 3600.0
 DAY = 86_400.0
@@ -204,6 +204,26 @@ def seeds(cfg) -> list[int]:
     if n < 1:
         raise StudyError("seeds must be >= 1")
     return [s0 + i for i in range(n)]
+
+
+def grid_lists(cfg, defaults: dict, study: str) -> dict:
+    """A study's own grid: ``defaults`` with the ``grid.*`` lists the run gives (a key set to None, one of the
+    sweep's own grid keys left unset, is skipped); an unknown key or an empty or non-list value is a one-line
+    :class:`StudyError` naming the key and the ``study``'s grid."""
+    g = dict(defaults)
+    given = cfg.get("grid") if hasattr(cfg, "get") else None
+    if given is None:
+        return g
+    given = OmegaConf.to_container(given, resolve=True) if not isinstance(given, dict) else given
+    for k, v in given.items():
+        if v is None:
+            continue
+        if k not in g:
+            raise StudyError(f"grid.{k}: unknown key; the {study} grid has {sorted(g)}")
+        if not isinstance(v, (list, tuple)) or not v:
+            raise StudyError(f"grid.{k}: must be a non-empty list")
+        g[k] = list(v)
+    return g
 
 
 def positive_list(name, v, *, integer=False) -> list:

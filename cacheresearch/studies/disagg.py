@@ -78,21 +78,7 @@ def salted(wl: Workload) -> Workload:
 
 def _grid(cfg) -> dict:
     """:data:`GRID` with the ``grid.*`` lists given (one-line errors)."""
-    g = dict(GRID)
-    given = cfg.get("grid") if hasattr(cfg, "get") else None
-    if given is not None:
-        from omegaconf import OmegaConf  # noqa: PLC0415
-
-        given = OmegaConf.to_container(given, resolve=True) if not isinstance(given, dict) else given
-        for k, v in given.items():
-            if v is None:  # the sweep's own grid keys, unset
-                continue
-            if k not in g:
-                raise StudyError(f"grid.{k}: unknown key; the disagg grid has {sorted(g)}")
-            if not isinstance(v, (list, tuple)) or not v:
-                raise StudyError(f"grid.{k}: must be a non-empty list")
-            g[k] = list(v)
-    return g
+    return B.grid_lists(cfg, GRID, "disagg")
 
 
 def _check(c) -> list:

@@ -91,20 +91,7 @@ GRID = dict(cpu_capacity_blocks=[0, 1.0, 2.0, 4.0], cpu_gbps=[1.0, 5.0, 25.0, 50
 
 
 def _grid(cfg) -> dict:
-    g = dict(GRID)
-    given = cfg.get("grid") if hasattr(cfg, "get") else None
-    if given is not None:
-        from omegaconf import OmegaConf  # noqa: PLC0415
-
-        given = OmegaConf.to_container(given, resolve=True) if not isinstance(given, dict) else given
-        for k, v in given.items():
-            if v is None:  # the sweep's own grid keys, unset
-                continue
-            if k not in g:
-                raise StudyError(f"grid.{k}: unknown key; the tiers grid has {sorted(g)}")
-            if not isinstance(v, (list, tuple)) or not v:
-                raise StudyError(f"grid.{k}: must be a non-empty list")
-            g[k] = list(v)
+    g = B.grid_lists(cfg, GRID, "tiers")
     caps = g["cpu_capacity_blocks"]
     for x in caps:
         if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0:
