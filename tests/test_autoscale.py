@@ -198,6 +198,14 @@ def test_study_cells_equal_the_reference():
     cell = dict(policy="slo", delay_s=120.0, prewarm_pct=50, router="ring")
     assert float(ds.token_hit_rate.sel(cell)) == ht / wl.input_tokens.sum()
     assert float(ds.gpu_hours.sel(cell)) == tot["gpu_ms"] / 3.6e6
-    assert "static 3" in A.summarize_autoscale(ds)
+    assert "static fleet of 3" in A.summarize_autoscale(ds)
+    for target in (99.0, 0.0):  # the answer: the cheapest cell at or above the attainment target, its cost
+        ds.attrs["attainment_pct"] = target
+        costs = [float(u) for u, a in zip(np.ravel(ds.usd), np.ravel(ds.slo_attainment)) if 100 * a >= target]
+        costs += [float(u) for u, a in zip(np.ravel(ds.static_usd), np.ravel(ds.static_slo_attainment))
+                  if 100 * a >= target]
+        first = A.summarize_autoscale(ds).split("Answers", 1)[1].splitlines()[1]
+        assert (f"${min(costs):.0f} a day" in first and first.startswith("* Use ")) if costs else \
+            first.startswith("* No cell meets it")
     with pytest.raises(StudyError, match="study.policies"):
         run_in_memory(A.STUDIES[0], dict(kind="autoscale", study=dict(study, policies=["psychic"])))

@@ -46,6 +46,7 @@ AUTOSCALE_DEFAULTS = dict(
                 schedule=[1] * 9 + [2] * 9 + [1] * 6, schedule_period_s=3_600),
     usd_per_gpu_hour=2.5,
     bin_s=3_600.0,
+    attainment_pct=99.0,  # the summary's objective: the cheapest cell with this share of requests within the SLO
 )
 
 _TOTALS = ("token_hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "slo_attainment", "gpu_hours", "usd",
@@ -122,7 +123,8 @@ def autoscale_study(cfg) -> xr.Dataset:
                                       hour=np.arange(nb) * float(c["bin_s"]) / 3600.0))
     ds.attrs.update(B.common_attrs(cfg, "autoscale", t0, dict(
         simulate_time_s=ts, build_time_s=tb - t0, n_requests=wl.n_requests, configurations=len(cells) + len(static),
-        usd_per_gpu_hour=float(c["usd_per_gpu_hour"]), slo_ms=int(c["scaler"]["slo_ms"]))))
+        usd_per_gpu_hour=float(c["usd_per_gpu_hour"]), slo_ms=int(c["scaler"]["slo_ms"]),
+        attainment_pct=float(c["attainment_pct"]))))
     return ds
 
 
@@ -133,11 +135,76 @@ def _row(ds, sel, label):
             f"{v['gpu_hours']:.1f}", f"${v['usd']:.0f}", f"{v['recompute_tokens'] / 1e6:.1f}M", f"${v['cold_usd']:.2f}"]
 
 
+def _cells(ds) -> list[tuple[str, dict]]:
+    """(label, totals) of every cell: the static fleets, then the autoscaled ones."""
+    out = []
+    for r in ds.router.values:
+        for k in ds.static_replicas.values:
+            out.append((f"static fleet of {k}, router {r}",
+                        {x: float(ds[f"static_{x}"].sel(static_replicas=k, router=r)) for x in _TOTALS}))
+        for p in ds.policy.values:
+            for d in ds.delay_s.values:
+                for w in ds.prewarm_pct.values:
+                    sel = dict(policy=p, delay_s=d, prewarm_pct=w, router=r)
+                    out.append((f"scaler {p}, delay {d:g} s, prewarm {w}%, router {r}",
+                                {x: float(ds[x].sel(sel)) for x in _TOTALS}))
+    return out
+
+
+def _answers(ds) -> list[str]:
+    """The summary's opening: the cheapest cell that meets the objective (ties named), the static fleet it
+    replaces, and what cold caches and the provisioning delay cost."""
+    slo, target = ds.attrs.get("slo_ms", 0), float(ds.attrs.get("attainment_pct", 99.0))
+    cells = _cells(ds)
+    out = [f"Answers (objective: the lowest cost with at least {target:g}% of requests at TTFT <= {slo} ms; change "
+           f"it with study.attainment_pct=P and study.scaler.slo_ms=MS):"]
+    ok = [(v["usd"], lab, v) for lab, v in cells if 100 * v["slo_attainment"] >= target]
+    if not ok:
+        lab, v = max(cells, key=lambda x: x[1]["slo_attainment"])
+        out.append(f"* No cell meets it: the highest attainment is {B.pct(v['slo_attainment'])} ({lab}, "
+                   f"${v['usd']:.0f} a day). Raise study.scaler.max_replicas or relax the objective.")
+    else:
+        ok.sort(key=lambda x: x[0])
+        usd, lab, v = ok[0]
+        ties = [x[1] for x in ok[1:] if abs(x[0] - usd) < 0.5]
+        tie = f"; tied within $0.50: {len(ties)} more ({ties[0]}{', ...' if len(ties) > 1 else ''})" if ties else ""
+        out.append(f"* Use {lab}: ${usd:.0f} a day ({v['gpu_hours']:.1f} GPU-hours, {v['replicas_mean']:.2f} replicas "
+                   f"on average), {B.pct(v['slo_attainment'])} within the SLO, token hit rate "
+                   f"{B.pct(v['token_hit_rate'])}{tie}.")
+        stat = [x for x in ok if x[1].startswith("static")]
+        if stat and not lab.startswith("static"):
+            out.append(f"* The cheapest static fleet that meets it, {stat[0][1]}, costs ${stat[0][0]:.0f} a day: "
+                       f"autoscaling saves ${stat[0][0] - usd:.0f} ({100 * (1 - usd / stat[0][0]):.0f}%).")
+        elif not stat:
+            out.append("* No static fleet in the grid meets it.")
+        if lab.startswith("static"):
+            al, av = max(((la, va) for la, va in cells if not la.startswith("static")),
+                         key=lambda x: (x[1]["slo_attainment"], -x[1]["usd"]))
+            if 100 * av["slo_attainment"] < target:
+                out.append(f"* No autoscaled cell meets it: the best, {al}, keeps {B.pct(av['slo_attainment'])} "
+                           f"within the SLO at ${av['usd']:.0f} a day (its scaler's target, study.targets, sets how "
+                           "many replicas it keeps at the peak).")
+    auto = [(lab, v) for lab, v in cells if not lab.startswith("static")]
+    lab, v = max(auto, key=lambda x: x[1]["cold_usd"])
+    if v["cold_usd"] > 0:
+        out.append(f"* Cold caches cost at most ${v['cold_usd']:.2f} a day ({v['recompute_tokens'] / 1e6:.1f}M prompt "
+                   f"tokens recomputed after scale-ups: {lab}); prewarming and fewer scale-ups cut it.")
+    else:
+        out.append("* Cold caches cost nothing here: no scaled-up replica recomputed a prefix another replica held.")
+    d0, d1 = ds.delay_s.values[0], ds.delay_s.values[-1]
+    if d1 != d0:
+        att = ds["slo_attainment"].max(dim=("policy", "prewarm_pct", "router"))
+        out.append(f"* Provisioning delay: the best autoscaled attainment goes from {B.pct(float(att.sel(delay_s=d0)))}"
+                   f" at {d0:g} s to {B.pct(float(att.sel(delay_s=d1)))} at {d1:g} s.")
+    return out + [""]
+
+
 def summarize_autoscale(ds) -> str:
     head = ["cell", "hit", "p50 s", "p90 s", "p99 s", "SLO", "replicas", "GPU-h", "cost", "recomputed", "cold $"]
     slo = ds.attrs.get("slo_ms", 0)
-    out = B.header(ds) + ["", f"{ds.attrs.get('n_requests')} requests over the day; SLO = TTFT <= {slo} ms; "
-                          f"${ds.attrs.get('usd_per_gpu_hour')}/GPU-hour", ""]
+    out = B.header(ds) + [""] + _answers(ds) + [
+        f"{ds.attrs.get('n_requests')} requests over the day; SLO = TTFT <= {slo} ms; "
+        f"${ds.attrs.get('usd_per_gpu_hour')}/GPU-hour", ""]
     for r in ds.router.values:
         rows = [head]
         for k in ds.static_replicas.values:
