@@ -209,3 +209,37 @@ def test_study_errors_are_one_line(over, grid, msg):
         cfg = dict(kind="disagg", study=dict(_SMALL, **over), grid=dict(_GRID, **grid))
         run_in_memory(S.STUDIES[0], dict(cfg, engine=eng) if eng else cfg)
     assert "\n" not in str(e.value)
+
+
+def test_study_on_a_trace_equals_the_reference():
+    """study.trace.path: a Mooncake trace (512-token blocks) replayed at each rate_per_s (arrivals scaled about the
+    first to that mean rate); a split cell equals the reference on the scaled trace; a missing file is one line."""
+    from pathlib import Path
+
+    from cacheresearch.replica.hardware import block_bytes
+    from cacheresearch.studies import disagg as S
+    from cacheresearch.studies.base import StudyError, run_in_memory
+    from cacheresearch.workload.trace import load_trace
+
+    path = str(Path(__file__).parent / "fixtures" / "mini_mooncake.jsonl")
+    study = dict(_SMALL, prefix_cache=["on"], trace=dict(path=path, max_requests=40, block_tokens=None))
+    ds = run_in_memory(S.STUDIES[0], dict(kind="disagg", seed=1, seeds=1, study=study, grid=_GRID))
+    assert ds.attrs["workload"] != "design scenario"
+    w = S.at_rate(load_trace(path, max_requests=40), 20.0)
+    arr = w.arrival_ms.astype(np.int64)
+    assert (np.diff(arr) >= 0).all() and abs(39 * 1000.0 / (arr[-1] - arr[0]) - 20.0) < 0.5
+    kn = dict(capacity_blocks=200, max_num_batched_tokens=256, max_num_seqs=8, step_base_ns=5_752_705,
+              step_prefill_ns=17_251, step_decode_ns=5_999)
+    link = KvLink(0.05, 10.0, "prefill")
+    ref = reference_disagg(w, pd=(1, 2), prefill=dict(_ref_kwargs("llmd_precise", kn), max_running=8, queue_slots=64),
+                           decode=dict(_ref_kwargs("least_loaded", kn), max_running=8, queue_slots=64),
+                           mbps=link.mbps, latency_ns=link.latency_ns,
+                           block_bytes=block_bytes("llama3_8b", block_tokens=int(w.block_tokens)),
+                           bits=lambda n: np.asarray(request_bits(jax.random.key(0), n + 1))[:n])
+    t = np.asarray(ref["ttft_ms"])
+    ok = t >= 0
+    cell = ds.sel(rate_per_s=20.0, pd="1:2", router="llmd_precise", prefix_cache="on", link_gbps=0.05)
+    assert float(cell.ttft_p99_ms) == float(np.sort(t[ok])[(99 * ok.sum() + 99) // 100 - 1])
+    with pytest.raises(StudyError, match="study.trace.path: no such trace file") as e:
+        run_in_memory(S.STUDIES[0], dict(kind="disagg", study=dict(study, trace=dict(path="nope.jsonl")), grid=_GRID))
+    assert "\n" not in str(e.value)

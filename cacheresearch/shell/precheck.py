@@ -125,6 +125,8 @@ def trace_inputs(cfg) -> list[tuple[str, dict, str, str]]:
         t.update(format="mooncake", block_tokens=(_get(cfg, "study.agent") or {}).get("block_tokens", 64))
         return [("study.trace.path", t, "set study.agent.block_tokens=N",
                  "set study.trace.path=FILE, or run without the agent workload: 'study.workloads=[design]'")]
+    if kind == "disagg" and (_get(cfg, "study.trace") or {}).get("path"):
+        return [("study.trace.path", dict(_get(cfg, "study.trace")), "set study.trace.block_tokens=N", "")]
     if kind == "granularity" and _get(cfg, "study.trace_path"):
         return [("study.trace_path", dict(path=_get(cfg, "study.trace_path"), format="mooncake", block_tokens=512),
                  "study.trace_path takes a Mooncake trace of 512-token blocks", "")]

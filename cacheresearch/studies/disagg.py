@@ -40,6 +40,9 @@ DISAGG_DEFAULTS = dict(
     vllm=dict(step_model="llama31_8b_h100_tp1", capacity_blocks=29_205, max_num_seqs=256,
               max_num_batched_tokens=8192, queue_slots=4096),
     slo=dict(ttft_ms=2_000, itl_ms=25),
+    # a real trace in place of the design scenario (Mooncake or Bailian JSONL; None: the design scenario); each
+    # rate_per_s replays it with its arrival times scaled to that mean rate (its burst shape kept)
+    trace=dict(path=None, max_requests=2_000, block_tokens=None),
 )
 
 #: The study's grid (``grid.KEY=[...]`` on the command line): P:D splits ("agg": aggregated), the prefill
@@ -61,6 +64,38 @@ _VARS = {
     "preemptions": ("preemptions, both pools", "1"),
     "dropped": ("requests dropped, both pools", "1"),
 }
+
+
+def at_rate(wl: Workload, rate_per_s: float) -> Workload:
+    """``wl`` with its arrival times scaled about its first so that its mean rate is ``rate_per_s``
+    (requests - 1 over the span; gaps rounded to whole milliseconds, order kept)."""
+    arr = wl.arrival_ms.astype(np.int64)
+    span = int(arr[-1] - arr[0]) if arr.size > 1 else 0
+    if span <= 0:
+        raise StudyError("study.trace: the trace's requests all arrive at once; it has no rate to scale")
+    f = (arr.size - 1) * 1000.0 / span / float(rate_per_s)
+    new = arr[0] + np.round((arr - arr[0]) * f).astype(np.int64)
+    return Workload(new, wl.input_tokens, wl.output_tokens, wl.tenant, wl.keys, wl.offsets, wl.block_tokens,
+                    name=f"{wl.name}@{rate_per_s:g}/s", meta=dict(wl.meta))
+
+
+def _workloads(c, rates, seed) -> list[Workload]:
+    """The design scenario at each rate, or the trace (``study.trace.path``) scaled to each rate."""
+    t = c.get("trace") or {}
+    if not t.get("path"):
+        return [design_workload(**c["workload"], rate_per_s=r, seed=seed) for r in rates]
+    from cacheresearch.workload.trace import load_trace  # noqa: PLC0415
+
+    bt = t.get("block_tokens")
+    mx = t.get("max_requests")
+    try:
+        w0 = load_trace(str(t["path"]), block_tokens=None if bt is None else int(bt),
+                        max_requests=None if mx is None else int(mx))
+    except FileNotFoundError:
+        raise StudyError(f"study.trace.path: no such trace file {t['path']!r}") from None
+    except ValueError as e:
+        raise StudyError(f"study.trace.path: {e}; set study.trace.block_tokens=N") from None
+    return [at_rate(w0, r) for r in rates]
 
 
 def salted(wl: Workload) -> Workload:
@@ -174,7 +209,7 @@ def disagg_study(cfg) -> xr.Dataset:
     seed = B.seeds(cfg)[0]
     rates = [float(x) for x in c["rates_per_s"]]
     try:
-        wls = [design_workload(**c["workload"], rate_per_s=r, seed=seed) for r in rates]
+        wls = _workloads(c, rates, seed)
         bb = block_bytes(str(c["model"]), kv_dtype=str(c["kv_dtype"]), block_tokens=int(wls[0].block_tokens))
     except (TypeError, ValueError) as e:
         raise StudyError(f"study.workload: {e}") from None
@@ -207,7 +242,8 @@ def disagg_study(cfg) -> xr.Dataset:
         block_bytes=bb, slo_ttft_ms=int(c["slo"]["ttft_ms"]), slo_itl_ms=int(c["slo"]["itl_ms"]),
         decode_router=str(c["decode_router"]),
         kv_gb_per_request=float((-(-wls[0].input_tokens // wls[0].block_tokens)).mean() * bb / 1e9),
-        link=str(c["link"]), model=str(c["model"]), step_model=str(c["vllm"]["step_model"]))))
+        link=str(c["link"]), model=str(c["model"]), step_model=str(c["vllm"]["step_model"]),
+        workload=str(wls[0].name).split("@")[0] if (c.get("trace") or {}).get("path") else "design scenario")))
     return ds
 
 
