@@ -58,10 +58,17 @@ def _dur(s: float) -> str:
     return f"{_q(s)} s ({_q(s / 3600)} h)"
 
 
-def rate_words(per_s: float, what: str) -> str:
-    """A rate per second in words, per hour below 0.1 a second: ``2.17 sessions/s``, ``20.8 requests an hour``."""
+def rate_words(per_s: float, what: str, hourly: bool | None = None) -> str:
+    """A rate per second in words, per hour below 0.1 a second (or as ``hourly`` says): ``2.17 sessions/s``,
+    ``20.8 requests an hour``."""
     per_s = float(per_s)
-    return f"{_q(per_s)} {what}/s" if per_s >= 0.1 else f"{_q(3600 * per_s)} {what} an hour"
+    hourly = per_s < 0.1 if hourly is None else hourly
+    return f"{_q(3600 * per_s)} {what} an hour" if hourly else f"{_q(per_s)} {what}/s"
+
+
+def _n(k: int, word: str) -> str:
+    """``1 session``, ``2 sessions`` (``word`` singular; its plural adds an s)."""
+    return f"{int(k):,} {word}" + ("" if int(k) == 1 else "s")
 
 
 def _amount(x: float, unit: str) -> str:
@@ -92,10 +99,10 @@ def law_words(law, unit: str = "") -> str:
     fam = law.get("family")
     if fam == "empirical":
         vals = law.get("values") or []
-        return (f"the trace's {int(law.get('n', len(vals))):,} values resampled (median "
+        return (f"the trace's {_n(law.get('n', len(vals)), 'value')} resampled (median "
                 f"{_amount(_median(vals), unit)})")
     if fam == "empirical_pairs":
-        return f"the trace's {int(law.get('n', 0)):,} observed pairs resampled"
+        return f"the trace's {_n(law.get('n', 0), 'observed pair')} resampled"
     p = law.get("params", {})
     if fam == "expon":
         return f"exponential, mean {_amount(p['scale'], unit)}"
@@ -132,11 +139,17 @@ def _zeta_mean(a: float) -> float:
     return z(a - 1) / z(a)
 
 
-def whole_sessions(comp: dict) -> bool:
-    """Whether a type's sessions are drawn whole from the trace with their own steps (then the sampler
-    reads neither the first-length, the step nor the roots law of that type)."""
+def _replayed(comp: dict) -> bool:
+    """Sessions drawn whole that replay their own steps (the sampler reads no step or roots law then)."""
     s = comp.get("session") or {}
     return s.get("family") == "empirical_sessions" and s.get("ordered_steps") is not None
+
+
+def whole_sessions(comp: dict) -> bool:
+    """Whether a type's sample is its trace sessions drawn whole: sessions resampled with their own first
+    lengths and their own steps in order (or no later request at all)."""
+    s = comp.get("session") or {}
+    return s.get("family") == "empirical_sessions" and (s.get("ordered_steps") is not None or not comp.get("step"))
 
 
 def model_sessions(model: dict) -> int:
@@ -166,8 +179,10 @@ def _check_words(row: dict) -> str:
 def _arrivals_row(comp: dict, gof: dict) -> dict:
     a = comp["arrivals"]
     if a.get("family") == "empirical_times":
-        return dict(status="resampled", law=f"the trace's {len(a.get('times', [])):,} session starts, each moved by a "
-                    f"Gaussian kernel of bandwidth {_dur(a.get('bandwidth_s', 0.0))}",
+        h = float(a.get("bandwidth_s", 0.0))
+        moved = (f"each moved by a Gaussian kernel of bandwidth {_dur(h)}" if h > 0 else
+                 "not moved (too few starts for a kernel)")
+        return dict(status="resampled", law=f"the trace's {_n(len(a.get('times', [])), 'session start')}, {moved}",
                     why=_gof_why(gof, "arrivals"))
     rates = [float(r) for r in a["rates_per_s"]]
     D = float(a["duration_s"])
@@ -204,7 +219,7 @@ def _session_row(comp: dict, gof: dict) -> dict:
             keeps.append("its steps in order")
         if s.get("heads"):
             keeps.append("its shared head")
-        return dict(status="resampled", law=f"the trace's {int(s.get('n', 0)):,} sessions drawn whole (each keeps "
+        return dict(status="resampled", law=f"the trace's {_n(s.get('n', 0), 'session')} drawn whole (each keeps "
                     + ", ".join(keeps) + ")", why=_gof_why(gof, "session", s))
     law = _session_law_words(s)
     kinds = [k for k in comp.get("session_by_kind") or [] if k is not s]
@@ -216,9 +231,9 @@ def _session_row(comp: dict, gof: dict) -> dict:
     return dict(status="parametric", law=law, why="", check=_check_words(gof.get("session") or {}))
 
 
-def _first_row(comp: dict, gof: dict, whole: bool) -> dict:
+def _first_row(comp: dict, gof: dict) -> dict:
     f = comp["first_input_tokens"]
-    if whole:
+    if (comp.get("session") or {}).get("family") == "empirical_sessions":
         return dict(status="not used", law="each session drawn whole keeps its own first length", why="")
     st = "resampled" if (f or {}).get("family") == "empirical" else "parametric"
     return dict(status=st, law=law_words(f, "tokens"), why=_gof_why(gof, "first", f) if st == "resampled" else "",
@@ -281,13 +296,13 @@ def component_rows(model: dict) -> dict:
     bt = int(model.get("block_tokens", 0))
     for t, comp in model["components"].items():
         gof = (model.get("goodness_of_fit") or {}).get(t, {})
-        whole = whole_sessions(comp)
+        whole = _replayed(comp)
         out_law = comp.get("output_tokens")
         out_emp = (out_law or {}).get("family") == "empirical"
         out[t] = {
             "arrivals": _arrivals_row(comp, gof),
             "session": _session_row(comp, gof),
-            "first": _first_row(comp, gof, whole),
+            "first": _first_row(comp, gof),
             "roots": _roots_row(comp, whole),
             "step": _step_row(comp, gof, whole, bt),
             "output": dict(status="none" if out_law is None else "resampled" if out_emp else "parametric",
@@ -316,8 +331,9 @@ def extrapolation_lines(model: dict) -> list:
         how.append("sessions drawn whole are drawn again in each period, on fresh block ids (a copy shares only "
                    "the shared heads with the first)")
     out.append(f"  duration: yes, workload.fitted.duration_s=S (the trace covers {_dur(D)}): " + "; ".join(how))
-    rate = (f"  rate: no knob; a sample has the trace's rate ({rate_words(n / max(D, 1e-9), 'sessions')}, "
-            f"{rate_words(req / max(D, 1e-9), 'requests')} on average)")
+    hourly = n / max(D, 1e-9) < 0.1
+    rate = (f"  rate: no knob; a sample has the trace's rate ({rate_words(n / max(D, 1e-9), 'sessions', hourly)}, "
+            f"{rate_words(req / max(D, 1e-9), 'requests', hourly)} on average)")
     if param_starts:
         rate += ("; the parametric starts' rate is data: scale components.TYPE.arrivals.rates_per_s in the model "
                  "written by study.write_model=FILE and sample that file (workload.fitted.path=FILE)")
@@ -344,8 +360,8 @@ def describe_model(model: dict) -> list:
     out = []
     for t, comps in rows.items():
         c = model["components"][t]
-        out.append(f"The fitted model{'' if len(rows) == 1 else f', type {t}'}: {int(c.get('sessions', 0)):,} "
-                   f"sessions, {int(c.get('requests', 0)):,} requests")
+        out.append(f"The fitted model{'' if len(rows) == 1 else f', type {t}'}: {_n(c.get('sessions', 0), 'session')}, "
+                   f"{_n(c.get('requests', 0), 'request')}")
         for k, r in comps.items():
             line = f"  {COMPONENT_NAMES[k]}: {r['status']}: {r['law']}"
             if r.get("why"):
