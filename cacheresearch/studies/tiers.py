@@ -353,11 +353,23 @@ def tiers_study(cfg):
     return ds
 
 
+def _replicas_words(attr) -> str:
+    """``design 8, agent 4`` from the ``replicas`` attribute (a dict written as text)."""
+    import ast  # noqa: PLC0415
+
+    try:
+        d = ast.literal_eval(str(attr))
+    except (ValueError, SyntaxError):
+        return str(attr)
+    return ", ".join(f"{k} {v}" for k, v in d.items()) if isinstance(d, dict) else str(attr)
+
+
 def summarize(ds) -> str:
     lines = B.header(ds) + [f"{ds.attrs.get('replica', 'fcfs')} replica; model {ds.attrs.get('model')} on "
                             f"{ds.attrs.get('gpu')}; offload "
-                            f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas "
-                            f"{ds.attrs.get('replicas')}; ${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
+                            f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas: "
+                            f"{_replicas_words(ds.attrs.get('replicas'))}; "
+                            f"${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
                             f"${ds.attrs.get('dram_usd_per_gb_hour')}/GB-hour of DRAM (assumptions)"]
     bw = float(ds.cpu_gbps.values.max())
     for w in ds.workload.values:
