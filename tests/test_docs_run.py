@@ -112,7 +112,8 @@ SKIP = [  # (pattern, reason)
 ]
 REFUSED = [r"\.\./shared/", r"^python -m cacheresearch\.sweep experiment=tiers hydra\.run\.dir=OUT$",
            r"^python -m cacheresearch\.sweep experiment=replay hydra\.run\.dir=OUT$"]
-FAST = [r"^cacheresearch (list|show \w+)$", r"^python -m cacheresearch\.diff ", r"^python -m cacheresearch\.routers "]
+FAST = [r"^cacheresearch (list|show \w+)$", r"^python -m cacheresearch\.diff ", r"^python -m cacheresearch\.routers ",
+        r"^python -m cacheresearch\.studies\.policy_curves TRACE"]
 #: the ``cacheresearch show NAME`` pages run in one process (:func:`test_every_show_page_runs`): each page costs the
 #: imports of every study (3-6 s on 2 busy cores), 30 pages two minutes apart
 SHOW = re.compile(r"^cacheresearch show (\w+)$")
