@@ -15,8 +15,10 @@ covers, so a new command in the docs is either run or named here with the reason
 * ``skip``: the test suite itself, a cluster launcher (Slurm, a Ray cluster), a template (``ARGS``,
   ``experiment=NAME``, ``[--quick]``): listed with the reason.
 
-``python -m pytest tests/test_docs_run.py -n 0 -rA`` prints the list; the default part takes about a minute on 2
-cores (2026-12-07), the slow part (``-m slow``) several minutes per experiment.
+``python -m pytest tests/test_docs_run.py -n 0 -rA`` prints the list. The default part took 1 min 4 s on 2 quiet cores
+with a warm compile cache, against 3 min 2 s when each ``cacheresearch show`` page and the getting-started routing
+run had a process of their own (2026-12-07; about twice that on busy cores); the slow part (``-m slow``) runs every
+experiment at its documented size, minutes each.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ SMALL = {
     "python -m cacheresearch.sweep experiment=replay trace.path=TRACE.jsonl 'grid.capacity_blocks=[1000,10000]' "
     "hydra.run.dir=OUT": [],
 }
+
+#: what the slow part adds to a documented benchmark whose full form is a measurement (``benchmarks/``), not a docs
+#: check: ``bench.policies`` in full ran past :data:`TIMEOUT_S` on 2 busy cores, its ``--quick`` form (documented in
+#: its docstring) took 6 min 22 s (2026-12-07)
+SLOW_SIZES = {"python -m cacheresearch.bench.policies": ["--quick"]}
 
 
 # ------------------------------------------------------------------------------ the commands
@@ -105,7 +112,14 @@ SKIP = [  # (pattern, reason)
 ]
 REFUSED = [r"\.\./shared/", r"^python -m cacheresearch\.sweep experiment=tiers hydra\.run\.dir=OUT$",
            r"^python -m cacheresearch\.sweep experiment=replay hydra\.run\.dir=OUT$"]
-FAST = [r"^cacheresearch (list|show \w+)$", r"^python -m cacheresearch\.diff ", r"^python -m cacheresearch\.routers "]
+FAST = [r"^cacheresearch (list|show \w+)$", r"^python -m cacheresearch\.diff ", r"^python -m cacheresearch\.routers ",
+        r"^python -m cacheresearch\.studies\.policy_curves TRACE"]
+#: the ``cacheresearch show NAME`` pages run in one process (:func:`test_every_show_page_runs`): each page costs the
+#: imports of every study (3-6 s on 2 busy cores), 30 pages two minutes apart
+SHOW = re.compile(r"^cacheresearch show (\w+)$")
+#: the command whose outputs the getting-started snippet reads: run once, by the snippet's test, not twice
+SNIPPET_RUN = ("python -m cacheresearch.sweep experiment=routing 'grid.router=[random,llmd_precise]' "
+               "'grid.rate_per_s=[8,32]' hydra.run.dir=OUT")
 
 
 def plan(cmd: str) -> tuple[str, str]:
@@ -211,26 +225,57 @@ def test_a_command_needing_a_missing_input_fails_at_once_saying_how_to_get_it(cm
     assert not (tmp_path / "out" / "results.nc").exists()
 
 
-@pytest.mark.parametrize("cmd", _cases(("run",)))
+@pytest.mark.parametrize("cmd", [c for c in _cases(("run",)) if not SHOW.match(c.values[0])
+                                 and c.values[0] != SNIPPET_RUN])
 def test_a_documented_command_runs(cmd, tmp_path):
     r = run_doc(cmd, tmp_path, SMALL.get(cmd, []))
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     if "cacheresearch.sweep" in cmd or cmd.startswith("cacheresearch sweep"):
         out = tmp_path / "out"
         assert (out / "results.nc").is_file() and (out / "summary.txt").is_file(), r.stderr[-2000:]
-    if cmd.startswith("cacheresearch show "):
-        name = cmd.split()[-1]
-        assert r.stdout.startswith(f"{name}: ") and "command: " in r.stdout
-        assert "../shared/" not in r.stdout.split("command: ")[1].splitlines()[0] or "not bundled" in r.stdout
     if cmd.startswith("python -m cacheresearch.routers "):  # the page it writes is the page in the repository
         page = cmd.split()[-1]
         assert (tmp_path / "clone" / page).read_text() == (REPO / page).read_text()
 
 
+_SHOW_DRIVER = """
+import contextlib, io, json, sys
+from cacheresearch.shell import cli
+out = {}
+for name in sys.argv[1:]:
+    buf, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(["show", name])
+        except SystemExit as e:
+            rc = e.code
+    out[name] = [rc, buf.getvalue(), err.getvalue()]
+print(json.dumps(out))
+"""
+
+
+def test_every_show_page_runs(tmp_path):
+    """Every ``cacheresearch show NAME`` of the docs, through the command's own entry point
+    (``cacheresearch.shell.cli.main``), in one fresh process from a directory with no ``../shared``."""
+    import json
+
+    names = [SHOW.match(c).group(1) for c in COMMANDS if SHOW.match(c) and plan(c)[0] == "run"]
+    assert set(names) == set(guide.names())
+    r = subprocess.run([sys.executable, "-c", _SHOW_DRIVER, *names], cwd=_fresh(tmp_path), env=_env(),
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pages = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in names:
+        rc, out, err = pages[name]
+        assert rc == 0, (name, err[-2000:])
+        assert out.startswith(f"{name}: ") and "command: " in out, (name, out[:300])
+        assert "../shared/" not in out.split("command: ")[1].splitlines()[0] or "not bundled" in out, name
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", _cases(("slow",), slow_too=True))
 def test_a_documented_command_runs_at_its_size(cmd, tmp_path):
-    r = run_doc(cmd, tmp_path)
+    r = run_doc(cmd, tmp_path, SLOW_SIZES.get(cmd, []))
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
 
 
@@ -258,12 +303,12 @@ def test_every_python_snippet_of_the_docs_is_run_here():
 def test_getting_started_snippet_reads_the_run_it_describes(tmp_path):
     """The xarray snippet against the routing run of the same page (its knob example, small sizes), then the
     page's claim that ``output.variable=token_hit_rate`` redraws the figure, on the same run directory."""
-    cmd = ("python -m cacheresearch.sweep experiment=routing 'grid.router=[random,llmd_precise]' "
-           "'grid.rate_per_s=[8,32]' hydra.run.dir=OUT")
-    assert cmd in COMMANDS
+    cmd = SNIPPET_RUN
+    assert cmd in COMMANDS and plan(cmd)[0] == "run"
     r = run_doc(cmd, tmp_path, SMALL[cmd])
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "out"
+    assert (out / "results.nc").is_file() and (out / "summary.txt").is_file(), r.stderr[-2000:]
     (code,) = _snippets(REPO / "docs" / "getting-started.md")
     s = _run_snippet(code, out, tmp_path)
     assert s.returncode == 0, s.stderr[-3000:]

@@ -12,11 +12,13 @@ study error as in ``experiment=replay``)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from cacheresearch.fit import fit_workload, sample_workload
+from cacheresearch.fit.describe import STATUSES, component_rows, describe_model
 from cacheresearch.fit.structure import request_structure, session_hit_rates
 from cacheresearch.fit.ttl_advice import advise_trace
 from cacheresearch.fit.validate import capacity_grid, capacity_hit_rates, ttl_hit_rates
@@ -95,6 +97,10 @@ def test_edge_case_fits_samples_and_validates(tmp_path, case):
     _, m = _fit_check(_write(tmp_path / f"{case}.jsonl", recs))
     if len(recs) < 30:
         assert any("empirical" in n for n in m["notes"])  # the fallbacks are named
+    # the model in words (experiment=fit's summary): every component has a status, no raw dumps
+    assert all(r["status"] in STATUSES for t in component_rows(m).values() for r in t.values())
+    text = "\n".join(describe_model(m))
+    assert text.startswith("The fitted model") and not re.search(r"\[\s*-?\d|\{\s*['\"]", text), text
 
 
 def test_crlf_blank_lines_extra_fields_and_ids_beyond_2_53_read_exactly(tmp_path):

@@ -133,6 +133,20 @@ def test_good_inputs_pass(tmp_path, monkeypatch):
         assert check_overrides(args) is None, args
 
 
+def test_hydra_launchers_of_installed_plugins_are_known():
+    """``hydra/launcher=joblib`` and ``submitit_local`` (README's launchers, from Hydra's plugins, not ``configs/``)
+    pass the group check; a launcher nobody provides is one line naming them all."""
+    from cacheresearch.shell.overrides import group_options
+
+    opts = group_options("hydra/launcher")
+    assert {"ray_local", "ray_cluster", "slurm", "basic"} <= set(opts), opts
+    for name in ("joblib", "submitit_local"):
+        if name in opts:  # the plugin is installed (the test extras install it)
+            assert check_overrides(["-m", f"hydra/launcher={name}", "launch.part=0,1", "launch.parts=2"]) is None
+    msg = check_overrides(["-m", "hydra/launcher=nosuch"])
+    assert msg.startswith("hydra/launcher=nosuch: unknown hydra/launcher option") and "basic" in msg, msg
+
+
 def test_the_check_imports_no_engine(tmp_path):
     """What the command line loads before it refuses: the schema, the name lists, Hydra, and numpy for a trace's
     first lines; not JAX, numba or xarray (importing them is what made a refusal take 5-15 s)."""

@@ -33,7 +33,7 @@ from cacheresearch import __version__
 
 __all__ = ["StudyError", "Cells", "Study", "StudyRun", "engine_hits", "run_in_memory", "defaults_class",
            "study_cfg", "seeds", "grid_lists", "positive_list", "common_attrs", "doc", "pct", "usd", "table",
-           "header", "fig", "errbar", "progress", "HOUR", "DAY"]
+           "header", "fig", "errbar", "progress", "HOUR", "DAY", "distinct_colours", "overlapping_groups"]
 
 HOUR = 3600.0
 DAY = 86_400.0
@@ -316,3 +316,36 @@ def fig(w=10.0, h=4.5):
 def errbar(ax, x, y, lo, hi, **kw):
     y, lo, hi = (np.asarray(v, dtype=float) for v in (y, lo, hi))
     ax.errorbar(x, y, yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)], fmt="o", ms=4, capsize=3, **kw)
+
+
+def distinct_colours(n: int) -> list:
+    """``n`` colours no two alike: matplotlib's tab10 up to 10, tab20 up to 20, then evenly spaced hues."""
+    from matplotlib import colormaps  # noqa: PLC0415
+
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    if n <= 20:
+        return [colormaps["tab20"](i) for i in range(n)]
+    return [colormaps["hsv"](i / n) for i in range(n)]
+
+
+def overlapping_groups(curves: dict, rel_tol: float = 0.005, log: bool = False) -> list:
+    """Series that would hide each other on a figure, grouped: ``[(names, values), ...]`` in first-seen order,
+    a series joining the first group whose values all lie within ``rel_tol`` of the panel's range (of log10
+    values with ``log``) of its own; NaNs match NaNs. One line per group, labelled with all its names, keeps
+    the legend to the series a reader can see."""
+    vals = {k: np.asarray(v, dtype=float) for k, v in curves.items()}
+    tr = {k: (np.log10(np.where(v > 0, v, np.nan)) if log else v) for k, v in vals.items()}
+    fin = np.concatenate([v[np.isfinite(v)].ravel() for v in tr.values()] or [np.zeros(1)])
+    span = float(fin.max() - fin.min()) if fin.size else 0.0
+    tol = rel_tol * (span if span > 0 else 1.0)
+    groups: list = []
+    for k, v in tr.items():
+        for g in groups:
+            ref = tr[g[0][0]]
+            if ref.shape == v.shape and np.allclose(ref, v, rtol=0.0, atol=tol, equal_nan=True):
+                g[0].append(k)
+                break
+        else:
+            groups.append(([k], vals[k]))
+    return groups

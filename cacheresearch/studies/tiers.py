@@ -340,11 +340,23 @@ def tiers_study(cfg):
     return ds
 
 
+def _replicas_words(attr) -> str:
+    """``design 8, agent 4`` from the ``replicas`` attribute (a dict written as text)."""
+    import ast  # noqa: PLC0415
+
+    try:
+        d = ast.literal_eval(str(attr))
+    except (ValueError, SyntaxError):
+        return str(attr)
+    return ", ".join(f"{k} {v}" for k, v in d.items()) if isinstance(d, dict) else str(attr)
+
+
 def summarize(ds) -> str:
     lines = B.header(ds) + [f"{ds.attrs.get('replica', 'fcfs')} replica; model {ds.attrs.get('model')} on "
                             f"{ds.attrs.get('gpu')}; offload "
-                            f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas "
-                            f"{ds.attrs.get('replicas')}; ${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
+                            f"{ds.attrs.get('offload')}, load {ds.attrs.get('load_mode')}; replicas: "
+                            f"{_replicas_words(ds.attrs.get('replicas'))}; "
+                            f"${ds.attrs.get('gpu_usd_per_hour')}/GPU-hour, "
                             f"${ds.attrs.get('dram_usd_per_gb_hour')}/GB-hour of DRAM (assumptions)"]
     bw = float(ds.cpu_gbps.values.max())
     for w in ds.workload.values:
@@ -387,46 +399,106 @@ def summarize(ds) -> str:
     return "\n".join(lines)
 
 
+#: series closer than this share of a panel's range are drawn as one line (they would hide each other)
+OVERLAP = 0.015
+#: legends under their panel, clear of the data
+_BELOW = dict(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=6, title_fontsize=6, frameon=False)
+
+
+def _label(names: list, width: int = 38) -> str:
+    """A legend label for routers drawn as one line (their curves overlap), wrapped at ``width`` characters."""
+    out, line = [], ""
+    for n in names:
+        add = n if not line else f"{line} = {n}"
+        if line and len(add) > width:
+            out.append(line + " =")
+            line = n
+        else:
+            line = add
+    return "\n".join(out + [line])
+
+
+def _plot_hit_rate(a, d, bw: float, colour: dict) -> None:
+    """Token hit rate (%) against the cpu tier, one line per group of routers whose curves overlap."""
+    x = d.cpu_capacity_blocks.values
+    curves = {rt: 100 * d.token_hit_rate.sel(router=rt, cpu_gbps=bw).values for rt in d.router.values}
+    for names, y in B.overlapping_groups(curves, OVERLAP):
+        a.plot(x, y, "o-", color=colour[names[0]], label=_label(names))
+    a.set(xlabel="cpu tier per replica (blocks)", ylabel="token hit rate (%)")
+    a.legend(title="router (a = b: their curves overlap)", **_BELOW)
+
+
+def _plot_ttft(a, d, colour: dict) -> None:
+    """TTFT p50 (s, log) against the cpu tier: colour the router (routers with the same curves at every
+    bandwidth drawn once), line style the cpu bandwidth (one solid line where every bandwidth gives the same)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    x = d.cpu_capacity_blocks.values
+    gbps = list(d.cpu_gbps.values)
+    styles = dict(zip(gbps, (":", "--", "-.", "-", (0, (1, 3)), (0, (5, 1)))))
+    curves = {rt: d.ttft_p50_s.sel(router=rt).transpose("cpu_gbps", "cpu_capacity").values for rt in d.router.values}
+    handles, used = [], set()
+    for names, y in B.overlapping_groups(curves, OVERLAP, log=True):
+        by_bw = B.overlapping_groups({g: y[i] for i, g in enumerate(gbps)}, OVERLAP, log=True)
+        lab = _label(names)
+        if len(by_bw) == 1:
+            a.plot(x, y[-1], "-", color=colour[names[0]], marker=".")
+            lab += " (every bandwidth)"
+        for gs, yy in (by_bw if len(by_bw) > 1 else []):
+            a.plot(x, yy, linestyle=styles.get(gs[-1], "-"), color=colour[names[0]], marker=".")
+            used.add(gs[-1])
+        handles.append(Line2D([], [], color=colour[names[0]], marker=".", label=lab))
+    handles += [Line2D([], [], color="k", linestyle=styles.get(g, "-"), label=f"cpu at {g:g} GB/s")
+                for g in gbps if g in used]
+    a.set(xlabel="cpu tier per replica (blocks)", ylabel="TTFT p50 (s, log scale)", yscale="log")
+    a.legend(handles=handles, title="router (a = b: their curves overlap); cpu bandwidth", **_BELOW)
+
+
+def _plot_pool(a, d) -> None:
+    """The global-pool question: stacked hit rate (%) by tier per layout, random (light) and tier_scorer (dark)
+    side by side, TTFT p50 on top; the legend names the tiers that serve a visible share."""
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    lay = list(d.layout.values)
+    xs = np.arange(len(lay))
+    cols = dict(zip(d.tier.values, ("tab:green", "tab:blue", "tab:purple", "tab:gray")))
+    shown = []
+    for j, pr in enumerate(d.pool_router.values):
+        bottom = np.zeros(len(lay))
+        for t in d.tier.values:
+            v = 100 * d.pool_hit_rate_by_tier.sel(pool_router=pr, tier=t).values
+            a.bar(xs + (j - 0.5) * 0.38, v, 0.36, bottom=bottom, color=cols[t], alpha=0.45 + 0.55 * j)
+            if v.max() >= 0.5 and t not in shown:  # half a point: a visible bar
+                shown.append(t)
+            bottom += v
+        for k in range(len(lay)):
+            a.annotate(f"{float(d.pool_ttft_p50_s.sel(pool_router=pr).values[k]):.2f} s",
+                       (xs[k] + (j - 0.5) * 0.38, bottom[k]), ha="center", va="bottom", fontsize=7)
+    a.set_xticks(xs, [str(v).replace("_", " ") for v in lay])
+    a.set(xlabel="where the DRAM is (same bytes per replica)", ylabel="token hit rate by tier (%)", ylim=(0, 112))
+    a.legend(handles=[Patch(color=cols[t], label=f"served by {t}") for t in shown], **_BELOW)
+
+
 def plot(ds):
     W = ds.sizes["workload"]
-    f = B.fig(15, 4.2 * W)
+    f = B.fig(15, 5.6 * W)
     axs = f.subplots(W, 3, squeeze=False)
     bw = float(ds.cpu_gbps.values.max())
+    routers = [str(r) for r in ds.router.values]
+    colour = dict(zip(routers, B.distinct_colours(len(routers))))
     for i, w in enumerate(ds.workload.values):
         d = ds.sel(workload=w)
-        x = d.cpu_capacity_blocks.values
-        a = axs[i, 0]
-        for rt in d.router.values:
-            a.plot(x, d.token_hit_rate.sel(router=rt, cpu_gbps=bw), "o-", label=rt)
-        a.set(title=f"{w}: token hit rate (cpu at {bw:g} GB/s)", xlabel="cpu tier per replica (blocks)",
-              ylabel="token hit rate")
-        a.legend(fontsize=7)
-        a = axs[i, 1]
-        for rt in d.router.values:
-            for g, ls in zip(d.cpu_gbps.values, (":", "--", "-.", "-")):
-                a.plot(x, d.ttft_p50_s.sel(router=rt, cpu_gbps=g), ls, marker=".",
-                       label=f"{rt} {g:g} GB/s" if rt == d.router.values[0] or g == bw else None)
-        a.set(title=f"{w}: TTFT p50 by cpu bandwidth", xlabel="cpu tier per replica (blocks)", ylabel="s",
-              yscale="log")
-        a.legend(fontsize=6)
-        a = axs[i, 2]
-        lay = list(d.layout.values)
-        xs = np.arange(len(lay))
-        for j, pr in enumerate(d.pool_router.values):
-            bottom = np.zeros(len(lay))
-            for t, col in zip(d.tier.values, ("tab:green", "tab:blue", "tab:purple", "tab:gray")):
-                v = d.pool_hit_rate_by_tier.sel(pool_router=pr, tier=t).values
-                a.bar(xs + (j - 0.5) * 0.38, v, 0.36, bottom=bottom, color=col, alpha=0.5 + 0.5 * j,
-                      label=f"{t} ({pr})" if v.max() > 0 else None)
-                bottom += v
-            for k in range(len(lay)):
-                a.annotate(f"{float(d.pool_ttft_p50_s.sel(pool_router=pr).values[k]):.2f}s",
-                           (xs[k] + (j - 0.5) * 0.38, bottom[k]), ha="center", va="bottom", fontsize=7)
-        a.set_xticks(xs, lay)
-        a.set(title=f"{w}: pool vs local tiers vs affinity\n(left bar random, right tier_scorer; labels TTFT p50)",
-              ylabel="token hit rate", ylim=(0, 1.12))
-        a.title.set_fontsize(9)
-        a.legend(fontsize=6)
+        _plot_hit_rate(axs[i, 0], d, bw, colour)
+        axs[i, 0].set_title(f"{w}: token hit rate (cpu at {bw:g} GB/s)", fontsize="small")
+        _plot_ttft(axs[i, 1], d, colour)
+        axs[i, 1].set_title(f"{w}: TTFT p50 by cpu bandwidth", fontsize="small")
+        if np.isnan(d.pool_token_hit_rate.values).all():
+            axs[i, 2].set_axis_off()
+            axs[i, 2].text(0.5, 0.5, f"{w}: no pool question on this replica", ha="center", fontsize="small")
+            continue
+        _plot_pool(axs[i, 2], d)
+        axs[i, 2].set_title(f"{w}: pool vs local tiers vs affinity\n(left bars random, light; right tier_scorer, "
+                            "dark; labels: TTFT p50)", fontsize="small")
     return f
 
 

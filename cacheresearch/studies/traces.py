@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -254,29 +255,11 @@ def _sample_stats(draw, seeds, caps, ttls, vol_args) -> dict:
 
 
 def _fitted_laws(model: dict) -> dict:
-    """Per request type, the law each component of the fitted model uses (or ``empirical``), in words."""
-    comps = model["components"]
+    """Per request type and component of the fitted model: parametric or resampled, the law in words and why
+    it fell back (:func:`cacheresearch.fit.describe.component_rows`)."""
+    from cacheresearch.fit.describe import component_rows
 
-    def _fam(law):
-        return "empirical" if law is None or L_is_emp(law) else law.get("family")
-
-    laws = {}
-    for t, cm in comps.items():
-        ses = cm["session"]
-        emp_s = ses.get("family") == "empirical_sessions"
-        arr = cm["arrivals"]
-        laws[t] = {
-            "arrivals": ("empirical (kernel-resampled starts)" if arr.get("family") == "empirical_times" else
-                         f"{len(arr['rates_per_s'])} rate bins, {arr['renewal']['family']} gaps"),
-            "requests_per_session": "empirical (whole sessions)" if emp_s else ses["count"]["family"],
-            "reuse_gap": "empirical (whole sessions)" if emp_s else ses["gap"]["family"],
-            "lengths": ("empirical" if L_is_emp(cm["first_input_tokens"]) else
-                        f"lognormal mixture of {sum(1 for k in cm['first_input_tokens']['params'] if k[0] == 'w')}"),
-            "output": _fam(cm["output_tokens"]),
-            "step_classes": cm["step"]["class_p"] if cm["step"] else None,
-            "length_count_rho": [round(float((k.get("length_count") or {}).get("rho", 0.0)), 3)
-                                 for k in cm["session_by_kind"]]}
-    return laws
+    return component_rows(model)
 
 
 def fit_study(cfg) -> xr.Dataset:
@@ -399,15 +382,34 @@ def L_is_emp(law) -> bool:
     return isinstance(law, dict) and law.get("family") in ("empirical", "empirical_sessions", "empirical_times")
 
 
+def _fit_sessions_words(model: dict, a) -> str:
+    """The one session count of the summary and what a session is on this trace."""
+    from cacheresearch.fit.describe import model_sessions
+
+    n = model_sessions(model)
+    conv = (model.get("source") or {}).get("conversations") or {}
+    given = json.loads(a.get("trace_given_session_hit_rate", "null"))
+    if given:
+        how = "the trace's session ids"
+    elif conv.get("used"):
+        how = (f"the trace has no session ids: its {conv['roots']:,} prefix trees (the requests under one first "
+               f"block), {conv['split_roots']:,} of them split into the conversations that interleave in time")
+    else:
+        how = "the trace has no session ids: a session is a prefix tree (the requests under one first block)"
+    return f"{n:,} sessions: {how}"
+
+
 def summarize_fit(ds) -> str:
+    from cacheresearch.fit.describe import describe_model
 
     a = ds.attrs
+    model = json.loads(a["fitted_model"])
     out = S.header(ds)
     out.append(f"trace {a['trace']} ({a['trace_format']}, {a['trace_requests']:,} requests, working set "
                f"{a['working_set_blocks']:,} blocks of {a['block_tokens']} tokens); fit {a['fit_time_s']:.1f} s; "
                f"{a['seeds']} sample seed(s)")
-    for t, d in json.loads(a["fitted_laws"]).items():
-        out.append(f"  [{t}] " + "; ".join(f"{k}: {v}" for k, v in d.items()))
+    out.append(_fit_sessions_words(model, a))
+    out += ["", *describe_model(model), ""]
     has_naive = "hit_rate_naive" in ds
     hdr = (["capacity (blocks)", "share", "trace", "fitted [95% CI]", "analytic (Che)"]
            + (["naive"] if has_naive else []))
@@ -420,7 +422,7 @@ def summarize_fit(ds) -> str:
         if has_naive:
             r.append(S.pct(x.hit_rate_naive))
         rows.append(r)
-    out += ["", "LRU (leaf-first, one replica): token hit rate", S.table(rows), ""]
+    out += ["LRU (leaf-first, one replica): token hit rate", S.table(rows), ""]
     rows = [["TTL (s, refresh)", "trace", "fitted [95% CI]", "analytic"] + (["naive"] if has_naive else [])]
     for i, tt in enumerate(ds.ttl_s.values):
         x = ds.isel(ttl_s=i)
@@ -438,18 +440,41 @@ def summarize_fit(ds) -> str:
         line += (f"; naive baseline: capacity {100 * a['naive_max_abs_gap_capacity']:.2f}, TTL "
                  f"{100 * a['naive_max_abs_gap_ttl']:.2f}")
     out.append(line)
-    for i, r in enumerate(json.loads(a["fitted_model"]).get("predictive_check") or []):
+    for i, r in enumerate(model.get("predictive_check") or []):
         fell = [t for t, v in r["types"].items() if "fallback" in v]
         out.append(f"predictive check at fit time, round {i + 1} (2 samples, 6 capacities, 4 TTLs): capacity "
                    f"{100 * r['capacity_gap']:.2f}, TTL {100 * r['ttl_gap']:.2f} points; "
                    + (f"whole trace sessions for {', '.join(fell)}" if fell else "parametric sessions kept"))
     out += _fit_fidelity_lines(a, has_naive)
-    ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
-    out.append("radix tree, trace | fitted sample: " + ", ".join(
-        f"{k} {_g_or(ts[k])} | {_g_or(fs[k])}" for k in ("requests", "nodes", "roots", "branching_nodes_share",
-                                                   "leaf_depth_mean", "block_reuse_share_top10pct",
-                                                   "reuse_time_p50_s")))
+    out += ["", "radix tree of the trace and of the first fitted sample", _tree_table(a)]
     return "\n".join(out)
+
+
+#: rows of the radix-tree table: (tree_stats key, words, format)
+_TREE_ROWS = (("requests", "requests", "{:,.0f}"), ("nodes", "tree nodes (distinct blocks)", "{:,.0f}"),
+              ("roots", "roots (distinct first blocks)", "{:,.0f}"),
+              ("branching_nodes_share", "nodes with more than one child", "pct"),
+              ("leaf_depth_mean", "mean depth of a leaf (blocks)", "{:,.1f}"),
+              ("block_reuse_share_top10pct", "share of block reuses on the 10% most reused blocks", "pct"),
+              ("reuse_time_p50_s", "median reuse time of a block (s)", "{:,.3g}"))
+
+
+def _tree_table(a) -> str:
+    ts, fs = json.loads(a["trace_tree_stats"]), json.loads(a["tree_stats"])
+
+    def fmt(x, f):
+        if x is None or not np.isfinite(float(x)):
+            return "n/a"
+        return f"{100 * float(x):.1f}%" if f == "pct" else f.format(float(x))
+
+    rows = [["", "trace", "fitted sample"]]
+    rows += [[w, fmt(ts.get(k), f), fmt(fs.get(k), f)] for k, w, f in _TREE_ROWS if k in ts]
+    return S.table(rows)
+
+
+#: the ablation's components (:data:`cacheresearch.fit.model.COMPONENTS`) in the summary's words
+COMPONENT_WORDS = {"fitted": "the fitted model", "arrivals": "session starts", "session": "sessions",
+                   "first": "first-request lengths", "step": "later requests", "output": "output lengths"}
 
 
 def _fit_fidelity_lines(a, has_naive: bool) -> list:
@@ -460,8 +485,9 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
     if ch.get("chained"):
         out.append(f"ids: per-block content hashes detected ({ch['inconsistent_ids']:,} of {ch['ids']:,} ids follow "
                    "different blocks); chained into prefix ids before replay and fit")
-    for n in json.loads(a.get("notes", "[]")):
-        out.append(f"note: {n}")
+    for n in json.loads(a.get("notes", "[]")):  # the fallbacks are in the model's lines; the other notes here
+        if not re.match(r"\[[^\]]*\] [\w.]+: empirical law|sessions: ", n):
+            out.append(f"note: {n}")
     vol = json.loads(a.get("volume", "{}"))
     for t, v in vol.items():
         out.append(f"volume [{t}] sample mean / trace: requests {v['requests_ratio']:.3f}, input tokens "
@@ -471,8 +497,8 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
         v = json.loads(a["naive_volume"]).get("all", {})
         if v:
             out.append(f"volume, naive: requests {v['requests_ratio']:.3f}, input tokens {v['tokens_ratio']:.3f}")
-    line = (f"per-session token hit rate, unbounded cache (median / mean over {a.get('trace_sessions', 0)} root "
-            "trees, as in the samples): "
+    line = (f"token hit rate per prefix tree, unbounded cache (median / mean over the {a.get('trace_sessions', 0):,} "
+            "prefix trees of the trace; the samples carry no session ids): "
             f"trace {_pct_or(a['trace_session_hit_rate_median'])} / {_pct_or(a['trace_session_hit_rate_mean'])}, "
             f"fitted {_pct_or(a['session_hit_rate_median'])} / {_pct_or(a['session_hit_rate_mean'])}")
     if has_naive:
@@ -481,19 +507,8 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
     out.append(line)
     given = json.loads(a.get("trace_given_session_hit_rate", "null"))
     if given:
-        out.append(f"per-session token hit rate over the trace's own {given['sessions']} sessions: median "
+        out.append(f"token hit rate per session of the trace (its session ids): median "
                    f"{_pct_or(given['median'])} / mean {_pct_or(given['mean'])}")
-    gof = json.loads(a.get("goodness_of_fit", "{}"))
-    for t, rows in gof.items():
-        cells = []
-        for k, r in rows.items():
-            if r["used"] == "none":
-                continue
-            fig = ", ".join(f"{n} {r[n]:.3g}" for n in ("ks", "ks_p", "mean_rel_error", "volume_rel_error",
-                                                        "independence_p") if isinstance(r.get(n), float))
-            cells.append(f"{k}: {r['used']}" + (f" ({r.get('family')}; {fig})" if fig else "")
-                         + (f" because {r['why']}" if r["why"] else ""))
-        out.append(f"goodness of fit [{t}]: " + "; ".join(cells))
     abl = json.loads(a.get("ablation", "{}"))
     if abl:
         out.append("ablation (each component replaced by its empirical law; max gap in points, capacity / TTL):")
@@ -501,21 +516,24 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
         best = None
         for k, v in abl.items():
             tag = "" if v.get("changed", True) else f" ({v.get('why', 'already empirical')})"
-            out.append(f"  {k:10s} {100 * v['capacity']:6.2f} / {100 * v['ttl']:6.2f}{tag}")
+            out.append(f"  {COMPONENT_WORDS.get(k, k):24s} {100 * v['capacity']:6.2f} / {100 * v['ttl']:6.2f}{tag}")
             if k != "fitted" and v.get("changed", True):
                 gain = max(base["capacity"] - v["capacity"], base["ttl"] - v["ttl"])
                 if best is None or gain > best[1]:
                     best = (k, gain)
         if best is not None and best[1] > 0.005:
-            out.append(f"weakest component: {best[0]} (its empirical law closes {100 * best[1]:.2f} points of the "
-                       "largest gap)")
+            out.append(f"weakest component: {COMPONENT_WORDS.get(best[0], best[0])} (its empirical law closes "
+                       f"{100 * best[1]:.2f} points of the largest gap)")
         elif best is not None:
             out.append("no single component's empirical law closes more than 0.5 points: the gap is in their joint law")
+            best = None
     if has_naive:
         worse = [n for n, f, b in (("capacity", a["max_abs_gap_capacity"], a["naive_max_abs_gap_capacity"]),
                                    ("TTL", a["max_abs_gap_ttl"], a["naive_max_abs_gap_ttl"])) if f > b]
         if worse:
-            why = (f"the ablation names {best[0]} as the weakest component" if abl and best is not None else
+            why = (f"the ablation names the {COMPONENT_WORDS.get(best[0], best[0])} as the weakest component"
+                   if abl and best is not None else
+                   "no single component's law is the cause (the ablation)" if abl else
                    "run with study.ablation=true to find the weak component")
             out.append(f"WORSE than the naive baseline on the {' and '.join(worse)} curve: {why}; the naive baseline "
                        "resamples the trace's own requests (it copies their prefix paths), so on a trace whose reuse "
@@ -524,17 +542,12 @@ def _fit_fidelity_lines(a, has_naive: bool) -> list:
             out.append("the fitted model is at least as close as the naive baseline on both curves")
     ag = json.loads(a.get("agent_structure", "{}"))
     if ag and "error" not in ag:
-        out.append(f"agent structure (prefix tree, no session ids): {ag['contexts']} contexts, "
-                   f"{ag['sessions']} sessions (subagent share {ag['subagent_share']:.2f}), compactions "
-                   f"{ag['compaction_rate']:.3f} per step, "
+        out.append(f"agent structure (prefix tree, no session ids): {ag['contexts']:,} contexts in "
+                   f"{ag['sessions']:,} agent groups (a context with the subagents nested in it; subagent share "
+                   f"{ag['subagent_share']:.2f}), compactions {ag['compaction_rate']:.3f} per step, "
                    f"growth {ag['growth_blocks_mean']:.1f} blocks per step (median {ag['growth_blocks_p50']:.0f}), "
                    f"context p50 {ag['context_blocks_p50']:.0f} / max {ag['context_blocks_max']} blocks")
     return out
-
-
-def _g_or(x) -> str:
-    """``x`` to 3 significant digits; ``n/a`` where undefined (NaN: the reuse-time median of a trace without reuse)."""
-    return "n/a" if x is None or not np.isfinite(float(x)) else f"{float(x):.3g}"
 
 
 def _pct_or(x) -> str:
