@@ -17,8 +17,9 @@ covers, so a new command in the docs is either run or named here with the reason
 
 ``python -m pytest tests/test_docs_run.py -n 0 -rA`` prints the list. The default part took 1 min 4 s on 2 quiet cores
 with a warm compile cache, against 3 min 2 s when each ``cacheresearch show`` page and the getting-started routing
-run had a process of their own (2026-12-07; about twice that on busy cores); the slow part (``-m slow``) runs every
-experiment at its documented size, minutes each.
+run had a process of their own (2026-12-07; about twice that on busy cores). The slow part (``-m slow``) runs every
+experiment at its documented size: 51 min 47 s on 2 busy cores (2026-12-07), 36 min of it the benchmarks
+(``bench.vllm`` 695 s of the 900 s a command may take).
 """
 
 from __future__ import annotations
