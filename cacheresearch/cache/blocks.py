@@ -180,15 +180,23 @@ def _get_fifo(a: dict, c: _Ctx, k, C, kn, do):
 
 
 # ---------------------------------------------------------------- sieve
-def _get_sieve(a: dict, c: _Ctx, k, C, kn, do):
-    U = a["W"].shape[1]
-    r = c.r
+def _one_list_get(a: dict, c: _Ctx, k, C, do):
+    """A one-list policy with a bit per block (sieve, clock): a hit sets the bit; (hit, miss, the room
+    loop's condition: a miss while the list is full)."""
+    U, r = a["W"].shape[1], c.r
     hit = do & (a["W"][r, k] == 1)
     a["A"] = a["A"].at[r, jnp.where(hit, k, U)].set(1, mode="drop")
     miss = do & ~hit & (C >= 1)
 
     def cond(a):
         return miss & (a["LC"][r, 1] + 1 > C)
+
+    return hit, miss, cond
+
+
+def _get_sieve(a: dict, c: _Ctx, k, C, kn, do):
+    U, r = a["W"].shape[1], c.r
+    hit, miss, cond = _one_list_get(a, c, k, C, do)
 
     def body(a):
         act = cond(a)  # under vmap the body also runs for lanes whose loop ended: their walk must end too
@@ -221,14 +229,8 @@ def _get_sieve(a: dict, c: _Ctx, k, C, kn, do):
 def _get_clock(a: dict, c: _Ctx, k, C, kn, do):
     """libCacheSim Clock (cacheresearch/cache/kernels/clock.py): a hit sets the block's bit; to make room, an
     oldest block with its bit set moves to the head with it cleared, else it leaves."""
-    U = a["W"].shape[1]
-    r = c.r
-    hit = do & (a["W"][r, k] == 1)
-    a["A"] = a["A"].at[r, jnp.where(hit, k, U)].set(1, mode="drop")
-    miss = do & ~hit & (C >= 1)
-
-    def cond(a):
-        return miss & (a["LC"][r, 1] + 1 > C)
+    U, r = a["W"].shape[1], c.r
+    hit, miss, cond = _one_list_get(a, c, k, C, do)
 
     def body(a):
         act = cond(a)  # under vmap the body also runs for lanes whose loop ended: they must change nothing
