@@ -45,7 +45,8 @@ KNOB_NAMES = (
 #: :data:`cacheresearch.studies.REGISTRY`, plus ``grid`` (the shell's own study)
 STUDY_NAMES = ("grid", "economics", "ttl", "che", "ttl_advisor", "isolation", "audit", "autoscale", "disagg",
                "volatile", "events", "granularity", "capacity", "fit", "mooncake_fig9", "mooncake_fig10",
-               "mooncake_table1", "ttl_trace", "llmd_benchmark", "hosted", "layouts", "policy_curves", "tune", "tiers")
+               "mooncake_table1", "ttl_trace", "llmd_benchmark", "llmd_tiered", "hosted", "layouts", "policy_curves",
+               "tune", "tiers")
 #: :data:`cacheresearch.core.simulate.SCHEDULERS` (``replica.scheduler``)
 SCHEDULER_NAMES = ("fcfs", "vllm")
 #: :data:`cacheresearch.core.params.STEP_PRESETS` (``replica.step_model``)

@@ -34,6 +34,7 @@ from cacheresearch.studies import (
     hosted,
     layouts,
     llmd_benchmark,
+    llmd_tiered,
     policy_curves,
     tiers,
     traces,
@@ -56,7 +57,8 @@ def register(study: Study) -> Study:
     return study
 
 
-for _module in (economics, audit, autoscale, disagg, diagnostics, traces, llmd_benchmark, hosted, layouts,
+for _module in (economics, audit, autoscale, disagg, diagnostics, traces, llmd_benchmark, llmd_tiered, hosted,
+                layouts,
                 policy_curves, tune, tiers):
     for _s in _module.STUDIES:
         register(_s)
