@@ -17,6 +17,8 @@ the KV bytes; the weights keep their own size). Every GPU of the replica holds t
 
     blocks = floor((mem * gpu_memory_utilization - weight_bytes / tp - overhead_bytes) / block_bytes)
 
+(``weight_bytes`` plus ``resident_extra_bytes``: what a backend holds besides the weights, MXFP4 below.)
+
 This is an upper-bound style estimate: vLLM's profiled activation peak and non-torch memory lower it
 (set ``overhead_bytes``). Presets carry their ``source``; the memory figures are the bytes that
 ``torch.cuda.mem_get_info`` / ``nvidia-smi`` report as the device total (not the marketing GB).
@@ -43,12 +45,18 @@ e8m0 byte of scale per 32 values along its input: 4.25 bits per weight, in the s
 ``Mxfp4MoEMethod.create_weights`` on the Triton backend (vLLM's default on H100 / H200 with
 ``triton_kernels``): ``w13`` ``experts x 2 I x (H / 2 + H / 32)`` and ``w2`` ``experts x H x (I / 2 + I / 32)``
 bytes with ``I`` rounded up to 64; the expert biases stay BF16. gpt-oss-120b: 116.83 B parameters,
-65,248,395,264 bytes = 60.77 GiB (model card, arXiv 2508.10925: 116.83 B, checkpoint 60.8 GiB). The Marlin
-backend (GPUs below SM90, or ``VLLM_MXFP4_USE_MARLIN``) pads ``H`` to 256 and ``I`` to 128 (9% more expert
-bytes for gpt-oss), FlashInfer's SM90 backend (``VLLM_USE_FLASHINFER_MOE_MXFP4_BF16``) both to 128, and the
-Triton backend's Hopper swizzle (``_swizzle_mxfp4``) may pad its tiles: **not modelled** (an
-**assumption**: the bytes vLLM reports after loading are the checkpoint's). Other quantisation methods are
-refused.
+65,248,395,264 bytes = 60.77 GiB (model card, arXiv 2508.10925: 116.83 B, checkpoint 60.8 GiB): the
+``weight_bytes`` a step reads. After loading, the Triton backend (``process_weights_after_loading``) holds
+more (``ModelSpec.resident_extra_bytes``, taken out of the KV budget): it swizzles the expert scales into a
+new tensor for the kernel and keeps the checkpoint's ``w13_weight_scale`` / ``w2_weight_scale`` parameters
+(one byte per 32 expert weights a second time), and casts the expert biases to FP32. gpt-oss-120b: 3.41 GiB
+more, 64.18 GiB in all; vLLM logs "Model loading took 64.38 GiB memory" for it on one H100 with the Triton
+backend (vllm-project/vllm issue 33155, v0.14.1): 0.3% apart (the rest, 0.2 GiB, is not modelled:
+buffers such as the rotary cache, any tile padding of the Hopper swizzle). Other backends are **not
+modelled**: Marlin (GPUs below SM90, older vLLM on H100, ``VLLM_MXFP4_USE_MARLIN``) pads ``H`` to 256 and
+``I`` to 128 (about 65.9 GiB at 4.25 bits per weight; vLLM v0.10 logged 65.97 GiB with Marlin on an H100,
+issue 23278), FlashInfer's SM90 backend (``VLLM_USE_FLASHINFER_MOE_MXFP4_BF16``) pads both to 128. Other
+quantisation methods are refused.
 
 **Sliding-window layers** (``layer_types`` with ``sliding_attention``, or Gemma's ``sliding_window_pattern``)
 are read by :func:`cacheresearch.replica.kv_layout.layout_from_config` (``ModelSpec.kv_types``). Their KV
@@ -107,6 +115,9 @@ class ModelSpec:
     #: attention layer types as ``(kind, layers, sliding_window)`` in order of first appearance (kv_layout's
     #: kinds ``full`` / ``sliding_window``); empty: every layer full attention
     kv_types: tuple = ()
+    #: bytes vLLM holds after loading besides ``weight_bytes`` (in the KV budget, not in the weight read per
+    #: step): the MXFP4 Triton backend's second copy of the expert scales and its FP32 expert biases
+    resident_extra_bytes: int = 0
 
     @property
     def window_layers(self) -> int:
@@ -334,6 +345,10 @@ def model_from_config(path, name: str | None = None) -> ModelSpec:
     q = c.get("quantization_config") or {}
     mx = bool(q) and str(q.get("quant_method", "")).lower() == "mxfp4" and experts > 0
     wbytes, wdesc = _weight_bytes(c, p, total, experts, n_moe * n_exp * _mxfp4_expert_bytes(p, H, e_ffn) if mx else 0)
+    # the Triton backend keeps the checkpoint's scales beside their swizzled copy, and casts the biases to FP32
+    extra = int(experts) // MXFP4_BLOCK + n_moe * n_exp * e_bias * 2 if mx else 0
+    if extra:
+        wdesc += f"; {extra / 2**30:.2f} GiB more held after loading (scales twice, FP32 expert biases)"
     arch = ",".join(c.get("architectures") or []) or "?"
     label = name or (p.parent.name if p.stem == "config" and p.parent.name else p.stem)
     win = "".join(f", {n} {k}" + (f" (window {w})" if w else "") for k, n, w in kv_types)
@@ -341,7 +356,7 @@ def model_from_config(path, name: str | None = None) -> ModelSpec:
                      f"{p.name} ({arch}): {L} layers{win}, {qh} heads / {kvh} KV heads x {hd}, parameters from the "
                      f"shapes {total / 1e9:.2f} B" + (f" ({active / 1e9:.2f} B active)" if n_exp else "")
                      + f", {wdesc}", q_heads=qh, active_params=active if n_exp else 0.0, hidden=H,
-                     kv_types=kv_types)
+                     kv_types=kv_types, resident_extra_bytes=extra)
 
 
 @lru_cache(maxsize=64)
@@ -421,11 +436,12 @@ def _kv_budget(model, gpu, tp, gpu_memory_utilization, overhead_bytes) -> int:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {u!r}")
     if isinstance(overhead_bytes, bool) or not isinstance(overhead_bytes, int) or overhead_bytes < 0:
         raise ValueError(f"overhead_bytes must be an integer >= 0, got {overhead_bytes!r}")
-    budget = int(g.memory_bytes * float(u)) - -(-m.weight_bytes // tp) - overhead_bytes
+    held = m.weight_bytes + m.resident_extra_bytes
+    budget = int(g.memory_bytes * float(u)) - -(-held // tp) - overhead_bytes
     if budget <= 0:
         raise ValueError(
             f"{m.name} does not fit on {tp} x {g.name} at gpu_memory_utilization={u}: weights need "
-            f"{m.weight_bytes / tp / GIB:.1f} GiB per GPU of {g.memory_bytes * float(u) / GIB:.1f} GiB usable "
+            f"{held / tp / GIB:.1f} GiB per GPU of {g.memory_bytes * float(u) / GIB:.1f} GiB usable "
             f"(raise tp or gpu_memory_utilization)")
     return budget
 
@@ -447,7 +463,7 @@ def kv_blocks(model, gpu, *, tp: int = 1, kv_dtype: str = "bf16", gpu_memory_uti
     m = lookup(MODELS, model, "model")
     if m.kv_types and hybrid_manager:
         u = kv_cache_layout(m, tp=tp, kv_dtype=kv_dtype, block_tokens=block_tokens)
-        return pool_blocks(u, lookup(GPUS, gpu, "gpu"), weight_bytes=m.weight_bytes, tp=tp,
+        return pool_blocks(u, lookup(GPUS, gpu, "gpu"), weight_bytes=m.weight_bytes + m.resident_extra_bytes, tp=tp,
                            gpu_memory_utilization=gpu_memory_utilization, overhead_bytes=overhead_bytes)
     return budget // block_bytes(model, kv_dtype=kv_dtype, tp=tp, block_tokens=block_tokens)
 
