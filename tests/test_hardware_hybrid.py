@@ -153,3 +153,18 @@ def test_sliding_window_configs_now_modelled_and_what_stays_refused(tmp_path):
         with pytest.raises(ValueError, match=msg) as e:
             spec(**change)
         assert "\n" not in str(e.value) and "m.json" in str(e.value)
+
+
+def test_gpt_oss_20b_from_the_same_shapes_matches_its_card(tmp_path):
+    """gpt-oss-20b (model card, arXiv 2508.10925): 24 layers and 32 experts (4 active) of gpt-oss-120b's
+    shapes; 20.91 B parameters, 3.61 B active (without the input embedding), checkpoint 12.8 GiB."""
+    c = json.loads(Path(OSS).read_text())
+    c.update(num_hidden_layers=24, num_local_experts=32, layer_types=c["layer_types"][:24])
+    p = tmp_path / "gpt-oss-20b.json"
+    p.write_text(json.dumps(c))
+    m = hw.model_from_config(p)
+    assert m.params == 24 * (ATTN + H * 32 + 32 + 32 * (EXPERT + EXPERT_BIAS)) + EMB == 20_914_616_064
+    assert (m.active_params - V * H) / 1e9 == pytest.approx(3.61, abs=0.005)
+    assert m.weight_bytes == 24 * 32 * 13_219_200 + 2 * (m.params - 24 * 32 * EXPERT) == 13_760_982_528
+    assert m.weight_bytes / 2**30 == pytest.approx(12.8, rel=2e-3)
+    assert m.kv_types == (("sliding_window", 12, 128), ("full", 12, 0))
