@@ -168,3 +168,20 @@ def test_gpt_oss_20b_from_the_same_shapes_matches_its_card(tmp_path):
     assert m.weight_bytes == 24 * 32 * 13_219_200 + 2 * (m.params - 24 * 32 * EXPERT) == 13_760_982_528
     assert m.weight_bytes / 2**30 == pytest.approx(12.8, rel=2e-3)
     assert m.kv_types == (("sliding_window", 12, 128), ("full", 12, 0))
+
+
+def test_sweep_capacity_with_and_without_the_hybrid_manager():
+    """``replica.hybrid_manager`` reaches kv_blocks; a dense model ignores it."""
+    from cacheresearch.shell.sweep import compose_config, make_plan
+
+    def cap(model, *extra):
+        cfg = compose_config(["experiment=seed_fleet", "replica.gpu=h100_80gb", f"replica.model={model}",
+                              "replica.gpu_memory_utilization=0.95", "grid.capacity_blocks=null", *extra])
+        return make_plan(cfg).base["capacity_blocks"], int(cfg.workload.fleet.block_tokens)
+
+    on, bt = cap(OSS)
+    off, _ = cap(OSS, "replica.hybrid_manager=false")
+    assert on == hw.kv_blocks(OSS, "h100_80gb", gpu_memory_utilization=0.95, block_tokens=bt)
+    assert off == hw.kv_blocks(OSS, "h100_80gb", gpu_memory_utilization=0.95, block_tokens=bt, hybrid_manager=False)
+    assert off == on // 2
+    assert cap("llama3_8b", "replica.hybrid_manager=false") == cap("llama3_8b")
