@@ -69,7 +69,7 @@ def test_config_variants(tmp_path):
 @pytest.mark.parametrize("change, msg", [
     ({"kv_lora_rank": 512}, "multi-head latent attention"),
     ({"use_sliding_window": True}, "sliding-window"),
-    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "'layer_types' must list 32"),
     ({"quantization_config": {"quant_method": "awq"}}, "only fp8"),
     ({"torch_dtype": "int3"}, "unknown dtype"),
     ({"num_hidden_layers": None}, "missing key 'num_hidden_layers'"),

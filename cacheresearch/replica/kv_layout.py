@@ -24,7 +24,8 @@ A model comes from a Hugging Face ``config.json`` (:func:`layout_from_config`: `
 ``sliding_window`` / ``sliding_window_pattern``, ``full_attention_interval`` with the ``linear_*`` fields,
 ``kv_lora_rank`` / ``qk_rope_head_dim``; a ``text_config`` is read as the language model) or from
 :data:`PRESETS` (the same fields, with their sources). Anything else is refused in one line naming the
-field. Plain Python; reads a config.json and nothing else.
+field. :mod:`cacheresearch.replica.hardware` lays out its models with these rules (``kv_cache_layout``:
+capacity with and without vLLM's hybrid manager). Plain Python; reads a config.json and nothing else.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cacheresearch.replica.hardware import GIB, GPUS, GpuSpec
+from cacheresearch.replica.gpus import GIB, GPUS, GpuSpec
 
 __all__ = ["LayerType", "KVLayout", "KVGroup", "Unified", "layout_from_config", "unify", "dense_counterpart",
            "pool_blocks", "held_blocks", "sequences_that_fit", "PRESETS", "preset_layout", "WEIGHT_BYTES"]

@@ -18,10 +18,31 @@ and of each KV head group):
 * a fixed per-request overhead (gateway, tokenizer, HTTP; ``overhead_ms``) is an **assumption**, not a
   roofline term, and is added to TTFT by the study, not to the step.
 
+**Mixtures of experts.** The FLOPs count the active parameters (``ModelSpec.active_params``: the embedding
+lookup included, as every model's count includes it); the weight read counts **every expert**
+(``weight_bytes``, e.g. gpt-oss-120b's 60.77 GiB with MXFP4 experts, each step). This is the existing rule,
+kept: no better-sourced one was found, and the step model's constant base cannot follow the batch. It is exact
+for large batches and charges small ones too much: under uniform routing a step of ``B`` tokens touches
+``E (1 - (1 - k / E)^B)`` of ``E`` experts per layer (gpt-oss-120b, ``E`` 128, ``k`` 4: 4 at ``B = 1``, 82 at
+32, 126 at 128, all at 512).
+
+**Sliding-window layers** (``ModelSpec.kv_types``; the compute of window layers is saved whether or not vLLM's
+hybrid KV cache manager holds their blocks: ``unify_hybrid_kv_cache_specs``). A decoding request's KV read is
+``full-attention bytes x context + window bytes x min(context, W)``, a prefill token's attention
+``4 q_heads head_dim (full layers x c + window layers x min(c, W))``. The vllm replica's step model is linear in
+the context (``step_ctx_ps`` per context token, ``step_prefill_ctx_fs`` per pair), so :func:`step_coefficients`
+puts the full-attention layers alone in those, and charges the window layers a **full window** as constants:
+``W x window bytes`` per decoding request in ``step_decode_ns`` (:meth:`Roofline.window_decode_s`) and
+``4 window layers q_heads head_dim W`` FLOPs per prefill token in ``step_prefill_ns``
+(:meth:`Roofline.window_prefill_token_s`). A request or prefill token with less than ``W`` tokens before it
+is charged too much (at most ``W`` tokens' worth: 128 for gpt-oss). :meth:`Roofline.prefill_token_s` itself
+takes the minimum.
+
 :func:`step_coefficients` maps the roofline onto the vllm replica's step knobs: ``step_base_ns`` (weights),
 ``step_prefill_ns`` (a prefill token's matmuls and its share of the all-reduces), ``step_ctx_ps`` (KV read per
 context token of each decoding request), ``step_prefill_ctx_fs`` (attention per pair of a prefill token and a
-token before it) and ``step_decode_ns`` (a decode token's share of the all-reduces; 0 at ``tp = 1``). The
+token before it) and ``step_decode_ns`` (a decode token's share of the all-reduces, 0 at ``tp = 1``, plus its
+window layers' KV read). The
 replica adds the terms; a roofline takes their maximum (compute and memory overlap), so a step that mixes a
 large prefill chunk with decodes is charged up to the weight read too much.
 
@@ -130,10 +151,20 @@ class Roofline:
         return m.weight_bytes / self.tp / (g.bandwidth * self.eff_bw)
 
     def prefill_token_s(self, ctx_tokens: float = 0.0) -> float:
-        """One prefill token at ``ctx_tokens`` of context before it (seconds)."""
+        """One prefill token at ``ctx_tokens`` of context before it (seconds): a full-attention layer attends
+        to the whole context, a sliding-window layer to ``min(ctx_tokens, W)`` tokens."""
         m, g = self._spec()
-        att = 4.0 * m.layers * _q_heads(m) * m.head_dim * float(ctx_tokens)
+        att = 4.0 * m.full_layers * _q_heads(m) * m.head_dim * float(ctx_tokens)
+        if m.window_layers:
+            att += 4.0 * m.window_layers * _q_heads(m) * m.head_dim * min(float(ctx_tokens), float(m.sliding_window))
         return (2.0 * (m.active_params or m.params) + att) / self.tp / (g.flops * self.eff_flops)
+
+    def window_prefill_token_s(self) -> float:
+        """A prefill token's attention in the sliding-window layers at a full window (``W`` tokens before it;
+        0 without window layers; seconds)."""
+        m, g = self._spec()
+        att = 4.0 * m.window_layers * _q_heads(m) * m.head_dim * float(m.sliding_window)
+        return att / self.tp / (g.flops * self.eff_flops)
 
     def allreduce_token_s(self) -> float:
         """One token's share of a step's tensor-parallel all-reduces (seconds; 0 at ``tp = 1``)."""
@@ -147,9 +178,17 @@ class Roofline:
         return 2.0 * m.layers * hidden * ACT_BYTES * ring / (g.link_bw * self.eff_bw)
 
     def ctx_token_s(self, kv_dtype: str = "bf16") -> float:
-        """KV read per context token of a decoding request, per step (seconds)."""
+        """KV read per context token of a decoding request, per step, in the full-attention layers (every
+        layer of a model without sliding windows; seconds)."""
         _, g = self._spec()
-        return kv_bytes_per_token(self.model, kv_dtype=kv_dtype, tp=self.tp) / (g.bandwidth * self.eff_bw)
+        return kv_bytes_per_token(self.model, kv_dtype=kv_dtype, tp=self.tp, kind="full") / (g.bandwidth * self.eff_bw)
+
+    def window_decode_s(self, kv_dtype: str = "bf16") -> float:
+        """KV read of the sliding-window layers per decoding request, per step, at a full window (``W`` tokens;
+        0 without window layers; seconds)."""
+        m, g = self._spec()
+        per_tok = kv_bytes_per_token(self.model, kv_dtype=kv_dtype, tp=self.tp, kind="sliding_window")
+        return m.sliding_window * per_tok / (g.bandwidth * self.eff_bw)
 
 
 def calibrate() -> dict:
@@ -197,18 +236,29 @@ def step_coefficients(model: str, gpu: str, tp: int = 1, *, kv_dtype: str = "bf1
     ``step_prefill_ns`` (a prefill token's matmuls and its share of the all-reduces), ``step_decode_ns`` (a
     decode token's share of the all-reduces; its matmuls are hidden under the memory reads), ``step_ctx_ps``
     (the KV read per context token of a decoding request) and ``step_prefill_ctx_fs`` (attention per
-    (prefill token, earlier token) pair)."""
+    (prefill token, earlier token) pair). Sliding-window layers (module docstring) enter as constants at a
+    full window: their KV read in ``step_decode_ns``, their attention in ``step_prefill_ns``."""
     r = roofline(model, gpu, tp)
     m = lookup(MODELS, model, "model")
-    pair_flops = 4.0 * m.layers * _q_heads(m) * m.head_dim / r.tp
+    pair_flops = 4.0 * m.full_layers * _q_heads(m) * m.head_dim / r.tp
     ar = r.allreduce_token_s()
+    win_pre, win_dec = r.window_prefill_token_s(), r.window_decode_s(kv_dtype)
+    src = (f"roofline {model} on {tp} x {gpu}: eff_bw {r.eff_bw:.3f}, eff_flops {r.eff_flops:.3f} "
+           "(calibrated once on BLIS's coefficients)")
+    if m.active_params:
+        src += (f"; mixture of experts: FLOPs of {m.active_params / 1e9:.2f} B active parameters, every step reads "
+                f"all {m.weight_bytes / GIB:.2f} GiB of weights (every expert)")
+    if m.window_layers:
+        src += (f"; {m.window_layers} sliding-window layers (W {m.sliding_window}) charged a full window: "
+                f"{win_dec * 1e9:.0f} ns of KV read per decoding request (in step_decode_ns) and "
+                f"{win_pre * 1e9:.1f} ns of attention per prefill token (in step_prefill_ns); the {m.full_layers} "
+                "full-attention layers alone in step_ctx_ps and step_prefill_ctx_fs")
     return dict(step_base_ns=int(round(r.base_s() * 1e9)),
-                step_prefill_ns=int(round((r.prefill_token_s(0.0) + ar) * 1e9)),
-                step_decode_ns=int(round(ar * 1e9)),
+                step_prefill_ns=int(round((r.prefill_token_s(0.0) + ar + win_pre) * 1e9)),
+                step_decode_ns=int(round((ar + win_dec) * 1e9)),
                 step_ctx_ps=int(round(r.ctx_token_s(kv_dtype) * 1e12)),
                 step_prefill_ctx_fs=int(round(pair_flops / (r._peak().flops * r.eff_flops) * 1e15)),
-                source=f"roofline {model} on {tp} x {gpu}: eff_bw {r.eff_bw:.3f}, eff_flops {r.eff_flops:.3f} "
-                "(calibrated once on BLIS's coefficients)")
+                source=src)
 
 
 def vllm_scheduler_defaults(gpu: str) -> dict:

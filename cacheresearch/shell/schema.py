@@ -166,7 +166,10 @@ class ReplicaConf:
 
     ``scheduler``: ``fcfs`` (one server per replica, prefill at a rate) or ``vllm`` (continuous batching
     with one KV pool for cached and running blocks). ``gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
-    ``gpu_memory_utilization`` give the KV capacity from hardware in place of ``cache.capacity_blocks``.
+    ``gpu_memory_utilization`` give the KV capacity from hardware in place of ``cache.capacity_blocks``;
+    ``hybrid_manager`` (models with sliding-window layers only): vLLM's hybrid KV cache manager on (its default)
+    or off (a KV connector that is not ``SupportsHMA``: every layer holds every block, half the blocks for
+    gpt-oss; :func:`cacheresearch.replica.hardware.kv_blocks`).
     """
 
     scheduler: str = "fcfs"
@@ -176,6 +179,7 @@ class ReplicaConf:
     kv_dtype: str = "bf16"
     tp: int = 1
     gpu_memory_utilization: float = 0.9
+    hybrid_manager: bool = True
 
 
 @dataclass

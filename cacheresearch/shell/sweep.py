@@ -415,8 +415,8 @@ def make_plan(cfg: DictConfig) -> Plan:
 
 def hardware_capacity(cfg) -> int | None:
     """KV blocks per replica from ``replica.gpu`` / ``model`` / ``kv_dtype`` / ``tp`` /
-    ``gpu_memory_utilization`` (:func:`cacheresearch.replica.hardware.kv_blocks`, in the workload's block size),
-    or ``None`` when neither ``replica.gpu`` nor ``replica.model`` is set."""
+    ``gpu_memory_utilization`` / ``hybrid_manager`` (:func:`cacheresearch.replica.hardware.kv_blocks`, in the
+    workload's block size), or ``None`` when neither ``replica.gpu`` nor ``replica.model`` is set."""
     rc = cfg.get("replica") if hasattr(cfg, "get") else None
     if rc is None or (rc.get("gpu") is None and rc.get("model") is None):
         return None
@@ -435,7 +435,8 @@ def hardware_capacity(cfg) -> int | None:
             raise SweepError(f"trace: {e}") from None
     try:
         cap = kv_blocks(str(rc.model), str(rc.gpu), tp=int(rc.tp), kv_dtype=str(rc.kv_dtype),
-                        gpu_memory_utilization=float(rc.gpu_memory_utilization), block_tokens=int(bt))
+                        gpu_memory_utilization=float(rc.gpu_memory_utilization), block_tokens=int(bt),
+                        hybrid_manager=bool(rc.get("hybrid_manager", True)))
     except ValueError as e:
         raise SweepError(f"replica: {e}") from None
     _log(f"replica: {rc.model} on {rc.tp} x {rc.gpu}, kv_dtype {rc.kv_dtype}, gpu_memory_utilization "
