@@ -104,36 +104,53 @@ def _model(d: Path, r: dict) -> str:
     return str(d / m) if (d / m).is_file() else m
 
 
-def _sizes(d: Path, r: dict) -> dict:
-    """GPU blocks per replica, CPU-tier blocks and a block's bytes (the files' figures; the hardware's where the
-    files give bytes or a memory fraction)."""
-    from cacheresearch.replica.hardware import block_bytes, kv_blocks  # noqa: PLC0415
+def hybrid_manager(r: dict, arm: str) -> bool:
+    """Whether vLLM runs the arm with its hybrid KV cache manager: always, unless the arm has a KV connector (the
+    CPU tier) that is not ``SupportsHMA`` (``run.yaml`` ``connector_supports_hma``, default false: vLLM's
+    OffloadingConnector before v0.21.0; ``vllm/config/vllm.py`` then disables the manager and
+    ``unify_hybrid_kv_cache_specs`` promotes window layers to full attention)."""
+    return not (r["arms"][arm].get("cpu_tier") and not r.get("connector_supports_hma", False))
+
+
+def _sizes(d: Path, r: dict, arm: str) -> dict:
+    """The arm's GPU blocks per replica, CPU-tier blocks and a block's bytes (the files' figures; the hardware's
+    where the files give bytes or a memory fraction), under the layout vLLM runs for the arm
+    (:func:`hybrid_manager`)."""
+    from cacheresearch.replica.hardware import kv_blocks, kv_cache_layout  # noqa: PLC0415
 
     model, bt, tp = _model(d, r), int(r["block_tokens"]), int(r["tp"])
+    hm = hybrid_manager(r, arm)
     try:
-        bb = block_bytes(model, tp=tp, block_tokens=bt)
+        lay = kv_cache_layout(model, tp=tp, block_tokens=bt, hybrid_manager=hm)
         if r.get("gpu_cache_tokens"):
             gpu, gsrc = int(r["gpu_cache_tokens"]) // bt, "run.yaml gpu_cache_tokens"
         else:
             util = float(r.get("gpu_memory_utilization") or 0.9)
-            gpu = kv_blocks(model, str(r.get("gpu", "h100_80gb")), tp=tp, block_tokens=bt, gpu_memory_utilization=util)
+            gpu = kv_blocks(model, str(r.get("gpu", "h100_80gb")), tp=tp, block_tokens=bt, gpu_memory_utilization=util,
+                            hybrid_manager=hm)
             gsrc = f"the hardware's KV blocks at gpu_memory_utilization {util}"
     except ValueError as e:
         raise StudyError(f"llmd_tiered: model {model}: {e}") from None
+    if lay.hybrid:
+        raise StudyError(f"llmd_tiered ({d.name}): arm {arm!r} runs {lay.name} under vLLM's hybrid KV cache manager "
+                         f"({len(lay.groups)} KV groups); the vllm replica keeps one KV group")
+    bb = lay.block_bytes
     if r.get("cpu_cache_tokens"):
         cpu, csrc = int(r["cpu_cache_tokens"]) // bt, "run.yaml cpu_cache_tokens"
     else:
         cpu, csrc = (int(r["cpu_bytes"]) // bb if r.get("cpu_bytes") else 0), "run.yaml cpu_bytes / block bytes"
-    return dict(model=model, gpu_blocks=gpu, gpu_source=gsrc, cpu_blocks=cpu, cpu_source=csrc, block_bytes=bb)
+    return dict(model=model, gpu_blocks=gpu, gpu_source=gsrc, cpu_blocks=cpu, cpu_source=csrc, block_bytes=bb,
+                hybrid_manager=hm, layout=f"{len(lay.groups)} group(s) of {lay.group_size} layers, "
+                                          f"{lay.block_bytes:,} bytes a block id")
 
 
-def _streams(w, ip, specs: dict, bt: int, cap: int, bpt: float):
+def _streams(w, ip, specs: dict, bt: int, caps: dict, bpt: float):
     """One compiled stream per GIE hash configuration of the arms' EPP files (the first when none estimates)."""
     from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
     from cacheresearch.routers.epp import epp_hash_config  # noqa: PLC0415
     from cacheresearch.workload.gie_hashes import gie_hashes_shared_prefix  # noqa: PLC0415
 
-    hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
+    hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=caps[a]) for a, sp in specs.items()}
     confs = sorted({c for c in hcfg.values() if c is not None})
     streams = [compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes_shared_prefix(
         w.tenant, w.meta["prompt"], system_len=ip.data.system_prompt_len, question_len=ip.data.question_len,
@@ -208,17 +225,17 @@ def _arms(d: Path, r: dict, sz: dict, c: dict):
     gpu, bt = str(r.get("gpu", "h100_80gb")), int(r["block_tokens"])
     try:
         specs = {a: read_epp(d / s["epp"]) for a, s in r["arms"].items()}
-        knobs = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=sz["gpu_blocks"]) for a, sp in specs.items()}
-        step = step_coefficients(sz["model"], gpu, int(r["tp"]))
+        knobs = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=sz[a]["gpu_blocks"]) for a, sp in specs.items()}
+        step = step_coefficients(_model(d, r), gpu, int(r["tp"]))
     except (EppConfigError, ValueError) as e:
         raise StudyError(f"llmd_tiered ({d.name}): {e}") from None
     sched = vllm_scheduler_defaults(gpu)
     seqs = int(r.get("max_num_seqs") or sched["max_num_seqs"])
     base = dict(max_num_seqs=min(seqs, int(c["max_running"])), max_num_batched_tokens=sched["max_num_batched_tokens"],
                 **{k: v for k, v in step.items() if k.startswith("step_")})
-    tiers = {a: cpu_tier(capacity_blocks=sz["cpu_blocks"] if s.get("cpu_tier") else 0,
+    tiers = {a: cpu_tier(capacity_blocks=sz[a]["cpu_blocks"] if s.get("cpu_tier") else 0,
                          read_gbps=float(c["cpu_read_gbps"]), latency_us=float(c["cpu_latency_us"]),
-                         block_bytes=sz["block_bytes"], overlap=str(c["load_mode"]))
+                         block_bytes=sz[a]["block_bytes"], overlap=str(c["load_mode"]))
              for a, s in r["arms"].items()}
     return specs, knobs, tiers, base, dict(step_source=step["source"], sched_source=sched["source"],
                                              max_num_seqs_file=seqs)
@@ -243,20 +260,20 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
         ip = read_inference_perf(d / "inference-perf.yaml")
     except InferencePerfError as e:
         raise StudyError(str(e)) from None
-    sz = _sizes(d, r)
+    sz = {a: _sizes(d, r, a) for a in r["arms"]}
     interval = float(((yaml.safe_load((d / "inference-perf.yaml").read_text()) or {}).get("load") or {})
                      .get("interval", 1.0))  # inference-perf's default
     specs, knobs, tiers, base, src = _arms(d, r, sz, c)
     bt, R, K = int(r["block_tokens"]), int(r["replicas"]), len(ip.stages)
     w = shared_prefix_workload(ip, block_tokens=bt, seed=int(c["seed"]), stage_gap_s=float(c["stage_gap_s"]),
                                max_requests_per_stage=c["max_requests_per_stage"])
-    streams, sid = _streams(w, ip, specs, bt, sz["gpu_blocks"], float(c["bytes_per_token"]))
+    streams, sid = _streams(w, ip, specs, bt, {a: z["gpu_blocks"] for a, z in sz.items()}, float(c["bytes_per_token"]))
     names = list(r["arms"])
     per = {v: np.full((len(names), K), np.nan) for v in STAGE_VARS}
     run = {v: np.full(len(names), np.nan) for v in RUN_VARS}
     Q = int(np.bincount(np.asarray(w.meta["stage"]), minlength=K).max()) + 8
     for i, a in enumerate(names):
-        p = make_params("lru", capacity_blocks=sz["gpu_blocks"], replicas=R, router=knobs[a]["router"],
+        p = make_params("lru", capacity_blocks=sz[a]["gpu_blocks"], replicas=R, router=knobs[a]["router"],
                         **base, **{k: v for k, v in knobs[a].items() if k != "router"})
         s = streams[sid[a]]
         st = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=base["max_num_seqs"],
@@ -276,12 +293,16 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
     dv = {v: (("arm", "stage"), x) for v, x in per.items()}
     dv.update({v: (("arm",), x) for v, x in run.items()})
     dv.update(_published(pub, names, rates))
+    for v in ("gpu_blocks", "block_bytes", "hybrid_manager"):
+        dv[v] = (("arm",), np.array([sz[a][v] for a in names]))
+    dv["cpu_blocks"] = (("arm",), np.array([sz[a]["cpu_blocks"] if r["arms"][a].get("cpu_tier") else 0 for a in names]))
+    model = _model(d, r)
     ds = xr.Dataset(dv, coords=dict(arm=names, stage=np.arange(K), stage_rate=("stage", rates)))
     ds.attrs.update(common_attrs(cfg, "llmd_tiered", t0, dict(
-        run=str(c["run"]), folder=d.name, model=sz["model"] if not Path(sz["model"]).is_file() else d.name + "/model",
+        run=str(c["run"]), folder=d.name, model=model if not Path(model).is_file() else d.name + "/model",
         replicas=R, tp=int(r["tp"]), gpu=str(r.get("gpu", "h100_80gb")), block_tokens=bt,
-        gpu_blocks=sz["gpu_blocks"], gpu_blocks_source=sz["gpu_source"], cpu_blocks=sz["cpu_blocks"],
-        cpu_blocks_source=sz["cpu_source"], block_bytes=sz["block_bytes"], max_num_seqs=base["max_num_seqs"],
+        gpu_blocks_source=sz[names[0]]["gpu_source"], cpu_blocks_source=sz[names[0]]["cpu_source"],
+        layouts=repr({a: sz[a]["layout"] for a in names}), max_num_seqs=base["max_num_seqs"],
         arms=repr({a: dict(r["arms"][a], knobs=knobs[a]) for a in names}), **src,
         cpu_read_gbps=float(c["cpu_read_gbps"]), cpu_latency_us=float(c["cpu_latency_us"]),
         load_mode=str(c["load_mode"]), overhead_ms=float(c["overhead_ms"]),
@@ -320,8 +341,10 @@ def _gain(x) -> str:
 def summarize_llmd_tiered(ds: xr.Dataset) -> str:
     a = ds.attrs
     lines = [f"llmd_tiered: {a['run']} ({a['folder']}): {a['replicas']} x {a['model']} on {a['tp']} x {a['gpu']}",
-             f"GPU {a['gpu_blocks']:,} blocks of {a['block_tokens']} ({a['gpu_blocks_source']}); CPU tier "
-             f"{a['cpu_blocks']:,} blocks ({a['cpu_blocks_source']}), {a['cpu_read_gbps']:g} GB/s, "
+             "GPU blocks of " + f"{a['block_tokens']} per arm " + ", ".join(
+                 f"{n} {int(ds.gpu_blocks.sel(arm=n)):,}" for n in ds.arm.values) + f" ({a['gpu_blocks_source']}); "
+             "CPU tier blocks " + ", ".join(f"{n} {int(ds.cpu_blocks.sel(arm=n)):,}" for n in ds.arm.values)
+             + f" ({a['cpu_blocks_source']}), {a['cpu_read_gbps']:g} GB/s, "
              f"{a['cpu_latency_us']:g} us, loads {a['load_mode']}; max_num_seqs {a['max_num_seqs']}",
              f"assumptions: {a['assumptions']}",
              "reduced run" if a.get("max_requests_per_stage", -1) >= 0 else "full run", ""]
