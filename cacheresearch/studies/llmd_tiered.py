@@ -89,8 +89,8 @@ def read_run(run) -> tuple[Path, dict, dict | None]:
         raise StudyError(f"{f}: key 'arms' must map each arm to {{epp: FILE, cpu_tier: true|false}}")
     for a, spec in r["arms"].items():
         if not isinstance(spec, dict) or not (d / str(spec.get("epp", ""))).is_file():
-            raise StudyError(f"{f}: arm {a!r}: its epp file {spec.get('epp') if isinstance(spec, dict) else spec!r} "
-                             "is not in the folder")
+            epp = spec.get("epp") if isinstance(spec, dict) else spec
+            raise StudyError(f"{f}: arm {a!r}: its epp file {epp} is not in the folder")
     if any(s.get("cpu_tier") for s in r["arms"].values()) and not (r.get("cpu_cache_tokens") or r.get("cpu_bytes")):
         raise StudyError(f"{f}: an arm has the CPU tier but neither cpu_cache_tokens nor cpu_bytes is given")
     pub = json.loads((d / "published.json").read_text()) if (d / "published.json").is_file() else None
