@@ -44,7 +44,8 @@ DEFAULTS = dict(run="qwen3-32b", max_requests_per_stage=None, stage_gap_s=600.0,
                 seed=0)
 _RUN_KEYS = {"model", "replicas", "tp", "gpu", "block_tokens", "gpu_cache_tokens", "gpu_memory_utilization",
              "cpu_cache_tokens", "cpu_bytes", "max_num_seqs", "connector_supports_hma", "arms"}
-STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_per_s", "requests_per_s",
+STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_per_s", "output_tokens_per_s",
+              "requests_per_s",
               "gpu_hit_rate", "cpu_hit_rate")
 RUN_VARS = ("ttft_mean_s_run", "ttft_median_s_run", "ttft_p90_s_run", "e2e_mean_s_run", "e2e_p90_s_run",
             "requests_per_s_ok_run", "input_tokens_per_s_run", "output_tokens_per_s_run", "gpu_hit_rate_run",
@@ -201,6 +202,7 @@ def _stage_figures(m, g: int, cpu_blocks, w, K: int, ov_s: float, interval_s: fl
         per["e2e_mean_s"][k], per["e2e_p90_s"][k] = ee[s_ok].mean(), np.percentile(ee[s_ok], 90)
         span = (fin[s_ok].max() - arr[sel].min()) / 1000.0
         per["tokens_per_s"][k] = (inp[s_ok].sum() + out[s_ok].sum()) / span if span > 0 else np.nan
+        per["output_tokens_per_s"][k] = out[s_ok].sum() / span if span > 0 else np.nan
         per["gpu_hit_rate"][k] = (hit[s_ok].sum() - cpu[s_ok].sum()) / inp[s_ok].sum()
         per["cpu_hit_rate"][k] = cpu[s_ok].sum() / inp[s_ok].sum()
     run = dict.fromkeys(RUN_VARS, np.nan)
@@ -358,13 +360,15 @@ def summarize_llmd_tiered(ds: xr.Dataset) -> str:
         p = ds[pv].values.astype(float) if pv and pv in ds else np.full(len(names), np.nan)
         pub = " / ".join(f"{y:.3g}" for y in p) + (f" ({_gain(p)})" if np.isfinite(p).all() else "")
         lines.append(f"| {v} | " + " | ".join(f"{y:.3g}" for y in x) + f" | {_gain(x)} | {pub} |")
+    tok = "output_tokens_per_s" if "published_output_tokens_per_s" in ds else "tokens_per_s"
+    unit = "output tok/s" if tok == "output_tokens_per_s" else "tok/s (in + out)"
     lines += ["", "per stage, ours (published):", "",
-              "| rate | " + " | ".join(f"{n} TTFT mean (s) | {n} tok/s" for n in names) + " |",
+              "| rate | " + " | ".join(f"{n} TTFT mean (s) | {n} {unit}" for n in names) + " |",
               "|---" * (1 + 2 * len(names)) + "|"]
     for k in ds.stage.values:
         row = [f"{float(ds.stage_rate.sel(stage=k)):g}"]
         for n in names:
-            for v in ("ttft_mean_s", "tokens_per_s"):
+            for v in ("ttft_mean_s", tok):
                 y = float(ds[v].sel(arm=n, stage=k))
                 p = float(ds[f"published_{v}"].sel(arm=n, stage=k)) if f"published_{v}" in ds else np.nan
                 row.append(f"{y:,.3g}" + (f" ({p:,.3g})" if np.isfinite(p) else ""))
