@@ -41,7 +41,7 @@ _HERE = Path(__file__).resolve().parent / "llmd"
 RUNS = {"qwen3-32b": _HERE / "tiered-qwen3-32b", "gpt-oss-120b": _HERE / "tiered-gpt-oss-120b"}
 DEFAULTS = dict(run="qwen3-32b", max_requests_per_stage=None, stage_gap_s=600.0, overhead_ms=250.0,
                 cpu_read_gbps=50.0, cpu_latency_us=10.0, load_mode="async", bytes_per_token=4.0, max_running=512,
-                seed=0)
+                gpu_overhead_gib=0.0, seed=0)
 _RUN_KEYS = {"model", "replicas", "tp", "gpu", "block_tokens", "gpu_cache_tokens", "gpu_memory_utilization",
              "cpu_cache_tokens", "cpu_bytes", "max_num_seqs", "connector_supports_hma", "arms"}
 STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_per_s", "output_tokens_per_s",
@@ -65,7 +65,7 @@ def _cfg(cfg) -> dict:
         out[k] = v
     if out["load_mode"] not in ("async", "sync"):
         raise StudyError(f"llmd_tiered.load_mode: {out['load_mode']!r}; choose async or sync")
-    for k in ("cpu_read_gbps", "overhead_ms", "stage_gap_s", "cpu_latency_us"):
+    for k in ("cpu_read_gbps", "overhead_ms", "stage_gap_s", "cpu_latency_us", "gpu_overhead_gib"):
         if not float(out[k]) >= 0:
             raise StudyError(f"llmd_tiered.{k} must be >= 0, got {out[k]!r}")
     return out
@@ -113,7 +113,7 @@ def hybrid_manager(r: dict, arm: str) -> bool:
     return not (r["arms"][arm].get("cpu_tier") and not r.get("connector_supports_hma", False))
 
 
-def _sizes(d: Path, r: dict, arm: str) -> dict:
+def _sizes(d: Path, r: dict, arm: str, overhead_gib: float = 0.0) -> dict:
     """The arm's GPU blocks per replica, CPU-tier blocks and a block's bytes (the files' figures; the hardware's
     where the files give bytes or a memory fraction), under the layout vLLM runs for the arm
     (:func:`hybrid_manager`)."""
@@ -128,8 +128,9 @@ def _sizes(d: Path, r: dict, arm: str) -> dict:
         else:
             util = float(r.get("gpu_memory_utilization") or 0.9)
             gpu = kv_blocks(model, str(r.get("gpu", "h100_80gb")), tp=tp, block_tokens=bt, gpu_memory_utilization=util,
-                            hybrid_manager=hm)
-            gsrc = f"the hardware's KV blocks at gpu_memory_utilization {util}"
+                            hybrid_manager=hm, overhead_bytes=int(float(overhead_gib) * (1 << 30)))
+            gsrc = (f"the hardware's KV blocks at gpu_memory_utilization {util}, {float(overhead_gib):g} GiB per GPU "
+                    "of activations and graphs (llmd_tiered.gpu_overhead_gib)")
     except ValueError as e:
         raise StudyError(f"llmd_tiered: model {model}: {e}") from None
     if lay.hybrid:
@@ -262,7 +263,7 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
         ip = read_inference_perf(d / "inference-perf.yaml")
     except InferencePerfError as e:
         raise StudyError(str(e)) from None
-    sz = {a: _sizes(d, r, a) for a in r["arms"]}
+    sz = {a: _sizes(d, r, a, float(c["gpu_overhead_gib"])) for a in r["arms"]}
     interval = float(((yaml.safe_load((d / "inference-perf.yaml").read_text()) or {}).get("load") or {})
                      .get("interval", 1.0))  # inference-perf's default
     specs, knobs, tiers, base, src = _arms(d, r, sz, c)
@@ -310,7 +311,9 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
         load_mode=str(c["load_mode"]), overhead_ms=float(c["overhead_ms"]),
         assumptions="host link read bandwidth and latency (llmd_tiered.cpu_read_gbps / cpu_latency_us: no file "
                     "states them); the time outside the pods (llmd_tiered.overhead_ms: the llm-d series' 250 ms); "
-                    "GIE's 4 bytes per token (llmd_tiered.bytes_per_token)",
+                    "GIE's 4 bytes per token (llmd_tiered.bytes_per_token); where the GPU blocks come from the "
+                    "hardware, vLLM's profiled activation and CUDA-graph memory (llmd_tiered.gpu_overhead_gib, 0: an "
+                    "upper bound on the blocks)",
         max_requests_per_stage=-1 if c["max_requests_per_stage"] is None else int(c["max_requests_per_stage"]),
         stage_interval_s=interval,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else float(ip.request_timeout_s))))
