@@ -74,3 +74,88 @@ def test_hybrid_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, lay
     ng, wm = layout
     _compare(_workload(seed, out), R=R, router=router, capacity_blocks=cap, max_num_batched_tokens=budget,
              max_num_seqs=seqs, kv_groups=ng, kv_window_groups=wm, kv_window=window if wm else 0)
+
+
+def test_hand_worked_window_blocks_go_first_and_limit_the_hit():
+    """gpt-oss's order (group 0 a window of 16 tokens, group 1 full attention), 16-token blocks, one replica, a pool
+    of 15 block ids, a step of 1 ms, a token budget of 16 (one block per step: a long prefill).
+
+    A [1..6] at 0 ms: 6 steps; the window group frees its block j at the start of step j + 3 (blocks wholly before
+    computed - 16 + 1), so blocks 0-3 (keys 1-4) enter the free queue during the prefill; at its end the window
+    group releases 5, 4 (keys 6, 5), then the full group 5..0: the queue is W1 W2 W3 W4 W6 W5 F6 .. F1 (12 cached).
+    B [7..10] at 100 ms: 2 ids per block; the pool evicts 1, 2, 2 ids at its steps 2-4: W1, W2, W3, W4, W6, so
+    A's full-attention blocks all survive and its window keeps only W5.
+    C [1..6, 11] at 200 ms (hit bound 6): the full group holds 6 leading blocks, the window group needs the block
+    before the hit's end (ceil(15 / 16) = 1): its rightmost cached one is block 4 (W5), so the hit is 5 blocks.
+    The dense pool (one full group) of the same 15 ids evicts nothing and hits 6."""
+    from cacheresearch.workload.table import Workload
+
+    w = Workload.from_lists([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 11]], block_tokens=16,
+                            arrival_ms=np.array([0, 100, 200]), output_tokens=np.ones(3, np.int64))
+    kn = dict(capacity_blocks=15, step_base_ns=1_000_000, step_prefill_ns=0, step_decode_ns=0,
+              max_num_batched_tokens=16, max_num_seqs=4)
+    m, ref = _compare(w, R=1, router="round_robin", kv_groups=2, kv_window_groups=0b01, kv_window=16, **kn)
+    assert np.asarray(m.hit_blocks).tolist() == [0, 0, 5]
+    assert np.asarray(m.ttft_ms).tolist() == [6, 4, 2]  # C computes blocks 5 and 6: two steps
+    # the peak: C's last step pins the 7 full blocks and the window's last 2 (block 4 freed at that step's start)
+    assert int(np.asarray(m.max_occupancy)[0]) == 9
+    dense, _ = _compare(w, R=1, router="round_robin", **kn)
+    assert np.asarray(dense.hit_blocks).tolist() == [0, 0, 6]
+
+
+def test_one_full_group_is_todays_replica_bit_for_bit():
+    """kv_groups 1, no window group: every Metrics field equals the defaults' (the run mode, today's results)."""
+    w = _workload(5, 20)
+    kn = dict(capacity_blocks=60, max_num_batched_tokens=48, max_num_seqs=4)
+    m0, _ = _compare(w, R=2, router="llmd_precise", **kn)
+    m1, _ = _compare(w, R=2, router="llmd_precise", kv_groups=1, kv_window_groups=0, kv_window=0, **kn)
+    for f in m0._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(m1, f)), np.asarray(getattr(m0, f)), err_msg=f)
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "gemma-3-27b"])
+def test_preset_layouts_equal_reference(model):
+    """The knobs of a preset's layout (kv_layout.engine_knobs) on a workload whose prompts pass the window; the
+    pool holds 1.5 requests' blocks, so it evicts and preempts."""
+    from cacheresearch.replica.kv_layout import engine_knobs, preset_layout, unify
+
+    kv = engine_knobs(unify(preset_layout(model)))
+    w = _workload(9, 30, prefix=1500 if model == "gemma-3-27b" else 300, query=60, rate=20)
+    per = kv["kv_groups"] * -(-int(np.max(w.input_tokens)) // 16)
+    _, ref = _compare(w, R=2, router="cache_aware", capacity_blocks=per * 3 // 2, max_num_batched_tokens=256,
+                      max_num_seqs=4, **kv)
+    assert ref["preemptions"] > 0 and int(np.sum(ref["hit_blocks"])) > 0
+
+
+def test_refusals_name_the_key():
+    w = _workload(1, 4)
+    s = compile_stream(w, stateful_singletons=True)
+    st_ = static_options(make_params("lru", capacity_blocks=50), max_replicas=1, per_request=True, scheduler="vllm",
+                         max_running=4, queue_slots=16, max_runs=int(np.max(np.asarray(s.n_runs))))
+    key = jax.random.key(0)
+    for kn, match in ((dict(kv_groups=2, kv_window_groups=0b100, kv_window=16), "kv_window_groups"),
+                      (dict(kv_groups=2, kv_window_groups=1, kv_window=1), "kv_window must be"),
+                      (dict(kv_groups=2, policy="fifo"), "cache.policy 'fifo'"),
+                      (dict(kv_groups=2, policy="ttl_refresh", ttl_s=5.0), "cache.policy 'ttl_refresh'")):
+        kn = dict(kn)
+        pol = kn.pop("policy", "lru")
+        ttl = kn.pop("ttl_s", None)
+        p = make_params(pol, capacity_blocks=50, ttl_s=ttl, **kn)
+        with pytest.raises(ValueError, match=match):
+            nv.run_stream(s, [p], [key], st_)
+    from cacheresearch.core.simulate import simulate
+
+    with pytest.raises(ValueError, match="kv_groups > 1 or kv_window_groups"):
+        simulate(s, make_params("lru", capacity_blocks=50, kv_groups=2), key, scheduler="vllm")
+
+
+def test_cpu_tier_with_a_hybrid_layout_is_refused():
+    tv = pytest.importorskip("cacheresearch.tiers.vllm")
+    w = _workload(1, 4)
+    s = compile_stream(w, stateful_singletons=True)
+    p = make_params("lru", capacity_blocks=50, kv_groups=2, kv_window_groups=1, kv_window=32)
+    st_ = static_options(p, max_replicas=1, per_request=True, scheduler="vllm", max_running=4, queue_slots=16,
+                         max_runs=int(np.max(np.asarray(s.n_runs))))
+    tier = tv.cpu_tier(capacity_blocks=10, read_gbps=4.0, latency_us=1.0, block_bytes=1_000_000)
+    with pytest.raises(ValueError, match="tiers.cpu with a hybrid KV layout"):
+        tv.run_stream_tiered(s, [p], [jax.random.key(0)], st_, [tier])
