@@ -48,6 +48,18 @@ load goes on the replica's link (after the loads before it) and it stays in the 
 step starting at or after the load lands; at a step's admissions the requests whose loads landed move to the
 head of the queue (in order); a replica with nothing to run waits for the first landing (or the next event); a
 request that fits nowhere while nothing runs and no load is in flight is rejected.
+
+A hybrid KV layout (``kv_groups`` groups, bit ``g`` of ``kv_window_groups`` a sliding window of ``kv_window``
+tokens; vLLM's hybrid KV cache manager, lru pool, no cpu tier): the keys are ``(key, group)`` pairs of one pool. At
+admission the hit is ``hybrid_pool.hit_blocks`` over the groups' cached keys (capped as ever); with ``s0 =
+hybrid_pool.window_free_upto(W, computed at admission, B)`` a full-attention group pins every prompt key, a window
+group those from ``s0`` on, and computing stores each group's keys from there (the request's ``f = s0``). Working
+blocks: every group its blocks past the keyed ones, a window group none below ``f``. At the start of every step,
+after the finished requests' release, each running request's window groups free its blocks ``f ..
+window_free_upto(W, its KV tokens, B) - 1``, groups in order, highest first: a cached key loses its pin (the next
+free-queue stamp when its last goes), a working block leaves at once; a step whose start freed something begins a
+new event. Finish and preemption release each group's keys tail first, groups in order, one stamp each. The
+routers' views read the first full-attention group's keys.
 """
 
 from __future__ import annotations

@@ -43,6 +43,12 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
   valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
 
+* vLLM's hybrid KV cache manager (``kv_groups``, ``kv_window_groups``, ``kv_window``; per-block mode, lru pool, no
+  cpu tier): full-attention and sliding-window groups of one pool, block ``j`` of a request one id per group
+  (:func:`_hy_key`), the hit :func:`_hy_hit` (``hybrid_pool.hit_blocks``), a window group's blocks freed at each
+  step's start (:func:`_hy_window`), release per group tail first (:func:`_hy_release`); ``tests/test_hybrid_vllm.py``
+  checks it against ``tests/reference_batch.py`` (docs/fleet_semantics.md, "A hybrid KV layout");
+
 * imported KV (``run_stream(..., imported=)``, a P/D decode pool: :mod:`cacheresearch.fleet.disagg`): a request's
   first admission counts ``min(imported, input - 1)`` prompt tokens as computed, so only the rest is prefilled
   (the JAX replica does not model it; ``tests/reference_batch.py`` states the same rule).
