@@ -596,12 +596,13 @@ def _hy_pins(r, h, f, pin, rq, log0, rs, ps, pref, pc):
 
 
 @njit(cache=True)
-def _hy_extend(r, h, target, f, store, rq, log0, rs, ps, pc):
-    """The blocks computing ``h``'s first ``target`` prompt blocks adds to the pool (a window group's from ``f``
-    on); with ``store`` they are stored (pinned: ``h`` holds them). Returns how many."""
+def _hy_extend(r, h, start, target, f, store, rq, log0, rs, ps, pc):
+    """The blocks computing ``h``'s prompt blocks ``start .. target - 1`` adds to the pool (a window group's from
+    ``f`` on); with ``store`` they are stored (pinned: ``h`` holds them). Returns how many. (A running request's
+    blocks below its keyed ones are stored and pinned already: the caller starts there.)"""
     ds = 0
     for g in range(pc[PC_NG]):
-        for j in range(f if _hy_win(pc, g) else 0, target):
+        for j in range(max(start, f) if _hy_win(pc, g) else start, target):
             k = _hy_key(h, j, g, rq, log0, pc)
             if ps[r, k] == 0:
                 ds += 1
@@ -684,7 +685,8 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
             a_old = _hy_work(pc, kv_old, _keyed(c, P, bt), f, bt)
             a_new = _hy_work(pc, kv_old + tok, _keyed(c_new, P, bt), f, bt)
             if tok > 0:
-                cum += _hy_extend(r, h, _keyed(c_new, P, bt), f, False, rq, log0, rs, ps, pc) + a_new - a_old
+                cum += (_hy_extend(r, h, _keyed(c, P, bt), _keyed(c_new, P, bt), f, False, rq, log0, rs, ps, pc)
+                        + a_new - a_old)
         else:
             a_old = _cdiv(kv_old, bt) - _keyed(c, P, bt)
             a_new = _cdiv(kv_old + tok, bt) - _keyed(c_new, P, bt)
@@ -713,7 +715,8 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
         if tok > 0:
             h = sl[r, i, SREQ]
             if hy:
-                _hy_extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), sl[r, i, SWF], True, rq, log0, rs, ps, pc)
+                _hy_extend(r, h, _keyed(sl[r, i, SC], rq[h, QIN], bt), _keyed(tmp[i, 1], rq[h, QIN], bt),
+                           sl[r, i, SWF], True, rq, log0, rs, ps, pc)
             else:
                 _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps, pbl, pq, pc)
             rs[r, WORK] += tmp[i, 3] - tmp[i, 2]
@@ -811,7 +814,7 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         if hy:
             a1 = _hy_work(pc, c1, k1, s0, bt)
             dpin = _hy_pins(r, h, s0, False, rq, log0, rs, ps, pref, pc)
-            dnew = _hy_extend(r, h, k1, s0, False, rq, log0, rs, ps, pc)
+            dnew = _hy_extend(r, h, 0, k1, s0, False, rq, log0, rs, ps, pc)
         else:
             a1 = _cdiv(c1, bt) - k1
             dpin = 0
@@ -851,7 +854,7 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
                 if not start:
                     rs[r, LOADP] += _cpu_load_ps(ch, pc)
         if hy:
-            _hy_extend(r, h, k1, s0, True, rq, log0, rs, ps, pc)
+            _hy_extend(r, h, 0, k1, s0, True, rq, log0, rs, ps, pc)
         else:
             _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
         rs[r, WORK] += a1
