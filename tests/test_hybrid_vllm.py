@@ -30,20 +30,23 @@ def _workload(seed, out, n_tenants=4, rate=30, dur=2, prefix=200, query=40):
                            rate_per_s=rate, duration_s=dur, output_tokens=out, block_tokens=16, seed=seed)
 
 
-def _run(w, *, R, router, S=6, Q=64, seed=0, **kn):
-    """(the numba backend's Metrics of one configuration, the reference's dict)."""
+def _run(w, *, R, router, S=6, Q=64, seed=0, imported=None, **kn):
+    """(the numba backend's Metrics of one configuration, the reference's dict); ``imported``: prompt tokens per
+    request whose KV arrives with it (a P/D decode pool)."""
     s = compile_stream(w, stateful_singletons=True)
     p = make_params("lru", replicas=R, router=router, **kn)
     key = jax.random.key(seed)
     st_ = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=S, queue_slots=Q,
-                         max_runs=int(np.max(np.asarray(s.n_runs))))
-    m = finalize(nv.run_stream(s, [p], [key], st_), st_)
+                         max_runs=int(np.max(np.asarray(s.n_runs))), index=int(p.view) == 1,
+                         stale=int(p.view) == 2)
+    m = finalize(nv.run_stream(s, [p], [key], st_, imported=imported), st_)
     m = type(m)(*(np.asarray(x)[0] for x in m))
     bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
     k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
     k.update(kn)
     rule = k.pop("router")
-    ref = reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, **k)
+    ref = reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, imported=imported,
+                          **k)
     return m, ref
 
 
@@ -64,16 +67,22 @@ def _compare(w, **kw):
 _CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 260), budget=st.sampled_from([16, 48, 200, 4096]),
               seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40), layout=st.sampled_from(LAYOUTS),
               window=st.sampled_from([2, 5, 16, 17, 40, 128]),
-              router=st.sampled_from(["round_robin", "random", "llmd_precise", "cache_aware", "least_loaded"]))
+              router=st.sampled_from(["round_robin", "random", "llmd_precise", "cache_aware", "least_loaded"]),
+              view=st.sampled_from(["precise", "precise", "stale"]), imp=st.sampled_from([0, 0, 0, 70, 230]))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**_CASES)
-def test_hybrid_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, layout, window, router):
-    """Shared prefixes, pools small enough to evict and preempt, windows below, at and above a block, 1-3 replicas."""
+def test_hybrid_equals_reference_hypothesis(seed, cap, budget, seqs, R, out, layout, window, router, view, imp):
+    """Shared prefixes, pools small enough to evict and preempt, windows below, at and above a block, 1-3 replicas,
+    the precise and stale views (they read the first full-attention group), imported KV (P/D: a window group starts
+    from window_free_upto(W, imported))."""
     ng, wm = layout
-    _compare(_workload(seed, out), R=R, router=router, capacity_blocks=cap, max_num_batched_tokens=budget,
-             max_num_seqs=seqs, kv_groups=ng, kv_window_groups=wm, kv_window=window if wm else 0)
+    w = _workload(seed, out)
+    kn = dict(view=view, stale_lag_ms=150) if view == "stale" else {}
+    _compare(w, R=R, router=router, capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs,
+             kv_groups=ng, kv_window_groups=wm, kv_window=window if wm else 0,
+             imported=np.full(w.n_requests, imp, np.int64) if imp else None, **kn)
 
 
 def test_hand_worked_window_blocks_go_first_and_limit_the_hit():
