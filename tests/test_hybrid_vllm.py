@@ -168,3 +168,26 @@ def test_cpu_tier_with_a_hybrid_layout_is_refused():
     tier = tv.cpu_tier(capacity_blocks=10, read_gbps=4.0, latency_us=1.0, block_bytes=1_000_000)
     with pytest.raises(ValueError, match="tiers.cpu with a hybrid KV layout"):
         tv.run_stream_tiered(s, [p], [jax.random.key(0)], st_, [tier])
+
+
+def test_simulate_cells_sends_a_hybrid_layout_to_numba():
+    """core.run: a grid mixing a hybrid layout with today's runs both (auto: numba), each cell as run alone;
+    engine.backend=jax and the fcfs replica refuse it in one line."""
+    from cacheresearch.core.run import BackendError, simulate_cells
+
+    w = _workload(1, 20)
+    s = compile_stream(w, stateful_singletons=True)
+    kv = dict(kv_groups=2, kv_window_groups=1, kv_window=32)
+    ps = [make_params("lru", capacity_blocks=80, replicas=2, router="llmd_precise"),
+          make_params("lru", capacity_blocks=80, replicas=2, router="llmd_precise", **kv)]
+    m, _ = simulate_cells([s], np.zeros(2, np.int64), ps, np.zeros(2, np.int64), max_replicas=2, scheduler="vllm",
+                          per_request=True)
+    for g, kn in enumerate(({}, kv)):
+        alone, _ = _run(w, R=2, router="llmd_precise", capacity_blocks=80, **kn)
+        assert np.asarray(m.hit_blocks)[g].tolist() == np.asarray(alone.hit_blocks).tolist()
+    assert np.asarray(m.hit_blocks)[0].tolist() != np.asarray(m.hit_blocks)[1].tolist()  # the window loses hits
+    with pytest.raises(BackendError, match="kv_groups > 1"):
+        simulate_cells([s], np.zeros(1, np.int64), ps[1:], np.zeros(1, np.int64), max_replicas=2, scheduler="vllm",
+                       backend="jax")
+    with pytest.raises(ValueError, match="vllm replica only"):
+        simulate_cells([s], np.zeros(1, np.int64), ps[1:], np.zeros(1, np.int64), max_replicas=2)
