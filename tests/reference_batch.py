@@ -48,6 +48,18 @@ load goes on the replica's link (after the loads before it) and it stays in the 
 step starting at or after the load lands; at a step's admissions the requests whose loads landed move to the
 head of the queue (in order); a replica with nothing to run waits for the first landing (or the next event); a
 request that fits nowhere while nothing runs and no load is in flight is rejected.
+
+A hybrid KV layout (``kv_groups`` groups, bit ``g`` of ``kv_window_groups`` a sliding window of ``kv_window``
+tokens; vLLM's hybrid KV cache manager, lru pool, no cpu tier): the keys are ``(key, group)`` pairs of one pool. At
+admission the hit is ``hybrid_pool.hit_blocks`` over the groups' cached keys (capped as ever); with ``s0 =
+hybrid_pool.window_free_upto(W, computed at admission, B)`` a full-attention group pins every prompt key, a window
+group those from ``s0`` on, and computing stores each group's keys from there (the request's ``f = s0``). Working
+blocks: every group its blocks past the keyed ones, a window group none below ``f``. At the start of every step,
+after the finished requests' release, each running request's window groups free its blocks ``f ..
+window_free_upto(W, its KV tokens, B) - 1``, groups in order, highest first: a cached key loses its pin (the next
+free-queue stamp when its last goes), a working block leaves at once; a step whose start freed something begins a
+new event. Finish and preemption release each group's keys tail first, groups in order, one stamp each. The
+routers' views read the first full-attention group's keys.
 """
 
 from __future__ import annotations
@@ -58,6 +70,9 @@ import numpy as np
 from reference_fleet import ring_nodes, router_oracle
 from reference_gie_index import GieIndexer
 from reference_vllm import POOL_ORACLES
+
+from cacheresearch.replica.hybrid_pool import hit_blocks, window_free_upto
+from cacheresearch.replica.kv_layout import KVGroup, Unified
 
 PS_PER_MS = 10**9
 
@@ -74,11 +89,12 @@ def _cdiv(a, b):
 
 
 class _Req:
-    __slots__ = ("i", "c", "pt", "d", "d0", "hit", "npre", "tok", "pref", "done", "ch")
+    __slots__ = ("i", "c", "pt", "d", "d0", "hit", "npre", "tok", "pref", "done", "ch", "f")
 
-    def __init__(self, i, c, pt, d, hit, npre, ch=0):
+    def __init__(self, i, c, pt, d, hit, npre, ch=0, f=0):
         self.i, self.c, self.pt, self.d, self.d0, self.hit, self.npre = i, c, pt, d, d, hit, npre
         self.tok, self.pref, self.done, self.ch = 0, True, False, ch
+        self.f = f  # a hybrid layout: the window groups hold the request's blocks from f on
 
 
 class _Replica:
@@ -94,6 +110,7 @@ class _Replica:
         self.steps = 0
         self.events = 0
         self.in_stretch = False  # the previous step of this run-up was decode-only
+        self.freed = False  # a hybrid layout: this step's start freed window blocks
         self.busy = 0
         self.preempt = 0
         self.dropped = 0
@@ -129,13 +146,26 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
                     load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
-                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", imported=None, **kn):
+                    cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", imported=None,
+                    kv_groups=1, kv_window_groups=0, kv_window=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
     ``policy``: the pool's free-block order (``tests/reference_vllm.py``; ``ttl_ms`` for ``ttl_refresh``,
     ``pool_knobs`` for a per-block policy's sizes); ``cpu_blocks`` etc.: the cpu tier of the module docstring.
     ``imported`` (per request, optional): prompt tokens whose KV arrives with the request (a P/D decode pool): its
-    first admission (no preemption yet) starts from ``max(hit tokens, min(imported, input - 1))`` computed tokens."""
+    first admission (no preemption yet) starts from ``max(hit tokens, min(imported, input - 1))`` computed tokens.
+    ``kv_groups``, ``kv_window_groups``, ``kv_window``: a hybrid KV layout (the module docstring's last part)."""
     assert cpu_blocks == 0 or policy == "lru", "the cpu tier runs behind the lru pool only"
+    NG, WM, W = int(kv_groups), int(kv_window_groups), int(kv_window)
+    hybrid = NG > 1 or WM != 0
+    win = [bool((WM >> g) & 1) for g in range(NG)]
+    assert not hybrid or (policy in ("lru", "unbounded") and cpu_blocks == 0), "hybrid: lru pool, no cpu tier"
+    unified = Unified("reference", int(workload.block_tokens), int(workload.block_tokens), "", 0, 1,
+                      tuple(KVGroup("sliding_window" if w else "full", 1, W if w else 0) for w in win), 0)
+    g0 = win.index(False) if False in win else 0  # the group the routers' views read: the first full-attention one
+
+    def vk(k):
+        """A request key as the routers' views read the pool."""
+        return (k, g0) if hybrid else k
     R = int(replicas)
     N = int(workload.n_requests)
     B = int(workload.block_tokens)
@@ -175,13 +205,55 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
 
     def work_of(q: _Req):
         P = P_of[q.i]
-        return _cdiv(kv_of(q), B) - keyed(q.c, P)
+        return hy_work(kv_of(q), keyed(q.c, P), q.f)
+
+    def hy_work(kv, kd, f):
+        """Working blocks: every group its blocks past the keyed ones, a window group none below ``f``."""
+        return sum(_cdiv(kv, B) - max(kd, f if w else 0) for w in win)
+
+    def held(i, f):
+        """A hybrid request's block keys in release order: groups in order, each tail first (a window group from
+        ``f`` on)."""
+        keys = keys_of[i]
+        return [(keys[j], g) for g in range(NG) for j in reversed(range(f if win[g] else 0, len(keys)))]
+
+    def unpin(rp, k):
+        rp.ref[k] -= 1
+        if rp.ref[k] == 0:
+            rp.stamp[k] = rp.ctr
+            rp.ctr += 1
+
+    def window_release(rp: _Replica):
+        """A step's start: each running request's window groups free its blocks wholly before ``computed - W + 1``
+        (hybrid_pool.window_free_upto), groups in order, highest block first: cached ones to the free queue,
+        working ones at once."""
+        rp.freed = False
+        if not WM:
+            return
+        for q in rp.running:
+            f1 = window_free_upto(W, kv_of(q), B)
+            if f1 <= q.f:
+                continue
+            rp.freed = True
+            kd = keyed(q.c, P_of[q.i])
+            for g in range(NG):
+                if win[g]:
+                    for j in reversed(range(q.f, f1)):
+                        if j < kd:
+                            unpin(rp, (keys_of[q.i][j], g))
+                        else:
+                            rp.work -= 1
+            q.f = f1
 
     def kv_of(q: _Req):
         # the computed prefill, then every generated token but the last (its KV comes with the next step)
         return q.c if q.c < q.pt else q.c + max(q.d - q.d0 - 1, 0)
 
     def release(rp: _Replica, q: _Req):
+        if hybrid:
+            for k in held(q.i, q.f):
+                unpin(rp, k)
+            return
         keys = keys_of[q.i]
         n = len(keys)
         for j, k in enumerate(keys):
@@ -224,7 +296,10 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     def load_ps(ch):
         return _cdiv(ch * int(block_bytes) * 10**6, int(cpu_mbps)) + int(cpu_latency_ps)
 
-    def new_canonical(rp, q_keys, c_new, P):
+    def new_canonical(rp, q_keys, c_new, P, f=0):
+        if hybrid:  # every group's keys, a window group's from f on
+            return [(q_keys[j], g) for g in range(NG) for j in range(f if win[g] else 0, keyed(c_new, P))
+                    if (q_keys[j], g) not in rp.stored]
         return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
 
     def decode_only(rp: _Replica):
@@ -236,7 +311,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     def step(rp: _Replica):
         quiet = decode_only(rp)
         quiet = not engine_step(rp) and quiet
-        if not (quiet and rp.in_stretch):
+        if not (quiet and rp.in_stretch and not rp.freed):  # a window release at its start: a new event
             rp.events += 1
         rp.in_stretch = quiet
 
@@ -248,6 +323,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             release(rp, q)
             rp.work -= work_of(q)
         rp.running = [q for q in rp.running if not q.done]
+        window_release(rp)
         if not rp.has_work():
             rp.publish()
             return False
@@ -264,9 +340,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             budget -= tok
             c_new = q.c + tok if pref else q.c
             kv_old = kv_of(q)
-            a_old = _cdiv(kv_old, B) - keyed(q.c, P)
-            a_new = _cdiv(kv_old + tok, B) - keyed(c_new, P)
-            ds = len(new_canonical(rp, keys_of[q.i], c_new, P))
+            a_old = hy_work(kv_old, keyed(q.c, P), q.f)
+            a_new = hy_work(kv_old + tok, keyed(c_new, P), q.f)
+            ds = len(new_canonical(rp, keys_of[q.i], c_new, P, q.f))
             delta = ds + a_new - a_old if tok > 0 else 0
             cum += delta
             plan.append((q, tok, pref, c_new, a_new - a_old, cum))
@@ -286,7 +362,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         for q, tok, pref, c_new, dwork, _ in plan:
             q.tok, q.pref = tok, pref and tok > 0
             if tok > 0:
-                store(rp, new_canonical(rp, keys_of[q.i], c_new, P_of[q.i]))
+                store(rp, new_canonical(rp, keys_of[q.i], c_new, P_of[q.i], q.f))
                 rp.work += dwork
                 q.c = c_new
         evict(rp)
@@ -304,7 +380,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 continue
             keys = keys_of[i]
             P = P_of[i]
-            if rdy < 0:
+            if rdy < 0 and hybrid:  # the coordinator's hit over every group's cached blocks
+                bound = max(P - 1, 0) // B
+                cached = [np.array([(k, g) in rp.stored for k in keys[:bound]], dtype=bool) for g in range(NG)]
+                h, ch = hit_blocks(unified, cached, P), 0
+            elif rdy < 0:
                 h = 0
                 for k in keys:
                     if k not in rp.stored:
@@ -325,9 +405,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 c0 = max(c0, min(imp_of[i], max(P - 1, 0)))
             tk = 0 if start else min(pt - c0, left)
             c1 = c0 + tk
-            a1 = _cdiv(c1, B) - keyed(c1, P)
-            dpin = sum(1 for k in set(keys) if k in rp.stored and rp.ref.get(k, 0) == 0)
-            dsum = len(new_canonical(rp, keys, c1, P))
+            s0 = window_free_upto(W, c0, B) if WM else 0  # a window group holds the blocks from s0 on
+            a1 = hy_work(c1, keyed(c1, P), s0)
+            pins = held(i, s0) if hybrid else keys
+            dpin = sum(1 for k in set(pins) if k in rp.stored and rp.ref.get(k, 0) == 0)
+            dsum = len(new_canonical(rp, keys, c1, P, s0))
             if rp.pinned() + rp.work + dpin + dsum + a1 > C:
                 in_flight = any(w[3] > rp.clock for w in rp.waiting)
                 if not rp.running and not in_flight:  # never schedulable
@@ -338,7 +420,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     continue
                 break
             if rdy < 0:
-                for k in keys:
+                for k in pins:
                     rp.ref[k] = rp.ref.get(k, 0) + 1
                 if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
                     for k in reversed(keys):
@@ -348,7 +430,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     rp.cpu.move_to_end(k)
                 if ch and not start:  # sync: before the step's forward pass
                     rp.load += load_ps(ch)
-            store(rp, new_canonical(rp, keys, c1, P))
+            store(rp, new_canonical(rp, keys, c1, P, s0))
             rp.work += a1
             evict(rp)
             if start:  # async: on the replica's one link after the loads before it
@@ -357,7 +439,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                 j += 1
                 continue
             del rp.waiting[j]
-            q = _Req(i, c1, pt, dprev, h, np_, ch)
+            q = _Req(i, c1, pt, dprev, h, np_, ch, s0)
             q.tok, q.pref = tk, True
             rp.running.append(q)
             left -= tk
@@ -484,7 +566,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         for rp in reps:
             h = 0
             for k in keys:
-                if k not in rp.stored:
+                if vk(k) not in rp.stored:
                     break
                 h += 1
             precise.append(h)
@@ -498,7 +580,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             for r in range(R):
                 h = 0
                 for k in keys:
-                    if k not in snapshot[r]:
+                    if vk(k) not in snapshot[r]:
                         break
                     h += 1
                 match.append(h)

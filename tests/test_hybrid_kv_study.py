@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cacheresearch.studies.hybrid_kv import capacity_rows, main, mamba_rows
 
 
@@ -29,3 +31,15 @@ def test_main_quick_prints_and_writes(tmp_path, capsys):
     out = main(["--quick", "--json", str(tmp_path / "o.json")])
     assert (tmp_path / "o.json").is_file() and "## Capacity" in capsys.readouterr().out
     assert {r["model"] for r in out["gpt_oss"]} == {"gpt-oss-120b", "dense counterpart"}
+
+
+def test_vllm_rows_hybrid_and_unified():
+    """The vllm replica's table: gpt-oss-120b with the hybrid manager (2 groups, 27,061 block ids) and unified behind
+    a connector that is not SupportsHMA (1 group, half the ids: each stands for 36 layers' pages, not 18)."""
+    pytest.importorskip("numba")
+    from cacheresearch.studies.hybrid_kv import vllm_rows
+
+    rows = vllm_rows([5.0], 20.0)
+    assert [(r["model"], r["groups"], r["blocks"]) for r in rows] == [("hybrid manager", 2, 27_061),
+                                                                       ("unified (connector, no HMA)", 1, 13_530)]
+    assert all(0.0 <= r["hit_rate"] <= 1.0 and r["peak_blocks"] < r["blocks"] for r in rows)

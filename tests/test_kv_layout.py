@@ -11,11 +11,14 @@ import pytest
 from cacheresearch.replica.hardware import GPUS, MIB
 from cacheresearch.replica.kv_layout import (
     PRESETS,
+    UNIFY_ERROR,
     dense_counterpart,
+    engine_knobs,
     held_blocks,
     layout_from_config,
     pool_blocks,
     preset_layout,
+    runtime_layout,
     sequences_that_fit,
     unify,
 )
@@ -139,3 +142,31 @@ def test_bad_inputs_refused(tmp_path):
     with pytest.raises(ValueError, match="kv_dtype"):
         layout_from_config(PRESETS["gpt-oss-20b"], kv_dtype="int4")
     assert unify(layout_from_config(PRESETS["gpt-oss-20b"], kv_dtype="fp8")).page_bytes == 16 * 2 * 8 * 64
+
+
+def test_runtime_layout_with_a_connector_that_is_not_hma():
+    """vLLM turns its hybrid KV cache manager off for a KV connector that is not SupportsHMA and unifies the specs:
+    gpt-oss-120b runs as 36 full-attention layers in one group (a block id stands for all 36 pages: twice the
+    hybrid block's bytes, so half the block ids fit); Qwen3-Next's linear layers cannot be unified (vLLM's error)."""
+    lay = preset_layout("gpt-oss-120b")
+    assert runtime_layout(lay, connector=True, connector_supports_hma=True) is lay
+    assert runtime_layout(lay, connector=False, connector_supports_hma=False) is lay
+    off = runtime_layout(lay, connector=True, connector_supports_hma=False)
+    assert [(t.kind, t.layers, t.sliding_window) for t in off.types] == [("full", 36, 0)]
+    u, uo = unify(lay), unify(off)
+    assert uo.block_bytes == 2 * u.block_bytes == 36 * u.page_bytes
+    assert runtime_layout(u, connector=True, connector_supports_hma=False) == uo  # a Unified comes back unified
+    assert engine_knobs(u) == {"kv_groups": 2, "kv_window_groups": 0b01, "kv_window": 128}
+    assert engine_knobs(uo) == {"kv_groups": 1, "kv_window_groups": 0, "kv_window": 0}
+    g = unify(preset_layout("gemma-3-27b"))
+    assert engine_knobs(g) == {"kv_groups": 7, "kv_window_groups": 0b0111111, "kv_window": 1024}
+    dense = preset_layout("llama-3.1-8b")  # one type: nothing to unify
+    assert runtime_layout(dense, connector=True, connector_supports_hma=False) is dense
+    q = preset_layout("qwen3-next-80b-a3b")
+    assert runtime_layout(q, connector=True, connector_supports_hma=True) is q
+    with pytest.raises(ValueError, match=UNIFY_ERROR):
+        runtime_layout(q, connector=True, connector_supports_hma=False)
+    with pytest.raises(ValueError, match="Mamba.*vllm replica's engine"):
+        engine_knobs(unify(q))
+    with pytest.raises(ValueError, match="KVLayout or a Unified"):
+        runtime_layout("gpt-oss-120b", connector=True, connector_supports_hma=False)

@@ -43,6 +43,12 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
   valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
 
+* vLLM's hybrid KV cache manager (``kv_groups``, ``kv_window_groups``, ``kv_window``; per-block mode, lru pool, no
+  cpu tier): full-attention and sliding-window groups of one pool, block ``j`` of a request one id per group
+  (:func:`_hy_key`), the hit :func:`_hy_hit` (``hybrid_pool.hit_blocks``), a window group's blocks freed at each
+  step's start (:func:`_hy_window`), release per group tail first (:func:`_hy_release`); ``tests/test_hybrid_vllm.py``
+  checks it against ``tests/reference_batch.py`` (docs/fleet_semantics.md, "A hybrid KV layout");
+
 * imported KV (``run_stream(..., imported=)``, a P/D decode pool: :mod:`cacheresearch.fleet.disagg`): a request's
   first admission counts ``min(imported, input - 1)`` prompt tokens as computed, so only the rest is prefilled
   (the JAX replica does not model it; ``tests/reference_batch.py`` states the same rule).
@@ -86,8 +92,9 @@ RD = None  # the dispatch on a router code (cacheresearch.routers.dispatch.bind 
 # NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free
 NRS = 30
 # running slots, columns of sl [R, S, NSL] (SCPU: the admission's cpu-hit blocks)
-SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU = range(11)
-NSL = 11
+# SWF: a hybrid layout's window groups have freed the request's blocks below this one (window_free_upto)
+SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU, SWF = range(12)
+NSL = 12
 #: a request's cpu-hit blocks leave the kernel packed above its hit blocks: hitb = hit + cpu hit x CPU_SHIFT
 CPU_SHIFT = 2**32
 # the stream, columns of rq [N, NRQ] (per request); QIMP: prompt tokens whose KV arrives with the request (a P/D
@@ -150,8 +157,11 @@ def state_bytes(stream: Stream, st) -> int:
 # the pool's policy (pc [NPC] per configuration): mode, TTL (ps), s3fifo's small and ghost sizes, promotion hits;
 # the cpu tier (cacheresearch/tiers/vllm.py): capacity in blocks (0: absent), read bandwidth (MB/s), latency per
 # load (ps), bytes per block
-PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB, PC_ASYNC, PC_CODE, PC_LB = range(12)
-NPC = 12  # PC_CODE: the per-block policy's dispatch code; PC_LB: its frequency buckets (0: none)
+# a hybrid KV layout (kv_groups, kv_window_groups, kv_window; per-block mode): groups, the window groups' bit mask,
+# the window (tokens), the block id space of one group (the id of block j in a group: its id + the group's slot x PC_KU)
+(PC_MODE, PC_TTL, PC_SMALL, PC_GHOST, PC_PROMOTE, PC_CPU, PC_MBPS, PC_LAT, PC_BB, PC_ASYNC, PC_CODE, PC_LB, PC_NG,
+ PC_WM, PC_W, PC_KU) = range(16)
+NPC = 16  # PC_CODE: the per-block policy's dispatch code; PC_LB: its frequency buckets (0: none)
 # the waiting ring, columns of wq [R, Q, NWQ]: request, tokens generated before a preemption, preemptions; a cpu
 # load in flight (async): when it lands (ps; -1: none), the hit blocks allocated and their cpu part
 NWQ = 6
@@ -431,6 +441,178 @@ def _new_blocks(r, h, target_blocks, rq, log0, ps):
     return ds
 
 
+# ------------------------------------------------------------------------------ a hybrid KV layout (per-block mode)
+# vLLM's hybrid KV cache manager (cacheresearch/replica/hybrid_pool.py's rules): every block of a request has one block
+# id per KV group (a full-attention or a sliding-window group), each its own entry of the per-block pool; block j of
+# request h in layout group g is id(j) + slot(g) x PC_KU, the full-attention groups' slots first (slot 0, what the
+# routers' views read, is the first full-attention group). A window group holds the request's blocks from SWF on.
+@njit(cache=True)
+def _hy(pc):
+    """A hybrid layout (more than one group, or a window group)."""
+    return pc[PC_NG] > 1 or pc[PC_WM] != 0
+
+
+@njit(cache=True)
+def _hy_win(pc, g):
+    return ((pc[PC_WM] >> g) & 1) != 0
+
+
+@njit(cache=True)
+def _hy_below(pc, g):
+    """Window groups before layout group ``g``."""
+    n = 0
+    for x in range(g):
+        n += (pc[PC_WM] >> x) & 1
+    return n
+
+
+@njit(cache=True)
+def _hy_key(h, j, g, rq, log0, pc):
+    """The pool id of block ``j`` of request ``h`` in layout group ``g``."""
+    b = _hy_below(pc, g)
+    slot = pc[PC_NG] - _hy_below(pc, pc[PC_NG]) + b if _hy_win(pc, g) else g - b
+    return log0[rq[h, QE0] + j, 0] + slot * pc[PC_KU]
+
+
+@njit(cache=True)
+def _hy_free(pc, kv, bt):
+    """hybrid_pool.window_free_upto: the blocks wholly before ``kv - W + 1`` (0 without a window group)."""
+    if pc[PC_WM] == 0:
+        return 0
+    return max(0, kv - pc[PC_W] + 1) // bt
+
+
+@njit(cache=True)
+def _hy_work(pc, kv, kd, f, bt):
+    """Working blocks of a request with ``kv`` tokens of KV, ``kd`` keyed blocks and window groups freed below ``f``:
+    every group its blocks past the keyed ones, a window group none below ``f``."""
+    return pc[PC_NG] * (_cdiv(kv, bt) - kd) - _hy_below(pc, pc[PC_NG]) * max(0, f - kd)
+
+
+@njit(cache=True)
+def _hy_unpin(r, k, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """Block id ``k`` loses a pin; its last pin gone, it enters the free queue next (still cached)."""
+    pref[r, k] -= 1
+    if pref[r, k] == 0:
+        stamp = rs[r, CTR]
+        rs[r, CTR] = stamp + 1
+        pst[r, k] = stamp
+        rs[r, PINNED] -= ps[r, k]
+        if ps[r, k] > 0:
+            _push(r, k, stamp, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+
+
+@njit(cache=True)
+def _hy_release(r, h, f, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """Finish or preemption: every group releases its blocks tail first, groups in order (a window group its
+    blocks from ``f`` on)."""
+    n = rq[h, QNB]
+    for g in range(pc[PC_NG]):
+        lo = f if _hy_win(pc, g) else 0
+        for j in range(n - 1, lo - 1, -1):
+            _hy_unpin(r, _hy_key(h, j, g, rq, log0, pc), rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+
+
+@njit(cache=True)
+def _hy_window(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """At a step's start (after the finished requests' release): each running request's window groups free its
+    blocks wholly before ``computed - W + 1`` (computed: its KV so far), groups in order, highest block first; a
+    cached block enters the free queue (a later hit may use it until it is evicted), a working block is free at
+    once. Returns whether a block was freed."""
+    if pc[PC_WM] == 0:
+        return False
+    freed = False
+    for i in range(rs[r, NRUN]):
+        h = sl[r, i, SREQ]
+        f0 = sl[r, i, SWF]
+        f1 = _hy_free(pc, _kv(sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]), bt)
+        if f1 <= f0:
+            continue
+        freed = True
+        kd = _keyed(sl[r, i, SC], rq[h, QIN], bt)
+        for g in range(pc[PC_NG]):
+            if _hy_win(pc, g):
+                for j in range(f1 - 1, f0 - 1, -1):
+                    if j < kd:
+                        _hy_unpin(r, _hy_key(h, j, g, rq, log0, pc), rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                    else:
+                        rs[r, WORK] -= 1
+        sl[r, i, SWF] = f1
+    return freed
+
+
+@njit(cache=True)
+def _hy_cached(r, h, j, win, rq, log0, ps, pc):
+    """Block ``j`` of ``h`` is cached in every full-attention group (``win`` False) or every window group."""
+    for g in range(pc[PC_NG]):
+        if _hy_win(pc, g) == win and ps[r, _hy_key(h, j, g, rq, log0, pc)] == 0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _hy_hit(r, h, bound, bt, rq, log0, ps, pc):
+    """hybrid_pool.hit_blocks on the pool: the full-attention groups' leading cached blocks (at most ``bound``), then
+    the window groups' rightmost run of ``ceil((W - 1) / B)`` cached blocks ending by it (else their leading run)."""
+    nw = _hy_below(pc, pc[PC_NG])
+    L = bound
+    if nw < pc[PC_NG]:
+        L = 0
+        while L < bound and _hy_cached(r, h, L, False, rq, log0, ps, pc):
+            L += 1
+    if nw == 0:
+        return L
+    need = _cdiv(pc[PC_W] - 1, bt)
+    run, best, lead = 0, -1, -1
+    for j in range(L):
+        if _hy_cached(r, h, j, True, rq, log0, ps, pc):
+            run += 1
+        else:
+            run = 0
+            if lead < 0:
+                lead = j
+        if run >= need:
+            best = j + 1
+    if best >= 0:
+        return best
+    return lead if lead >= 0 else L
+
+
+@njit(cache=True)
+def _hy_pins(r, h, f, pin, rq, log0, rs, ps, pref, pc):
+    """The blocks a request pins (every group's, a window group's from ``f`` on): with ``pin`` pinned now; returns
+    the cached ones that were unpinned (the admission's ``dpin``)."""
+    n, d = rq[h, QNB], 0
+    for g in range(pc[PC_NG]):
+        for j in range(f if _hy_win(pc, g) else 0, n):
+            k = _hy_key(h, j, g, rq, log0, pc)
+            if pref[r, k] == 0:
+                d += ps[r, k]
+                if pin:
+                    rs[r, PINNED] += ps[r, k]
+            if pin:
+                pref[r, k] += 1
+    return d
+
+
+@njit(cache=True)
+def _hy_extend(r, h, start, target, f, store, rq, log0, rs, ps, pc):
+    """The blocks computing ``h``'s prompt blocks ``start .. target - 1`` adds to the pool (a window group's from
+    ``f`` on); with ``store`` they are stored (pinned: ``h`` holds them). Returns how many. (A running request's
+    blocks below its keyed ones are stored and pinned already: the caller starts there.)"""
+    ds = 0
+    for g in range(pc[PC_NG]):
+        for j in range(max(start, f) if _hy_win(pc, g) else start, target):
+            k = _hy_key(h, j, g, rq, log0, pc)
+            if ps[r, k] == 0:
+                ds += 1
+                if store:
+                    ps[r, k] = 1
+                    rs[r, CACHED] += 1
+                    rs[r, PINNED] += 1
+    return ds
+
+
 # ------------------------------------------------------------------------------ one engine step
 @njit(cache=True)
 def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc):
@@ -439,9 +621,13 @@ def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc
     for i in range(rs[r, NRUN]):
         if sl[r, i, SDONE] != 0:
             h = sl[r, i, SREQ]
-            _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
             c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
-            rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
+            if _hy(pc):
+                _hy_release(r, h, sl[r, i, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                rs[r, WORK] -= _hy_work(pc, _kv(c, pt, d, d0), _keyed(c, rq[h, QIN], bt), sl[r, i, SWF], bt)
+            else:
+                _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
             rs[r, LREQ] -= 1
             rs[r, LBLK] -= rq[h, QNB]
         else:
@@ -457,7 +643,10 @@ def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc
 def _preempt(r, L, Q, rs, sl, wq, a_old, rq, log0, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Preempt the latest admitted request (slot ``L``) by recompute: to the front of the waiting ring."""
     h = sl[r, L, SREQ]
-    _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+    if _hy(pc):
+        _hy_release(r, h, sl[r, L, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+    else:
+        _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     rs[r, WORK] -= a_old
     if rs[r, WCOUNT] < Q:
         hd = (rs[r, WHEAD] - 1) % Q
@@ -480,6 +669,7 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
     nrun = rs[r, NRUN]
     budget, cap = pi[BUDGET], pi[CAP]
     prev, cum = 0, 0
+    hy = _hy(pc)
     for i in range(nrun):
         h = sl[r, i, SREQ]
         P = rq[h, QIN]
@@ -490,10 +680,18 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
         prev += want
         c_new = c + tok if pre else c
         kv_old = _kv(c, pt, d, d0)
-        a_old = _cdiv(kv_old, bt) - _keyed(c, P, bt)
-        a_new = _cdiv(kv_old + tok, bt) - _keyed(c_new, P, bt)
-        if tok > 0:
-            cum += _new_blocks(r, h, _keyed(c_new, P, bt), rq, log0, ps) + a_new - a_old
+        if hy:  # a hybrid layout: every group allocates, a window group none below SWF
+            f = sl[r, i, SWF]
+            a_old = _hy_work(pc, kv_old, _keyed(c, P, bt), f, bt)
+            a_new = _hy_work(pc, kv_old + tok, _keyed(c_new, P, bt), f, bt)
+            if tok > 0:
+                cum += (_hy_extend(r, h, _keyed(c, P, bt), _keyed(c_new, P, bt), f, False, rq, log0, rs, ps, pc)
+                        + a_new - a_old)
+        else:
+            a_old = _cdiv(kv_old, bt) - _keyed(c, P, bt)
+            a_new = _cdiv(kv_old + tok, bt) - _keyed(c_new, P, bt)
+            if tok > 0:
+                cum += _new_blocks(r, h, _keyed(c_new, P, bt), rq, log0, ps) + a_new - a_old
         tmp[i, 0], tmp[i, 1], tmp[i, 2], tmp[i, 3], tmp[i, 4], tmp[i, 5] = tok, c_new, a_old, a_new, cum, pre
     wc0 = rs[r, WCOUNT]
     nk = nrun
@@ -516,7 +714,11 @@ def _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, fr
         tok = tmp[i, 0]
         if tok > 0:
             h = sl[r, i, SREQ]
-            _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps, pbl, pq, pc)
+            if hy:
+                _hy_extend(r, h, _keyed(sl[r, i, SC], rq[h, QIN], bt), _keyed(tmp[i, 1], rq[h, QIN], bt),
+                           sl[r, i, SWF], True, rq, log0, rs, ps, pc)
+            else:
+                _extend(r, h, _keyed(tmp[i, 1], rq[h, QIN], bt), rq, log0, rs, ps, pbl, pq, pc)
             rs[r, WORK] += tmp[i, 3] - tmp[i, 2]
         sl[r, i, SC] = tmp[i, 1]
         sl[r, i, STOK] = tok
@@ -575,6 +777,7 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
     seq_cap = min(pi[SEQS], max_seqs)
     left = pi[BUDGET]
     asy = pc[PC_ASYNC] != 0
+    hy = _hy(pc)
     for i in range(rs[r, NRUN]):
         left -= sl[r, i, STOK]
     if rs[r, NLOAD] > 0:  # requests whose loads landed move to the head of the queue, in order
@@ -590,6 +793,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         Ph = rq[h, QIN]
         if rdy >= 0:  # its load landed: the hit blocks are stored and pinned already
             hit, ch = wq[r, pos, 4], wq[r, pos, 5]
+        elif hy:  # a hybrid layout (no cpu tier): the coordinator's hit over the groups
+            hit, ch = _hy_hit(r, h, max(Ph - 1, 0) // bt, bt, rq, log0, ps, pc), 0
         else:
             g0 = _lead(ps[r], log0, e0, p)
             hit = min(g0, max(Ph - 1, 0) // bt)
@@ -605,13 +810,20 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         tk = 0 if start else min(pt - c0, left)
         c1 = c0 + tk
         k1 = _keyed(c1, Ph, bt)
-        a1 = _cdiv(c1, bt) - k1
-        dpin = 0
-        for q in range(p):
-            run = log0[e0 + q, 0]
-            if pref[r, run] == 0:
-                dpin += ps[r, run]
-        fits = rs[r, PINNED] + rs[r, WORK] + dpin + _new_blocks(r, h, k1, rq, log0, ps) + a1 <= cap
+        s0 = _hy_free(pc, c0, bt)  # a window group pins (and allocates) from here on
+        if hy:
+            a1 = _hy_work(pc, c1, k1, s0, bt)
+            dpin = _hy_pins(r, h, s0, False, rq, log0, rs, ps, pref, pc)
+            dnew = _hy_extend(r, h, 0, k1, s0, False, rq, log0, rs, ps, pc)
+        else:
+            a1 = _cdiv(c1, bt) - k1
+            dpin = 0
+            for q in range(p):
+                run = log0[e0 + q, 0]
+                if pref[r, run] == 0:
+                    dpin += ps[r, run]
+            dnew = _new_blocks(r, h, k1, rq, log0, ps)
+        fits = rs[r, PINNED] + rs[r, WORK] + dpin + dnew + a1 <= cap
         if not fits and (rs[r, NRUN] > 0 or (rs[r, NLOAD] > 0 and _next_landing(r, Q, rs, wq) < T_BIG)):
             break
         if not fits:  # larger than the whole pool (less what nothing can free): never schedulable
@@ -623,7 +835,9 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             rs[r, LBLK] -= rq[h, QNB]
             rs[r, LREQ] -= 1
             continue
-        if rdy < 0:
+        if rdy < 0 and hy:
+            _hy_pins(r, h, s0, True, rq, log0, rs, ps, pref, pc)
+        elif rdy < 0:
             for q in range(p):
                 run = log0[e0 + q, 0]
                 if pref[r, run] == 0:
@@ -639,7 +853,10 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
                     _lpush(r, 1, log0[e0 + q, 0], pbl, pq)
                 if not start:
                     rs[r, LOADP] += _cpu_load_ps(ch, pc)
-        _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
+        if hy:
+            _hy_extend(r, h, 0, k1, s0, True, rq, log0, rs, ps, pc)
+        else:
+            _extend(r, h, k1, rq, log0, rs, ps, pbl, pq, pc)
         rs[r, WORK] += a1
         if _evict(r, cap, rs, ps, pref, pst, frun, fst, pbl, pq, pc):
             rs[r, STUCK] = 1
@@ -655,7 +872,7 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         k = rs[r, NRUN]
         sl[r, k, SREQ], sl[r, k, SC], sl[r, k, SPT], sl[r, k, SD], sl[r, k, SD0] = h, c1, pt, dprev, dprev
         sl[r, k, SHIT], sl[r, k, SNPRE], sl[r, k, STOK], sl[r, k, SPREF], sl[r, k, SDONE] = hit, np_, tk, 1, 0
-        sl[r, k, SCPU] = ch
+        sl[r, k, SCPU], sl[r, k, SWF] = ch, s0
         rs[r, NRUN] = k + 1
         left -= tk
 
@@ -751,6 +968,7 @@ def _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, 
     """One engine step of replica ``r`` (replica.vllm.replica_step); ``ttl_refresh`` expires first."""
     _expire(r, rs[r, CLOCK], rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
+    _hy_window(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
     preempted, stuck = _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc)
     if stuck:
         rs[r, STUCK] = 1
@@ -779,9 +997,12 @@ def _stretch_blocks(r, dn, n, bt, rq, sl):
 
 
 @njit(cache=True)
-def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin, hitb, npre):
+def _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin, hitb,
+             npre):
     """The decode-only steps of replica ``r`` up to its next event, at once (replica.vllm._decode_stretch);
-    False (nothing changes) where no stretch applies."""
+    False (the pool as it was, less a hybrid layout's window release of the step's start) where no stretch applies.
+    A hybrid layout: every group allocates (``kv_groups`` x the blocks), and the stretch ends at the first step after
+    which a window group would free a block (that release starts the next event)."""
     nrun = rs[r, NRUN]
     budget = pi[BUDGET]
     if nrun == 0 or not (rs[r, WCOUNT] == 0 or nrun >= min(pi[SEQS], max_seqs) or nrun >= budget):
@@ -791,10 +1012,15 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
             return False
     dn = min(nrun, budget)
     f, ctx0 = BIG, 0
+    _hy_window(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)  # the first step's start
     for i in range(dn):
         h = sl[r, i, SREQ]
         f = min(f, max(rq[h, QOUT], 1) - sl[r, i, SD])
         ctx0 += rq[h, QIN] + sl[r, i, SD]
+        if pc[PC_WM] != 0:  # step k leaves kv0 + k tokens: the window frees a block after step bt (f + 1) + W - 1 - kv0
+            kv0 = _kv(sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0])
+            f = min(f, max(1, bt * (sl[r, i, SWF] + 1) + pc[PC_W] - 1 - kv0))
+    ng = max(pc[PC_NG], 1)
     room = pi[CAP] - rs[r, PINNED] - rs[r, WORK]
     cps = pi[CTX_PS]
     lin = 1000 * (pi[BASE] + pi[DEC_NS] * dn)
@@ -803,7 +1029,7 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
     lo, hi = 0, f
     while lo < hi:
         mid = lo + (hi - lo + 1) // 2
-        ok = (_stretch_blocks(r, dn, mid, bt, rq, sl) <= room
+        ok = (ng * _stretch_blocks(r, dn, mid, bt, rq, sl) <= room
               and rs[r, CLOCK] + _stretch_total(lin, cps, ctx0, dn, mid - 1) <= now_t)
         if ok:
             lo = mid
@@ -814,8 +1040,8 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fs
         return False
     T = _stretch_total(lin, cps, ctx0, dn, n)
     used0 = rs[r, PINNED] + rs[r, WORK]
-    pw, pkv = (rs[r, WCOUNT], used0 + _stretch_blocks(r, dn, n - 1, bt, rq, sl)) if n >= 2 else (-1, 0)
-    rs[r, WORK] += _stretch_blocks(r, dn, n, bt, rq, sl)
+    pw, pkv = (rs[r, WCOUNT], used0 + ng * _stretch_blocks(r, dn, n - 1, bt, rq, sl)) if n >= 2 else (-1, 0)
+    rs[r, WORK] += ng * _stretch_blocks(r, dn, n, bt, rq, sl)
     if _evict(r, pi[CAP], rs, ps, pref, pst, frun, fst, pbl, pq, pc):
         rs[r, STUCK] = 1
     # ttl_refresh: as of the last step's start, as step by step (the expired runs lead the free queue, so
@@ -853,8 +1079,8 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
     for r in range(nrep):
         while (rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0) and rs[r, CLOCK] <= now_t:
             rs[r, EVENTS] += 1  # one event: a decode-only stretch or one engine step (metrics.core.Metrics)
-            if not _stretch(r, now_t, bt, max_seqs, pi, rq, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin,
-                            hitb, npre):
+            if not _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc,
+                            fin, hitb, npre):
                 s0, p0 = rs[r, STEPS], rs[r, PREEMPT]
                 _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
                       ttft, fin,
@@ -1321,6 +1547,42 @@ def _pool_config(P: dict) -> np.ndarray:
         raise ValueError("s3fifo on the vllm pool needs a small queue of at least 2 blocks (s3fifo_small_pm x "
                          "capacity): libCacheSim admits no block as large as small, and a computed block cannot "
                          "stay out of the pool")
+    ones, zeros = np.ones(G, np.int64), np.zeros(G, np.int64)
+    pc[:, PC_NG] = P.get("kv_groups", ones)
+    pc[:, PC_WM] = P.get("kv_window_groups", zeros)
+    pc[:, PC_W] = P.get("kv_window", zeros)
+    _check_layout(pc, [names[int(x)] for x in P["policy"]])
+    return pc
+
+
+def _check_layout(pc, policies) -> None:
+    """A hybrid KV layout's knobs (one-line errors naming the key): the window groups among the groups, a window
+    of at least 2 tokens, vLLM's free queue (lru / unbounded) as the pool's order."""
+    for g in range(pc.shape[0]):
+        ng, wm, w = (int(x) for x in pc[g, [PC_NG, PC_WM, PC_W]])
+        if wm >> ng:
+            raise ValueError(f"kv_window_groups {wm:#b} names a group past kv_groups {ng}")
+        if wm and w < 2:
+            raise ValueError(f"kv_window must be >= 2 tokens with window groups (kv_window_groups {wm:#b}), got {w}")
+        if (ng > 1 or wm) and pc[g, PC_MODE] != M_LRU:
+            raise ValueError(f"cache.policy {policies[g]!r} with a hybrid KV layout (kv_groups {ng}): the hybrid "
+                             "pool runs vLLM's free queue (lru, unbounded) only")
+
+
+def _hybrid_ids(pc, K: int, host: dict, bt: int):
+    """``pc`` with one group's block id space ``K`` (a hybrid layout's groups take ids ``id + slot x K``); refuses a
+    hybrid layout with a cpu tier, or over a stream whose requests lack a key per full block (one line each)."""
+    pc = pc.copy()
+    pc[:, PC_KU] = K
+    hy = (pc[:, PC_NG] > 1) | (pc[:, PC_WM] != 0)
+    if np.any(hy & (pc[:, PC_CPU] > 0)):
+        raise ValueError("tiers.cpu with a hybrid KV layout (kv_groups > 1) is not modelled on the vllm replica; "
+                         "vLLM before 0.21 runs a KV connector on the unified layout (kv_layout.runtime_layout)")
+    bad = host["n_blocks"] != host["input_tokens"] // bt
+    if hy.any() and bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"kv_groups: a hybrid KV layout needs a key per full {bt}-token block; request {i} has "
+                         f"{host['n_blocks'][i]} for {host['input_tokens'][i]} tokens")
     return pc
 
 
@@ -1362,7 +1624,7 @@ def run_stream(stream: Stream, params: list, keys: list, st, *, n_out: int | Non
     if missing:
         raise ValueError(f"the numba vllm backend does not model {'; '.join(missing)}")
     pc = _pool_config(P)
-    per_block = pc[:, PC_MODE] == M_BLOCK
+    per_block = (pc[:, PC_MODE] == M_BLOCK) | (pc[:, PC_NG] > 1) | (pc[:, PC_WM] != 0)  # a hybrid layout: per block
     if per_block.all() or not per_block.any():
         return _run_part(stream, P, pc, keys, st, n_out, bool(per_block.all()), imported=imported)
     parts = [np.nonzero(~per_block)[0], np.nonzero(per_block)[0]]
@@ -1388,6 +1650,8 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
     if per_block:
         log0, K = _block_log(stream, n)
         host["n_runs"], host["entry0"] = host["n_blocks"], host["offset"]
+        pc = _hybrid_ids(pc, K, host, int(stream.block_tokens))
+        K *= int(pc[:, PC_NG].max(initial=1))  # every group its own block ids
         D = me.D
         hot = int(np.bincount(log0[:-1, 0]).max(initial=0)) if log0.shape[0] > 1 else 0
         pc = pc.copy()

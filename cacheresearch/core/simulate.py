@@ -719,6 +719,9 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
         raise ValueError("load_gauges (vLLM's published gauges) is modelled with the vllm replica only")
     if np.any(np.asarray(params.client_permits) > 0) and st.scheduler != "vllm":
         raise ValueError("client_permits (a closed-loop client) is modelled with the vllm replica only")
+    if (np.any(np.asarray(params.kv_groups) > 1) or np.any(np.asarray(params.kv_window_groups) != 0)) \
+            and st.scheduler != "vllm":
+        raise ValueError("kv_groups (a hybrid KV layout) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.engine == "blocks"})
     if backend != "numba" and st.scheduler != "vllm":
@@ -853,10 +856,15 @@ def _max_depth(stream: Stream) -> int:
 
 
 def _refuse_closed_loop(params) -> None:
-    """The JAX engine sends every request at its arrival; the client's permits are the numba backend's."""
+    """The JAX engine sends every request at its arrival; the client's permits are the numba backend's, and so is
+    a hybrid KV layout (``kv_groups``)."""
     if not isinstance(params.client_permits, jax.core.Tracer) and np.any(np.asarray(params.client_permits) > 0):
         raise ValueError("client_permits > 0 (a closed-loop client) is modelled by the numba vllm backend only: "
                          "core.run.simulate_cells(..., backend='auto' or 'numba')")
+    if not isinstance(params.kv_groups, jax.core.Tracer) and (np.any(np.asarray(params.kv_groups) > 1)
+                                                               or np.any(np.asarray(params.kv_window_groups) != 0)):
+        raise ValueError("kv_groups > 1 or kv_window_groups (a hybrid KV layout) is modelled by the numba vllm "
+                         "backend only: core.run.simulate_cells(..., backend='auto' or 'numba')")
 
 
 def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,

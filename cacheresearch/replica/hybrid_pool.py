@@ -36,8 +36,9 @@ prompt's last block boundary, which is cached; the checkpoint and the hit's stat
 right after the step (vLLM releases them within the next steps: an assumption of this model, as is the
 single-step allocation, which overstates a window group's peak by the decode's out-of-window blocks).
 
-Plain Python and NumPy. A later integration calls :func:`hit_blocks` at lookup and :func:`window_free_upto`
-after each step (experiments/hybrid_kv.md, "What an integration needs").
+Plain Python and NumPy. The vllm replica's numba backend applies the same rules (``kv_groups``, ``kv_window_groups``,
+``kv_window``); its reference ``tests/reference_batch.py`` calls :func:`hit_blocks` at lookup and
+:func:`window_free_upto` at each step (experiments/hybrid_kv.md, "The hybrid pool in the vllm replica").
 """
 
 from __future__ import annotations

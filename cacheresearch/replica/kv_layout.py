@@ -37,7 +37,8 @@ from pathlib import Path
 from cacheresearch.replica.gpus import GIB, GPUS, GpuSpec
 
 __all__ = ["LayerType", "KVLayout", "KVGroup", "Unified", "layout_from_config", "unify", "dense_counterpart",
-           "pool_blocks", "held_blocks", "sequences_that_fit", "PRESETS", "preset_layout", "WEIGHT_BYTES"]
+           "pool_blocks", "held_blocks", "sequences_that_fit", "PRESETS", "preset_layout", "WEIGHT_BYTES",
+           "runtime_layout", "engine_knobs", "UNIFY_ERROR"]
 
 KINDS = ("full", "sliding_window", "mamba", "mla")
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "bf16": 2, "fp16": 2, "auto": 0, "fp8": 1,
@@ -249,6 +250,65 @@ def pool_blocks(u: Unified, gpu, *, weight_bytes: int, tp: int = 1, gpu_memory_u
     if budget < 2 * u.block_bytes:
         raise ValueError(f"{u.name}: weights of {weight_bytes / GIB:.1f} GiB leave no KV room on tp={tp} x {g.name}")
     return budget // u.block_bytes
+
+
+#: vLLM's error where its hybrid KV cache manager is off and the layers cannot take one type
+#: (``unify_hybrid_kv_cache_specs``, ``vllm/v1/core/kv_cache_utils.py``)
+UNIFY_ERROR = "Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one unified type"
+
+
+def runtime_layout(layout, *, connector: bool, connector_supports_hma: bool):
+    """The layout vLLM runs for ``layout`` (a :class:`KVLayout` or a :class:`Unified`; the same type comes back).
+
+    vLLM turns its hybrid KV cache manager off when a KV connector is configured (``--kv-transfer-config``) that is
+    not ``SupportsHMA`` (``vllm/config/vllm.py``: "Turning off hybrid kv cache manager because
+    `--kv-transfer-config` is set"; the OffloadingConnector is ``SupportsHMA`` from vLLM 0.21.0 on, LMCache's
+    connector is not). Then ``unify_hybrid_kv_cache_specs`` (``vllm/v1/core/kv_cache_utils.py``) leaves a layout of
+    one type as it is, promotes sliding-window layers to full attention where full-attention layers exist (every
+    layer keeps every token: no window freeing, one group of all the layers, so a block id stands for every layer's
+    page and fewer blocks fit), and refuses linear-attention (Mamba) layers beside attention with ``UNIFY_ERROR``
+    (a one-line ``ValueError``). With the manager on (no connector, or a ``SupportsHMA`` one) ``layout`` comes back.
+    """
+    if not isinstance(layout, (KVLayout, Unified)):
+        raise ValueError(f"layout must be a KVLayout or a Unified, got {type(layout).__name__}")
+    if not connector or connector_supports_hma:
+        return layout
+    parts = layout.types if isinstance(layout, KVLayout) else layout.groups
+    kinds = [t.kind for t in parts]
+    if len({(t.kind, t.sliding_window) for t in parts}) <= 1:
+        return layout  # one type: nothing to unify
+    if "mamba" in kinds:
+        raise ValueError(f"{layout.name}: {UNIFY_ERROR} (a KV connector that is not SupportsHMA, with "
+                         "linear-attention layers)")
+    if "sliding_window" in kinds and not {"full", "mla"} & set(kinds):
+        return layout
+    full = "mla" if "mla" in kinds else "full"
+    if isinstance(layout, KVLayout):
+        n = sum(t.layers for t in layout.types)
+        tok = next(t.token_bytes for t in layout.types if t.kind == full)
+        return KVLayout(layout.name, (LayerType(full, n, token_bytes=tok),), layout.tp,
+                        f"{layout.source}; run unified (hybrid KV cache manager off): all {n} layers {full}")
+    n = sum(g.layers for g in layout.groups)
+    return Unified(layout.name, layout.block_tokens, layout.requested_block_tokens, layout.forced, layout.page_bytes,
+                   n, (KVGroup(full, n),), layout.page_bytes * n)
+
+
+def engine_knobs(u: Unified) -> dict:
+    """The vllm replica's knobs for layout ``u`` (``kv_groups``, ``kv_window_groups``, ``kv_window``): its groups in
+    order, a bit per sliding-window group, their window. The pool's size in block ids is the ``capacity`` knob
+    (``pool_blocks`` less vLLM's null block). Linear-attention (Mamba) groups, and window groups of different
+    windows, are refused in one line."""
+    if any(g.kind == "mamba" for g in u.groups):
+        raise ValueError(f"{u.name}: linear-attention (Mamba) KV groups are not modelled by the vllm replica's engine "
+                         "(kv_layout.engine_knobs); the hybrid_kv study's simulate_hybrid models them")
+    wins = {g.sliding_window for g in u.groups if g.kind == "sliding_window"}
+    if len(wins) > 1:
+        raise ValueError(f"{u.name}: sliding windows of different sizes {sorted(wins)} are not modelled by the vllm "
+                         "replica's engine (kv_window is one window)")
+    if len(u.groups) > 30:
+        raise ValueError(f"{u.name}: {len(u.groups)} KV groups; kv_groups is at most 30")
+    mask = sum(1 << g for g, grp in enumerate(u.groups) if grp.kind == "sliding_window")
+    return {"kv_groups": len(u.groups), "kv_window_groups": mask, "kv_window": wins.pop() if wins else 0}
 
 
 def held_blocks(group: KVGroup, tokens: int, block_tokens: int) -> int:

@@ -81,4 +81,14 @@ REPLICA_KNOBS = register_knobs(
          "last token, so with every permit held it is sent at the first whole ms after the next finish; "
          "TTFT and e2e count from the send; 0: open loop (every request sent at its arrival); vllm replica, "
          "numba backend only"),
+    # the model's KV layout as vLLM's hybrid KV cache manager runs it (cacheresearch/replica/kv_layout.py
+    # engine_knobs), not a routing rule: groups of one shared pool of capacity block ids
+    Knob("kv_groups", 1, 1, 30, doc="KV cache groups of the model's layout (vLLM's hybrid KV cache manager: one block "
+         "id per group per block of a request, all from the one pool of capacity block ids); 1 with "
+         "kv_window_groups 0: one full-attention group (kv_layout.engine_knobs; vllm replica, numba backend only)"),
+    Knob("kv_window_groups", 0, 0, 2**30 - 1, doc="which of the kv_groups are sliding-window groups (bit g: group g, "
+         "in the layout's order); the others are full attention"),
+    Knob("kv_window", 0, 0, 2**30, doc="the sliding window of the window groups (tokens, >= 2 where "
+         "kv_window_groups is not 0): after each step a request's window groups free its blocks wholly before "
+         "computed - kv_window + 1", unit="tokens"),
 )

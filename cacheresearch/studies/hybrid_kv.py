@@ -18,6 +18,11 @@ Every run is :func:`~cacheresearch.replica.hybrid_pool.simulate_hybrid` (its mod
 serving model); request service times are fixed per token (``PREFILL_US`` per uncached prompt token,
 ``DECODE_US`` per output token: assumptions, chosen near an H100's gpt-oss-120b speeds, and the same for
 both models so only the KV layout differs).
+
+With ``--vllm`` (numba), 4. **the vllm replica** (continuous batching, chunked prefill, preemption by recompute,
+the default step model) runs gpt-oss-120b on the llm-d workload twice (:func:`vllm_rows`): with vLLM's hybrid
+KV cache manager, and with the unified layout vLLM runs when a KV connector that is not ``SupportsHMA`` turns it
+off (:func:`~cacheresearch.replica.kv_layout.runtime_layout`: every layer full attention, half the block ids).
 """
 
 from __future__ import annotations
@@ -32,14 +37,17 @@ from cacheresearch.replica.hybrid_pool import simulate_hybrid
 from cacheresearch.replica.kv_layout import (
     WEIGHT_BYTES,
     dense_counterpart,
+    engine_knobs,
     pool_blocks,
     preset_layout,
+    runtime_layout,
     sequences_that_fit,
     unify,
 )
 from cacheresearch.workload.synthetic import llmd_workload, tenant_workload
 
-__all__ = ["capacity_rows", "gpt_oss_rows", "mamba_rows", "main", "DEPLOYMENTS", "PREFILL_US", "DECODE_US"]
+__all__ = ["capacity_rows", "gpt_oss_rows", "mamba_rows", "vllm_rows", "main", "DEPLOYMENTS", "PREFILL_US",
+           "DECODE_US"]
 
 PREFILL_US = 50  # per uncached prompt token (20k tokens/s of prefill)
 DECODE_US = 15_000  # per output token (15 ms between tokens)
@@ -119,6 +127,42 @@ def mamba_rows(shapes, n_requests: int, rate_per_s: float, seed: int = 0) -> lis
     return rows
 
 
+def vllm_rows(qps_list, duration_s: float, seed: int = 0, max_num_seqs: int = 512) -> list[dict]:
+    """gpt-oss-120b (1 x H100, 0.95) on the vllm replica (numba backend, one replica, the default step model,
+    ``max_num_batched_tokens`` 8192) on the llm-d workload: the hybrid layout (``engine_knobs``) and the unified
+    one vLLM runs behind a KV connector that is not ``SupportsHMA`` (``runtime_layout``); capacity: vLLM's
+    ``num_gpu_blocks`` less its null block."""
+    import jax  # noqa: PLC0415 - the engine's imports, only for this table
+
+    from cacheresearch.backends import numba_vllm as nv  # noqa: PLC0415
+    from cacheresearch.core.params import make_params  # noqa: PLC0415
+    from cacheresearch.core.simulate import static_options  # noqa: PLC0415
+    from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
+    from cacheresearch.metrics.core import finalize  # noqa: PLC0415
+
+    lay = preset_layout("gpt-oss-120b")
+    rows = []
+    for qps in qps_list:
+        s = compile_stream(llmd_workload(qps, duration_s=duration_s, seed=seed), stateful_singletons=True)
+        for model, layout in (("hybrid manager", lay),
+                              ("unified (connector, no HMA)", runtime_layout(lay, connector=True,
+                                                                              connector_supports_hma=False))):
+            u, n = _capacity(layout, "h100_80gb", 1, 0.95, 16)
+            p = make_params("lru", capacity_blocks=n - 1, max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+                            **engine_knobs(u))
+            st = static_options(p, max_replicas=1, per_request=True, scheduler="vllm", max_running=max_num_seqs,
+                                queue_slots=4096, max_runs=int(np.max(np.asarray(s.n_runs))))
+            t0 = time.perf_counter()
+            m = finalize(nv.run_stream(s, [p], [jax.random.key(seed)], st), st)
+            rows.append(dict(qps=qps, model=model, groups=len(u.groups), blocks=n,
+                             hit_rate=float(np.asarray(m.token_hit_rate)[0]),
+                             ttft_p50_s=int(np.asarray(m.ttft_p50_ms)[0]) / 1000,
+                             ttft_p99_s=int(np.asarray(m.ttft_p99_ms)[0]) / 1000,
+                             preemptions=int(np.asarray(m.preemptions)[0]),
+                             peak_blocks=int(np.asarray(m.max_occupancy)[0, 0]), seconds=time.perf_counter() - t0))
+    return rows
+
+
 def _table(rows, cols) -> str:
     def fmt(c, v):
         return f"{v:.1%}" if c == "hit_rate" else f"{v:.2f}" if isinstance(v, float) else str(v)
@@ -131,6 +175,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m cacheresearch.studies.hybrid_kv", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a short load grid (for a check, not the page's numbers)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--vllm", action="store_true", help="also run gpt-oss-120b on the vllm replica (numba)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     cap = capacity_rows()
@@ -149,7 +194,13 @@ def main(argv=None) -> dict:
     print("\n## Qwen3-Next-80B-A3B vs its dense counterpart, shared system prompts, 2 x H200\n")
     print(_table(mam, ["prefix_tokens", "query_tokens", "model", "block_tokens", "blocks", "hit_rate",
                        "wait_mean_s", "peak_running"]))
-    out = dict(capacity=cap, gpt_oss=gpt, mamba=mam, seconds=time.perf_counter() - t0)
+    out = dict(capacity=cap, gpt_oss=gpt, mamba=mam)
+    if a.vllm:
+        out["vllm"] = vllm_rows([5.0] if a.quick else [2.0, 5.0, 10.0, 20.0], 60.0 if a.quick else 180.0)
+        print("\n## gpt-oss-120b on the vllm replica: the hybrid manager vs the unified layout, 1 x H100\n")
+        print(_table(out["vllm"], ["qps", "model", "groups", "blocks", "hit_rate", "ttft_p50_s", "ttft_p99_s",
+                                   "preemptions", "peak_blocks"]))
+    out["seconds"] = time.perf_counter() - t0
     print(f"\n{out['seconds']:.1f} s")
     if a.json:
         with open(a.json, "w") as f:
