@@ -118,6 +118,7 @@ def _sizes(d: Path, r: dict, arm: str, overhead_gib: float = 0.0) -> dict:
     where the files give bytes or a memory fraction), under the layout vLLM runs for the arm
     (:func:`hybrid_manager`)."""
     from cacheresearch.replica.hardware import kv_blocks, kv_cache_layout  # noqa: PLC0415
+    from cacheresearch.replica.kv_layout import engine_knobs  # noqa: PLC0415
 
     model, bt, tp = _model(d, r), int(r["block_tokens"]), int(r["tp"])
     hm = hybrid_manager(r, arm)
@@ -133,16 +134,17 @@ def _sizes(d: Path, r: dict, arm: str, overhead_gib: float = 0.0) -> dict:
                     "of activations and graphs (llmd_tiered.gpu_overhead_gib)")
     except ValueError as e:
         raise StudyError(f"llmd_tiered: model {model}: {e}") from None
-    if lay.hybrid:
-        raise StudyError(f"llmd_tiered ({d.name}): arm {arm!r} runs {lay.name} under vLLM's hybrid KV cache manager "
-                         f"({len(lay.groups)} KV groups); the vllm replica keeps one KV group")
+    try:
+        kv = engine_knobs(lay) if lay.hybrid else {}  # the vllm replica's KV groups (kv_layout.engine_knobs)
+    except ValueError as e:
+        raise StudyError(f"llmd_tiered ({d.name}): arm {arm!r}: {e}") from None
     bb = lay.block_bytes
     if r.get("cpu_cache_tokens"):
         cpu, csrc = int(r["cpu_cache_tokens"]) // bt, "run.yaml cpu_cache_tokens"
     else:
         cpu, csrc = (int(r["cpu_bytes"]) // bb if r.get("cpu_bytes") else 0), "run.yaml cpu_bytes / block bytes"
     return dict(model=model, gpu_blocks=gpu, gpu_source=gsrc, cpu_blocks=cpu, cpu_source=csrc, block_bytes=bb,
-                hybrid_manager=hm, layout=f"{len(lay.groups)} group(s) of {lay.group_size} layers, "
+                hybrid_manager=hm, kv_knobs=kv, layout=f"{len(lay.groups)} group(s) of {lay.group_size} layers, "
                                           f"{lay.block_bytes:,} bytes a block id")
 
 
@@ -277,7 +279,7 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
     Q = int(np.bincount(np.asarray(w.meta["stage"]), minlength=K).max()) + 8
     for i, a in enumerate(names):
         p = make_params("lru", capacity_blocks=sz[a]["gpu_blocks"], replicas=R, router=knobs[a]["router"],
-                        **base, **{k: v for k, v in knobs[a].items() if k != "router"})
+                        **base, **sz[a]["kv_knobs"], **{k: v for k, v in knobs[a].items() if k != "router"})
         s = streams[sid[a]]
         st = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=base["max_num_seqs"],
                             queue_slots=Q, max_runs=int(np.max(np.asarray(s.n_runs))))
