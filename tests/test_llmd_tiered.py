@@ -38,6 +38,8 @@ def test_hybrid_manager_follows_the_connector():
     r = {"arms": {"baseline": {"cpu_tier": False}, "offload": {"cpu_tier": True}}}
     assert hybrid_manager(r, "baseline") and not hybrid_manager(r, "offload")
     assert hybrid_manager(dict(r, connector_supports_hma=True), "offload")
+    r["arms"]["baseline"]["hybrid_manager"] = False  # a what-if: --disable-hybrid-kv-cache-manager
+    assert not hybrid_manager(r, "baseline")
 
 
 def test_bad_run_folders_fail_in_one_line(tmp_path):

@@ -89,6 +89,9 @@ def read_run(run) -> tuple[Path, dict, dict | None]:
     if not isinstance(r.get("arms"), dict) or not r["arms"]:
         raise StudyError(f"{f}: key 'arms' must map each arm to {{epp: FILE, cpu_tier: true|false}}")
     for a, spec in r["arms"].items():
+        extra = sorted(set(spec) - {"epp", "cpu_tier", "hybrid_manager"}) if isinstance(spec, dict) else []
+        if extra:
+            raise StudyError(f"{f}: arm {a!r}: unknown key {extra[0]!r}; known keys are cpu_tier, epp, hybrid_manager")
         if not isinstance(spec, dict) or not (d / str(spec.get("epp", ""))).is_file():
             epp = spec.get("epp") if isinstance(spec, dict) else spec
             raise StudyError(f"{f}: arm {a!r}: its epp file {epp} is not in the folder")
@@ -109,8 +112,12 @@ def hybrid_manager(r: dict, arm: str) -> bool:
     """Whether vLLM runs the arm with its hybrid KV cache manager: always, unless the arm has a KV connector (the
     CPU tier) that is not ``SupportsHMA`` (``run.yaml`` ``connector_supports_hma``, default false: vLLM's
     OffloadingConnector before v0.21.0; ``vllm/config/vllm.py`` then disables the manager and
-    ``unify_hybrid_kv_cache_specs`` promotes window layers to full attention)."""
-    return not (r["arms"][arm].get("cpu_tier") and not r.get("connector_supports_hma", False))
+    ``unify_hybrid_kv_cache_specs`` promotes window layers to full attention). An arm's own ``hybrid_manager``
+    (true / false) overrides the rule: a what-if (vLLM's ``--disable-hybrid-kv-cache-manager``)."""
+    spec = r["arms"][arm]
+    if spec.get("hybrid_manager") is not None:  # a what-if: the arm's own setting
+        return bool(spec["hybrid_manager"])
+    return not (spec.get("cpu_tier") and not r.get("connector_supports_hma", False))
 
 
 def _sizes(d: Path, r: dict, arm: str, overhead_gib: float = 0.0) -> dict:
