@@ -169,6 +169,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     cpu_hit = [0] * N
     npre_out = [0] * N
     rep_of = [-1] * N
+    # vLLM's prefix-cache counters (tokens; requests never preempted): [queries, local hits]
+    vc = {"attempt": [0, 0], "admission": [0, 0], "external": [0, 0]}
 
     def keyed(c, P):
         return min(c // B, P // B)
@@ -318,6 +320,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                             break
                         ch += 1
                     h += ch
+            if rdy < 0 and np_ == 0:  # vLLM's counters: a lookup (per_attempt counts every one)
+                vc["attempt"][0] += P
+                vc["attempt"][1] += (h - ch) * B
             start = overlap == "async" and rdy < 0 and ch > 0  # allocate the hit, load, schedule when it lands
             pt = P + dprev
             c0 = h * B
@@ -338,6 +343,12 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     continue
                 break
             if rdy < 0:
+                if np_ == 0:  # admitted: counted once (per_admission), the connector's (the cpu tier's) always here
+                    vc["admission"][0] += P
+                    vc["admission"][1] += (h - ch) * B
+                    if cpu_blocks > 0:
+                        vc["external"][0] += P - (h - ch) * B
+                        vc["external"][1] += ch * B
                 for k in keys:
                     rp.ref[k] = rp.ref.get(k, 0) + 1
                 if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
@@ -570,4 +581,5 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ps=[rp.busy for rp in reps],
         kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
         cpu_hit_blocks=np.asarray(cpu_hit), offloaded=sum(rp.offloaded for rp in reps),
+        vllm_counters={m: vc[m if m == "attempt" else "admission"] + vc["external"] for m in ("attempt", "admission")},
     )

@@ -81,10 +81,13 @@ RD = None  # the dispatch on a router code (cacheresearch.routers.dispatch.bind 
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL, NLOAD, LINK) = range(30)
+ STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL, NLOAD, LINK,
+ VQA, VHA, VQM, VHM, VQE, VHE) = range(36)
 # LOADP: the cpu tier's loads of the requests admitted in the step being built (ps, sync); OFFL: blocks offloaded;
-# NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free
-NRS = 30
+# NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free;
+# vLLM's prefix-cache counters (tokens, requests never preempted; _count): VQA / VHA queries and local hits at every
+# lookup (per_attempt), VQM / VHM at admissions only (per_admission), VQE / VHE the connector's (the cpu tier's)
+NRS = 36
 # running slots, columns of sl [R, S, NSL] (SCPU: the admission's cpu-hit blocks)
 SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU = range(11)
 NSL = 11
@@ -564,6 +567,24 @@ def _landed_first(r, Q, rs, wq):
 
 
 @njit(cache=True)
+def _count(r, ntok, loc, ext, admitted, rs, pc):
+    """vLLM's prefix-cache counters (tokens) for one lookup of a request never preempted (a preempted request's
+    go to its ``preempted_*`` counters, not exported): ``vllm:prefix_cache_queries`` += its tokens, ``_hits`` += the
+    local hit ``loc``, at every lookup (``VQA``, vLLM before PR #48860: ``get_computed_blocks`` counted each
+    scheduling attempt) or at the admission only (``VQM``, after it); with a cpu tier (a KV connector) at the
+    admission ``vllm:external_prefix_cache_queries`` += ``ntok - loc`` and ``_hits`` += its hit ``ext``."""
+    if not admitted:
+        rs[r, VQA] += ntok
+        rs[r, VHA] += loc
+        return
+    rs[r, VQM] += ntok
+    rs[r, VHM] += loc
+    if pc[PC_CPU] > 0:
+        rs[r, VQE] += ntok - loc
+        rs[r, VHE] += ext
+
+
+@njit(cache=True)
 def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 3: admit waiting requests FCFS while the budget, max_num_seqs and the pool allow; their
     prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected.
@@ -597,6 +618,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             if pc[PC_CPU] > 0 and hit == g0:
                 ch = _cpu_lead(r, log0, e0, p, g0, max(Ph - 1, 0) // bt, pbl)
                 hit += ch
+        if rdy < 0 and np_ == 0:  # a lookup of a request never preempted (vLLM's get_computed_blocks)
+            _count(r, Ph, (hit - ch) * bt, ch * bt, False, rs, pc)
         start = asy and rdy < 0 and ch > 0  # async: allocate the hit blocks and start the load; schedule later
         pt = Ph + dprev
         c0 = hit * bt
@@ -624,6 +647,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             rs[r, LREQ] -= 1
             continue
         if rdy < 0:
+            if np_ == 0:  # admitted: the lookup counted once (and the connector's, which vLLM counts here always)
+                _count(r, Ph, (hit - ch) * bt, ch * bt, True, rs, pc)
             for q in range(p):
                 run = log0[e0 + q, 0]
                 if pref[r, run] == 0:
@@ -1480,6 +1505,14 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     oh, ol = lim(np.where(served, outp[None], 0))
     nan = np.full(G, np.nan, np.float32)
     wa = lambda x: np.where(active, x, 0)  # noqa: E731
+    # vLLM's prefix-cache counters as the configuration's counter_mode counts them (0 per_attempt, 1 per_admission)
+    adm = (P["counter_mode"] != 0)[:, None]
+    vc = np.stack([wa(np.where(adm, rs[:, :, VQM], rs[:, :, VQA])).sum(axis=1),
+                   wa(np.where(adm, rs[:, :, VHM], rs[:, :, VHA])).sum(axis=1),
+                   wa(rs[:, :, VQE]).sum(axis=1), wa(rs[:, :, VHE]).sum(axis=1)], axis=1)
+    vch, vcl = _limbs(vc)
+    status = np.where(served, 0, 2)
+    nok = (status == 0).sum(axis=1)
     return Metrics(
         token_hit_rate=nan, request_hit_rate=nan, hit_tokens_hi=hh, hit_tokens_lo=hl,
         requests_hit=(served & (hit_b > 0)).sum(axis=1).astype(np.int32),
@@ -1509,6 +1542,9 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         output_tokens_hi=oh, output_tokens_lo=ol, kv_capacity=P["capacity"].astype(np.int32),
         kv_acc=np.where(active, fs[:, :, 0], np.float32(0)).astype(np.float32),
         q_acc=np.where(active, fs[:, :, 1], np.float32(0)).astype(np.float32),
+        requests_ok=nok.astype(np.int32), requests_timed_out=(status == 1).sum(axis=1).astype(np.int32),
+        requests_failed=(n - nok - (status == 1).sum(axis=1)).astype(np.int32), status=per_req(status, 2),
+        vllm_counters_hi=vch, vllm_counters_lo=vcl,
     )
 
 

@@ -81,4 +81,11 @@ REPLICA_KNOBS = register_knobs(
          "last token, so with every permit held it is sent at the first whole ms after the next finish; "
          "TTFT and e2e count from the send; 0: open loop (every request sent at its arrival); vllm replica, "
          "numba backend only"),
+    # what vLLM's metrics count, not what it does
+    Knob("counter_mode", "per_attempt", kind="view", choices=("per_attempt", "per_admission"),
+         doc="when vLLM counts a request in vllm:prefix_cache_queries / _hits: per_attempt at every lookup of a "
+         "waiting request, the failed allocations that hold it in the queue included (vLLM before PR #48860: "
+         "v0.23.0, which llm-d v0.8's llm-d-cuda image ships); per_admission once, when it is admitted (vLLM after "
+         "PR #48860, merged 2026-07-16); the connector's external counters count at the admission either way; "
+         "numba backend"),
 )
