@@ -7,6 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from reference_batch import reference_batch
 
 from cacheresearch.core.params import make_params
@@ -54,3 +56,128 @@ def test_hand_worked_counters_count_every_failed_attempt_per_attempt():
     assert att.ttft_ms.tolist() == adm.ttft_ms.tolist() == [1, 5]
     ref = reference_batch(w, replicas=1, router="round_robin", max_running=4, **HAND)
     assert ref["vllm_counters"] == {"attempt": [240, 64, 0, 0], "admission": [96, 16, 0, 0]}
+
+
+# ------------------------------------------------------------------------------ the client's timeouts
+def _reference(w, router, key, R, tier=None, S=6, Q=64, **kn):
+    from cacheresearch.core.params import resolve_router  # noqa: PLC0415
+    from cacheresearch.core.simulate import request_bits  # noqa: PLC0415
+
+    bits = np.asarray(request_bits(key, w.n_requests + 1))[: w.n_requests]
+    k = resolve_router(router, **{n: v for n, v in kn.items() if n in ("index_capacity", "view", "instances")})
+    k.update(kn)
+    rule = k.pop("router")
+    if tier is not None:
+        k.update(cpu_blocks=tier.capacity_blocks, cpu_mbps=tier.read_mbps, cpu_latency_ps=tier.latency_ps,
+                 block_bytes=tier.block_bytes, overlap=tier.overlap)
+    return reference_batch(w, replicas=R, router=rule, bits=bits, max_running=S, queue_slots=Q, **k)
+
+
+def _engine(w, p, key, R, tier=None, S=6, Q=64):
+    s = compile_stream(w, stateful_singletons=True)
+    st_ = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=S, queue_slots=Q,
+                         max_runs=int(np.max(np.asarray(s.n_runs))))
+    if tier is None:
+        m = nv.run_stream(s, [p], [key], st_)
+    else:
+        from cacheresearch.tiers import vllm as tv  # noqa: PLC0415
+
+        m = tv.run_stream_tiered(s, [p], [key], st_, [tier]).metrics
+    m = finalize(m, st_)
+    return type(m)(*(np.asarray(x)[0] for x in m))
+
+
+def _compare(w, *, R, router, tier=None, seed=0, **kn):
+    """The engine equals the reference request by request: TTFT, end, hit, preemptions, replica, the client's wait
+    and outcome; the steps, events, drops, outcome counts and vLLM's counters."""
+    p = make_params("lru", replicas=R, router=router, **kn)
+    key = jax.random.key(seed)
+    m = _engine(w, p, key, R, tier)
+    ref = _reference(w, router, key, R, tier, **kn)
+    for f in ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica", "client_wait_ms", "status"):
+        a, b = np.asarray(getattr(m, f)), np.asarray(ref[f])
+        bad = np.nonzero(a != b)[0]
+        assert bad.size == 0, (f, bad[:10], a[bad[:10]], b[bad[:10]])
+    for f in ("preemptions", "steps", "events", "dropped", "requests_ok", "requests_timed_out", "requests_failed"):
+        assert int(getattr(m, f)) == ref[f], f
+    mode = "admission" if kn.get("counter_mode") == "per_admission" else "attempt"
+    assert _counters(m) == ref["vllm_counters"][mode]
+    assert np.asarray(m.busy_ms)[:R].tolist() == [-(-b // 10**9) for b in ref["busy_ps"]]
+    assert int(m.requests_ok + m.requests_timed_out + m.requests_failed) == w.n_requests
+    assert not bool(m.time_overflow)
+    return m, ref
+
+
+def _workload(seed, out, n_tenants=4, rate=40, dur=2):
+    from cacheresearch.workload.synthetic import tenant_workload  # noqa: PLC0415
+
+    return tenant_workload(n_tenants=n_tenants, prefix_tokens=200, query_tokens=40, users_per_tenant=2,
+                           rate_per_s=rate, duration_s=dur, output_tokens=out, block_tokens=16, seed=seed)
+
+
+def _tier(kind, cpu):
+    if kind == "none":
+        return None
+    from cacheresearch.tiers import vllm as tv  # noqa: PLC0415
+
+    return tv.cpu_tier(capacity_blocks=cpu, read_gbps=1.0, latency_us=300.0, block_bytes=2**21, overlap=kind)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cap=st.integers(30, 150), budget=st.sampled_from([16, 48, 200, 4096]),
+       seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40), timeout=st.sampled_from([0, 20, 60, 200,
+                                                                                                         800]),
+       permits=st.sampled_from([0, 1, 3, 8]), tier=st.sampled_from(["none", "sync", "async"]), cpu=st.integers(5, 120),
+       router=st.sampled_from(["round_robin", "random", "llmd_precise", "least_loaded", "preble"]),
+       mode=st.sampled_from(["per_attempt", "per_admission"]))
+def test_timeouts_equal_reference_hypothesis(seed, cap, budget, seqs, R, out, timeout, permits, tier, cpu, router,
+                                             mode):
+    """client_timeout_ms (with the client's permits, a cpu tier of either overlap model, both counter modes):
+    the engine equals the reference request by request."""
+    if permits > 0 and tier == "async":
+        permits = 0  # the permits with async loads: see the hang case below
+    _compare(_workload(seed, out), R=R, router=router, tier=_tier(tier, cpu), capacity_blocks=cap,
+             max_num_batched_tokens=budget, max_num_seqs=seqs, client_timeout_ms=timeout, client_permits=permits,
+             counter_mode=mode)
+
+
+def test_hand_worked_timeouts():
+    """The counters' case with ``client_timeout_ms = 4``: A (sent at 0) must end by 4 ms, B (sent at 1) by 5 ms.
+
+    A's fifth token would end at 5 ms; the steps at 2 and 3 ms fail B's allocation. At the step boundary at 4 ms
+    vLLM aborts A (its deadline passed): its blocks are freed, still cached, and the same step admits B (hit:
+    block 1, 16 tokens) and prefills its 32 other tokens; B's one token ends at 5 ms, at its deadline: a success,
+    TTFT and end-to-end 4 ms. A times out (its first token at 1 ms does not count). Latency and throughput count
+    B only: TTFT p50 4 ms, 1 output token over the run's span (0 to B's end, 5 ms): 200 tokens/s, 200 requests/s.
+    vLLM's counters (per_attempt): A 48 / 0, B's three lookups (2, 3, 4 ms) 3 x 48 / 3 x 16.
+    """
+    w = Workload.from_lists([[1, 2, 3], [1, 5, 6]], block_tokens=16, arrival_ms=np.array([0, 1]),
+                            output_tokens=np.array([5, 1]))
+    p = make_params("lru", replicas=1, router="round_robin", client_timeout_ms=4, **HAND)
+    (m,) = _run(w, [p])
+    assert m.status.tolist() == [1, 0]
+    assert (int(m.requests_ok), int(m.requests_timed_out), int(m.requests_failed)) == (1, 1, 0)
+    assert m.ttft_ms.tolist() == [-1, 4] and m.e2e_ms.tolist() == [-1, 4]
+    assert int(m.ttft_p50_ms) == 4 and int(m.horizon_time) == 5 and float(m.throughput_tps) == 200.0
+    assert _counters(m) == [192, 48, 0, 0]
+    assert m.hit_blocks.tolist() == [0, 1]
+    ref = reference_batch(w, replicas=1, router="round_robin", max_running=4, client_timeout_ms=4, **HAND)
+    assert ref["status"].tolist() == [1, 0] and ref["fin_ps"] == [-2, 5 * 10**9]
+    (m0,) = _run(w, [make_params("lru", replicas=1, router="round_robin", **HAND)])  # no timeout: both succeed
+    assert m0.status.tolist() == [0, 0] and m0.ttft_ms.tolist() == [1, 5]
+
+
+def test_timeouts_are_refused_where_they_are_not_modelled():
+    from cacheresearch.core.run import BackendError, simulate_cells  # noqa: PLC0415
+    from cacheresearch.core.simulate import simulate  # noqa: PLC0415
+
+    w = _workload(3, 10)
+    s = compile_stream(w, stateful_singletons=True)
+    p = make_params("lru", replicas=1, router="round_robin", capacity_blocks=40, max_num_seqs=4, client_timeout_ms=50)
+    with pytest.raises(ValueError, match=r"^client_timeout_ms > 0"):
+        simulate(s, p, jax.random.key(0), max_replicas=1, scheduler="vllm", max_running=6, queue_slots=64)
+    opts = dict(max_replicas=1, scheduler="vllm", max_running=6, queue_slots=64, per_request=True)
+    with pytest.raises(BackendError, match="client_timeout_ms"):
+        simulate_cells([s], np.zeros(1, np.int64), [p], np.zeros(1, np.int64), backend="jax", **opts)
+    with pytest.raises(ValueError, match="client_timeout_ms must be an integer"):
+        make_params("lru", capacity_blocks=40, client_timeout_ms=-1)

@@ -726,6 +726,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
         raise ValueError("load_gauges (vLLM's published gauges) is modelled with the vllm replica only")
     if np.any(np.asarray(params.client_permits) > 0) and st.scheduler != "vllm":
         raise ValueError("client_permits (a closed-loop client) is modelled with the vllm replica only")
+    if np.any(np.asarray(params.client_timeout_ms) > 0) and st.scheduler != "vllm":
+        raise ValueError("client_timeout_ms (the client's timeouts) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.engine == "blocks"})
     if backend != "numba" and st.scheduler != "vllm":
@@ -863,6 +865,9 @@ def _refuse_closed_loop(params) -> None:
     """The JAX engine sends every request at its arrival; the client's permits are the numba backend's."""
     if not isinstance(params.client_permits, jax.core.Tracer) and np.any(np.asarray(params.client_permits) > 0):
         raise ValueError("client_permits > 0 (a closed-loop client) is modelled by the numba vllm backend only: "
+                         "core.run.simulate_cells(..., backend='auto' or 'numba')")
+    if not isinstance(params.client_timeout_ms, jax.core.Tracer) and np.any(np.asarray(params.client_timeout_ms) > 0):
+        raise ValueError("client_timeout_ms > 0 (the client's timeouts) is modelled by the numba vllm backend only: "
                          "core.run.simulate_cells(..., backend='auto' or 'numba')")
 
 

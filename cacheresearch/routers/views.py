@@ -81,6 +81,12 @@ REPLICA_KNOBS = register_knobs(
          "last token, so with every permit held it is sent at the first whole ms after the next finish; "
          "TTFT and e2e count from the send; 0: open loop (every request sent at its arrival); vllm replica, "
          "numba backend only"),
+    # the load generator's: inference-perf's load.request_timeout (seconds; default none)
+    Knob("client_timeout_ms", 0, 0, 2**30, doc="the client's per-request timeout (inference-perf's "
+         "load.request_timeout): at send + this the client gives up (a failure, its permit returned) and vLLM aborts "
+         "the request at the first step boundary at or after it (a waiting request leaves the queue, a running one "
+         "frees its blocks, one in a cpu load after the load lands); latency and throughput count the successes only; "
+         "0: none; vllm replica, numba backend only", unit="ms"),
     # what vLLM's metrics count, not what it does
     Knob("counter_mode", "per_attempt", kind="view", choices=("per_attempt", "per_admission"),
          doc="when vLLM counts a request in vllm:prefix_cache_queries / _hits: per_attempt at every lookup of a "
