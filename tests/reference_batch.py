@@ -448,6 +448,12 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         assert len(rp.stored) + rp.work <= C
         return preempted
 
+    def wake(rp: _Replica):
+        """A replica idle on cpu loads: its next step, at the first landing after its clock or the first deadline
+        after it of a waiting request with no load in flight (None: none)."""
+        return min((w[3] if w[3] > rp.clock else dl[w[0]] for w in rp.waiting
+                    if w[3] > rp.clock or rp.clock < dl[w[0]] < float("inf")), default=None)
+
     def advance(now_t):
         for rp in reps:  # a decode-only stretch ends where the run-up ends
             rp.in_stretch = False
@@ -464,8 +470,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                         # async: nothing to run, nothing preempted, loads in flight: the next step starts when the
                         # first lands, or at the next event if that comes first
                         # (or at the first deadline of a waiting request with no load in flight)
-                        t = min((w[3] if w[3] > rp.clock else dl[w[0]] for w in rp.waiting
-                                 if w[3] > rp.clock or dl[w[0]] > rp.clock), default=None)
+                        t = wake(rp)
                         assert t is not None, "waiting on no load"
                         if t <= now_t:
                             rp.clock = t
@@ -504,7 +509,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             if len(holders) < int(client_permits):
                 break
             known = [fin[h] for h in holders if fin[h] >= 0] + [dl[h] for h in holders if dl[h] < float("inf")]
-            busy = [rp.clock for rp in reps if rp.has_work()]
+            # each busy replica's next step: its clock, or, idle on cpu loads (it waits at t), its next wake
+            busy = [rp.clock if rp.clock > t else wake(rp) for rp in reps if rp.has_work()]
+            busy = [x for x in busy if x is not None]
             if known and (not busy or min(known) <= min(busy)):  # settled: no step left to run ends before it
                 t = _cdiv(min(known), PS_PER_MS) * PS_PER_MS
             elif not busy:  # nothing will finish: the holders were never served

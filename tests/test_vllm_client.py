@@ -134,8 +134,6 @@ def test_timeouts_equal_reference_hypothesis(seed, cap, budget, seqs, R, out, ti
                                              mode):
     """client_timeout_ms (with the client's permits, a cpu tier of either overlap model, both counter modes):
     the engine equals the reference request by request."""
-    if permits > 0 and tier == "async":
-        permits = 0  # the permits with async loads: see the hang case below
     _compare(_workload(seed, out), R=R, router=router, tier=_tier(tier, cpu), capacity_blocks=cap,
              max_num_batched_tokens=budget, max_num_seqs=seqs, client_timeout_ms=timeout, client_permits=permits,
              counter_mode=mode)
@@ -181,3 +179,51 @@ def test_timeouts_are_refused_where_they_are_not_modelled():
         simulate_cells([s], np.zeros(1, np.int64), [p], np.zeros(1, np.int64), backend="jax", **opts)
     with pytest.raises(ValueError, match="client_timeout_ms must be an integer"):
         make_params("lru", capacity_blocks=40, client_timeout_ms=-1)
+
+
+# ------------------------------------------------------------------------------ permits + async cpu loads
+def hang_case(engine: bool):
+    """The tiers' hand-worked requests, all scheduled at 0 ms, one permit, the async overlap: A, then B (evicting A's
+    blocks 3 and 2 to the cpu tier), then C, whose admission starts a 1 ms load of 2 cpu blocks while nothing else
+    runs and D waits for C's permit. The client's loop used to take the idle replica's clock (the send time itself)
+    as its next step and never moved: the run never ended. Returns the ends (ps) and the sends (ms)."""
+    from cacheresearch.tiers import vllm as tv  # noqa: PLC0415
+
+    w = Workload.from_lists([[1, 2, 3], [4, 5, 6], [1, 2, 3, 7], [8, 9]], block_tokens=16,
+                            arrival_ms=np.zeros(4, np.int64), output_tokens=np.ones(4, np.int64))
+    kn = dict(HAND, client_permits=1)
+    tier = tv.cpu_tier(capacity_blocks=2, read_gbps=4.0, latency_us=500.0, block_bytes=1_000_000, overlap="async")
+    if not engine:
+        ref = _reference(w, "round_robin", jax.random.key(0), 1, tier, **kn)
+        return ref["fin_ps"], (np.asarray(w.arrival_ms) + ref["client_wait_ms"]).tolist()
+    p = make_params("lru", replicas=1, router="round_robin", **kn)
+    s = compile_stream(w, stateful_singletons=True)
+    st_ = static_options(p, max_replicas=1, per_request=True, scheduler="vllm", max_running=6, queue_slots=64,
+                         max_runs=int(np.max(np.asarray(s.n_runs))))
+    m = finalize(tv.run_stream_tiered(s, [p], [jax.random.key(0)], st_, [tier]).metrics, st_)
+    send = (np.asarray(w.arrival_ms) + np.asarray(m.client_wait_ms)[0]).tolist()
+    return [int(x) * 10**9 for x in (send + np.asarray(m.e2e_ms)[0])], send
+
+
+def test_permits_with_async_loads_end():
+    """The reported hang (client_permits, a cpu tier, tiers.load_mode=overlap): the case runs to its end within a
+    time limit (a subprocess: a spinning numba loop cannot be interrupted), every request ends, and the engine
+    equals the reference. By hand (every step 1 ms): A 0-1 ms; B sent at 1 ms, ends at 2 ms; C sent at 2 ms: its
+    step allocates the hit and starts the load (2 x 1 MB at 4 GB/s + 0.5 ms = 1 ms); the replica waits for it and D
+    for a permit; at 3 ms C is admitted (hit 3 blocks), ends at 4 ms; D is sent at 4 ms and ends at 5 ms. Before
+    the fix both the engine and the reference spun at 2 ms forever."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+    code = "from test_vllm_client import hang_case; print(hang_case(True))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=here.parent, env=env, capture_output=True, text=True,
+                         timeout=900)  # a cold numba cache compiles the tiered kernel first (about 2 min)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fin, send = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own repr of two lists of ints
+    assert send == [0, 1, 2, 4] and fin == [1 * 10**9, 2 * 10**9, 4 * 10**9, 5 * 10**9]
+    rfin, rsend = hang_case(False)
+    assert rsend == send and rfin == fin

@@ -1085,9 +1085,9 @@ def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, 
                 j += 1
         if fm[0] < NP:
             break
-        for r in range(nrep):
-            if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:
-                cmin = min(cmin, rs[r, CLOCK])
+        for r in range(nrep):  # each busy replica's next step: its clock, or, idle on cpu loads (the pods ran up
+            if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:  # to t and it waits at t), its next landing or deadline
+                cmin = min(cmin, rs[r, CLOCK] if rs[r, CLOCK] > t else _next_wake(r, Q, rq, rs, wq))
         if fmin < T_BIG and fmin <= cmin:  # the next finish is settled: no step still to run ends before it
             t = -(-fmin // PS_MS) * PS_MS
         elif cmin == T_BIG:  # nothing will finish: the holders were never served
