@@ -227,3 +227,38 @@ def test_permits_with_async_loads_end():
     assert send == [0, 1, 2, 4] and fin == [1 * 10**9, 2 * 10**9, 4 * 10**9, 5 * 10**9]
     rfin, rsend = hang_case(False)
     assert rsend == send and rfin == fin
+
+
+def test_sweep_dataset_has_the_counters_and_the_outcome(tmp_path):
+    """``experiment=replay replica=vllm`` with ``grid.counter_mode`` and ``fleet.knobs.client_timeout_ms``: the
+    dataset's vLLM counters and outcome counts, self-describing (CF attributes), consistent with each other."""
+    import json  # noqa: PLC0415
+
+    import xarray as xr  # noqa: PLC0415
+
+    from cacheresearch.shell import cf  # noqa: PLC0415
+    from cacheresearch.shell.sweep import run_experiment  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(40):  # four shared prefixes of 6 blocks, a private tail each, 16-token blocks
+        g = int(rng.integers(0, 4))
+        ids = [100 * g + k for k in range(6)] + [1000 + 10 * i + k for k in range(int(rng.integers(1, 4)))]
+        lines.append(json.dumps(dict(timestamp=5 * i, input_length=16 * len(ids), output_length=20, hash_ids=ids)))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    run_experiment(["experiment=replay", "replica=vllm", f"trace.path={trace}", "trace.block_tokens=16",
+                    "cache.capacity_blocks=24", "fleet.knobs.client_timeout_ms=150",
+                    "grid.counter_mode=[per_attempt,per_admission]", "output.figure=false", "launch.progress=false"],
+                   tmp_path / "out")
+    with xr.open_dataset(tmp_path / "out" / "results.nc", engine="h5netcdf") as ds:
+        assert cf.missing(ds) == []
+        q, h = ds.vllm_prefix_cache_queries_tokens, ds.vllm_prefix_cache_hits_tokens
+        assert float(q.sel(counter_mode="per_attempt")) > float(q.sel(counter_mode="per_admission")) > 0
+        assert float(h.sel(counter_mode="per_admission")) > 0
+        assert float(ds.vllm_prefix_cache_hit_rate.sel(counter_mode="per_admission")) == pytest.approx(
+            float(h.sel(counter_mode="per_admission") / q.sel(counter_mode="per_admission")))
+        assert (ds.vllm_external_queries_tokens == 0).all()  # no cpu tier
+        total = ds.requests_ok + ds.requests_timed_out + ds.requests_failed
+        assert (total == 40).all() and int(ds.requests_timed_out.max()) > 0 and int(ds.requests_ok.min()) > 0
+        assert "units" in ds.requests_per_s.attrs and float(ds.requests_per_s.max()) > 0
