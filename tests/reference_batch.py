@@ -60,6 +60,15 @@ window_free_upto(W, its KV tokens, B) - 1``, groups in order, highest first: a c
 free-queue stamp when its last goes), a working block leaves at once; a step whose start freed something begins a
 new event. Finish and preemption release each group's keys tail first, groups in order, one stamp each. The
 routers' views read the first full-attention group's keys.
+vLLM's prefix-cache counters (``vllm_counters``, tokens, requests never preempted): every lookup (the admission scan
+reaching a request that holds no blocks) adds its prompt tokens and its local hit tokens under ``attempt``; an
+admission adds them under ``admission`` and, with a cpu tier, prompt - local hit tokens and its cpu-hit tokens to the
+external pair. The client's timeouts (``client_timeout_ms = T > 0``): a request's deadline is its send + T; at each
+step, after the finished requests are released, running requests whose deadline passed release their pins and leave
+(end -2), then waiting ones whose deadline passed and whose load is not in flight; a step at which a request is
+aborted is not decode-only; a replica idle on loads also wakes at the first deadline of a waiting request with no
+load in flight; a permit goes back at the holder's finish or deadline. ``status``: 0 ok (finished by its deadline),
+1 timed out, 2 never served.
 """
 
 from __future__ import annotations
@@ -145,7 +154,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     queue_slots=1024, max_running=256,
                     view="precise", index_capacity=31_250, instances=1, prefix_blocks=80, stale_lag_ms=1000,
                     local_load=False, kv_pressure=False, gie_hashes=None, gie_lru_capacity=31_250,
-                    load_refresh_ms=0, load_gauges=0, client_permits=0, policy="lru", ttl_ms=None, pool_knobs=None,
+                    load_refresh_ms=0, load_gauges=0, client_permits=0, client_timeout_ms=0, counter_mode=None,
+                    policy="lru", ttl_ms=None, pool_knobs=None,
                     cpu_blocks=0, cpu_mbps=0, cpu_latency_ps=0, block_bytes=0, overlap="sync", imported=None,
                     kv_groups=1, kv_window_groups=0, kv_window=0, **kn):
     """Simulate the fleet of vllm replicas request by request; returns per-request arrays and totals.
@@ -199,6 +209,10 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
     cpu_hit = [0] * N
     npre_out = [0] * N
     rep_of = [-1] * N
+    TO = int(client_timeout_ms)
+    dl = [float("inf")] * N  # the client's deadlines (ps): send + client_timeout_ms
+    # vLLM's prefix-cache counters (tokens; requests never preempted): [queries, local hits]
+    vc = {"attempt": [0, 0], "admission": [0, 0], "external": [0, 0]}
 
     def keyed(c, P):
         return min(c // B, P // B)
@@ -302,11 +316,35 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     if (q_keys[j], g) not in rp.stored]
         return [k for k in q_keys[:keyed(c_new, P)] if k not in rp.stored]
 
+    def due(rp: _Replica):
+        """A request is aborted at the step about to begin: its deadline passed (after its load's landing)."""
+        return (any(dl[q.i] <= rp.clock for q in rp.running if not q.done)
+                or any(max(dl[w[0]], w[3]) <= rp.clock for w in rp.waiting))
+
+    def abort(rp: _Replica):
+        """The client's timeouts at a step boundary: running requests (admission order), then waiting ones (queue
+        order, not one whose cpu load is in flight) whose deadline passed release their pins and leave."""
+        for q in [q for q in rp.running if dl[q.i] <= rp.clock]:
+            release(rp, q)
+            rp.work -= work_of(q)
+            fin[q.i] = -2
+        rp.running = [q for q in rp.running if dl[q.i] > rp.clock]
+        keep = deque()
+        for w in rp.waiting:
+            if dl[w[0]] <= rp.clock and w[3] <= rp.clock:
+                if w[3] >= 0:  # its landed load's blocks are pinned
+                    release(rp, _Req(w[0], 0, 0, 0, 0, 0))
+                fin[w[0]] = -2
+            else:
+                keep.append(w)
+        rp.waiting = keep
+
     def decode_only(rp: _Replica):
-        """The step about to begin only decodes (the events rule of the module docstring, less preemption)."""
+        """The step about to begin only decodes (the events rule of the module docstring, less preemption; no
+        request is aborted at it)."""
         n = len(rp.running)
         quiet = not rp.waiting or n >= seqs or n >= int(max_num_batched_tokens)
-        return n > 0 and quiet and not any(q.done or q.c < q.pt for q in rp.running)
+        return n > 0 and quiet and not any(q.done or q.c < q.pt for q in rp.running) and not due(rp)
 
     def step(rp: _Replica):
         quiet = decode_only(rp)
@@ -323,6 +361,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             release(rp, q)
             rp.work -= work_of(q)
         rp.running = [q for q in rp.running if not q.done]
+        if TO > 0:
+            abort(rp)
         window_release(rp)
         if not rp.has_work():
             rp.publish()
@@ -398,6 +438,9 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                             break
                         ch += 1
                     h += ch
+            if rdy < 0 and np_ == 0:  # vLLM's counters: a lookup (per_attempt counts every one)
+                vc["attempt"][0] += P
+                vc["attempt"][1] += (h - ch) * B
             start = overlap == "async" and rdy < 0 and ch > 0  # allocate the hit, load, schedule when it lands
             pt = P + dprev
             c0 = h * B
@@ -420,6 +463,12 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     continue
                 break
             if rdy < 0:
+                if np_ == 0:  # admitted: counted once (per_admission), the connector's (the cpu tier's) always here
+                    vc["admission"][0] += P
+                    vc["admission"][1] += (h - ch) * B
+                    if cpu_blocks > 0:
+                        vc["external"][0] += P - (h - ch) * B
+                        vc["external"][1] += ch * B
                 for k in pins:
                     rp.ref[k] = rp.ref.get(k, 0) + 1
                 if rp.pol is not None:  # the cached blocks the request reuses are the policy's hits
@@ -480,6 +529,12 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         assert len(rp.stored) + rp.work <= C
         return preempted
 
+    def wake(rp: _Replica):
+        """A replica idle on cpu loads: its next step, at the first landing after its clock or the first deadline
+        after it of a waiting request with no load in flight (None: none)."""
+        return min((w[3] if w[3] > rp.clock else dl[w[0]] for w in rp.waiting
+                    if w[3] > rp.clock or rp.clock < dl[w[0]] < float("inf")), default=None)
+
     def advance(now_t):
         for rp in reps:  # a decode-only stretch ends where the run-up ends
             rp.in_stretch = False
@@ -495,7 +550,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                     if rp.steps == s0 and rp.preempt == p0 and not rp.running and any(w[3] >= 0 for w in rp.waiting):
                         # async: nothing to run, nothing preempted, loads in flight: the next step starts when the
                         # first lands, or at the next event if that comes first
-                        t = min((w[3] for w in rp.waiting if w[3] > rp.clock), default=None)
+                        # (or at the first deadline of a waiting request with no load in flight)
+                        t = wake(rp)
                         assert t is not None, "waiting on no load"
                         if t <= now_t:
                             rp.clock = t
@@ -530,11 +586,13 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         t = max(arr_t, last_send[0])
         run_to(t, u)
         while True:
-            holders[:] = [h for h in holders if not 0 <= fin[h] <= t]
+            holders[:] = [h for h in holders if not (0 <= fin[h] <= t or dl[h] <= t)]  # a finish, a timeout
             if len(holders) < int(client_permits):
                 break
-            known = [fin[h] for h in holders if fin[h] >= 0]
-            busy = [rp.clock for rp in reps if rp.has_work()]
+            known = [fin[h] for h in holders if fin[h] >= 0] + [dl[h] for h in holders if dl[h] < float("inf")]
+            # each busy replica's next step: its clock, or, idle on cpu loads (it waits at t), its next wake
+            busy = [rp.clock if rp.clock > t else wake(rp) for rp in reps if rp.has_work()]
+            busy = [x for x in busy if x is not None]
             if known and (not busy or min(known) <= min(busy)):  # settled: no step left to run ends before it
                 t = _cdiv(min(known), PS_PER_MS) * PS_PER_MS
             elif not busy:  # nothing will finish: the holders were never served
@@ -556,6 +614,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
             sent[i] = client_send(i, sent[i] * PS_PER_MS, u) // PS_PER_MS
         now = sent[i]
         now_t = now * PS_PER_MS
+        if TO > 0:
+            dl[i] = now_t + TO * PS_PER_MS
         scrape_at(now, u)
         advance(now_t)
         for rp in reps:
@@ -637,6 +697,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         else:
             rp.dropped += 1
     advance(float("inf"))
+    # the client's outcome: 0 ok, 1 timed out (aborted, or its last token after the deadline), 2 never served
+    status = [1 if f == -2 or (f >= 0 and f > d) else (0 if f >= 0 else 2) for f, d in zip(fin, dl)]
     arr_t = [int(a) * PS_PER_MS for a in sent]  # latency from the send
     ttft_ms = [(_cdiv(t - a, PS_PER_MS) if f >= 0 else -1) for t, f, a in zip(ttft, fin, arr_t)]
     e2e_ms = [(_cdiv(f - a, PS_PER_MS) if f >= 0 else -1) for f, a in zip(fin, arr_t)]
@@ -652,4 +714,7 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         dropped=sum(rp.dropped + rp.rejected for rp in reps), busy_ps=[rp.busy for rp in reps],
         kv_max=[rp.kv_max for rp in reps], cached=[len(rp.stored) for rp in reps],
         cpu_hit_blocks=np.asarray(cpu_hit), offloaded=sum(rp.offloaded for rp in reps),
+        vllm_counters={m: vc[m if m == "attempt" else "admission"] + vc["external"] for m in ("attempt", "admission")},
+        status=np.asarray(status), requests_ok=status.count(0), requests_timed_out=status.count(1),
+        requests_failed=status.count(2),
     )

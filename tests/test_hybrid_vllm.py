@@ -202,3 +202,16 @@ def test_decode_stretches_end_where_the_window_frees(window):
     m, ref = _compare(w, R=1, router="round_robin", kv_groups=2, kv_window_groups=1, kv_window=window, **kn)
     _, dense = _compare(w, R=1, router="round_robin", **kn)
     assert ref["steps"] == dense["steps"] and dense["events"] < ref["events"] < ref["steps"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), cap=st.integers(40, 200), layout=st.sampled_from(LAYOUTS[:3]),
+       window=st.sampled_from([5, 17, 40]), timeout=st.sampled_from([20, 60, 200]), permits=st.sampled_from([0, 3]),
+       out=st.integers(0, 40), R=st.integers(1, 2))
+def test_hybrid_with_timeouts_equals_reference(seed, cap, layout, window, timeout, permits, out, R):
+    """The hybrid layout and the client's timeouts together: an abort comes before the step's window release (vLLM
+    aborts between steps, frees out-of-window blocks in schedule), in the engine's steps and its decode stretches."""
+    ng, wm = layout
+    w = _workload(seed, out)
+    _compare(w, R=R, router="round_robin", capacity_blocks=cap, max_num_batched_tokens=48, max_num_seqs=4,
+             kv_groups=ng, kv_window_groups=wm, kv_window=window, client_timeout_ms=timeout, client_permits=permits)

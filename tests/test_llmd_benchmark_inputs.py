@@ -735,3 +735,29 @@ def test_client_permits_close_the_loop(tmp_path):
     filed = run(heavy.replace("type: poisson", "type: poisson\n  num_workers: 1\n  worker_max_concurrency: 2"))
     assert filed.attrs["client_permits"] == 2 and "num_workers 1" in filed.attrs["client_permits_source"]
     np.testing.assert_array_equal(filed.ttft_p90_s.values, two.ttft_p90_s.values)
+
+
+def test_request_timeout_cuts_requests_off(tmp_path):
+    """The file's ``load.request_timeout`` is the replica's ``client_timeout_ms``: under load some requests time out
+    (a failure: ``timed_out``), every success ended within the timeout of its send (overhead 0: the client's TTFT
+    and its last token are the pods'), and without the key nothing times out."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+    from cacheresearch.studies.llmd_benchmark import summarize_llmd_benchmark
+
+    def run(text):
+        ip = _write(tmp_path, f"ipt{len(text)}.yaml", text)
+        llmd = dict(inference_perf=str(ip), epp={"load": str(BUNDLED / "epp-load-scheduling.yaml")}, stage_gap_s=60,
+                    max_running=8, overhead_ms=0)
+        cfg = OmegaConf.create(dict(kind="llmd_benchmark", name="to", seed=4, fleet=dict(replicas=2),
+                                    replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                    cache=dict(block_tokens=16, capacity_blocks=60), llmd=llmd))
+        return run_study(cfg)
+
+    heavy = SMALL_IP.replace("rate: 8", "rate: 40").replace("output_len: 6", "output_len: 60")
+    base = run(heavy)
+    cut = run(heavy.replace("type: poisson", "type: poisson\n  request_timeout: 0.8"))
+    assert int(base.timed_out.sum()) == 0 and 0 < int(cut.timed_out.sum()) < int(cut.n_requests.sum())
+    assert cut.attrs["request_timeout_s"] == 0.8 and "timed out per arm: load" in summarize_llmd_benchmark(cut)
+    assert float(cut.ttft_p90_s.max()) <= 0.8 < float(base.ttft_p90_s.max())  # the successes' TTFT only

@@ -13,7 +13,7 @@ from reference_batch import reference_batch
 from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, simulate, static_options
 from cacheresearch.core.stream import compile_stream
-from cacheresearch.metrics.core import finalize
+from cacheresearch.metrics.core import combine_limbs, finalize
 from cacheresearch.workload.gie_hashes import gie_hashes_from_keys
 from cacheresearch.workload.synthetic import tenant_workload
 
@@ -21,6 +21,7 @@ nv = pytest.importorskip("cacheresearch.backends.numba_vllm")
 
 _PER_REQUEST = ("ttft_ms", "e2e_ms", "hit_blocks", "preempted", "replica", "client_wait_ms")
 _FLOAT32_GAUGES = ("kv_acc", "q_acc", "kv_util_mean", "queue_len_mean", "kv_acc_at", "q_acc_at")
+_NUMBA_ONLY = ("vllm_counters_hi", "vllm_counters_lo")  # vLLM's own counters: the JAX replica leaves them 0
 
 
 def _workload(seed, out, n_tenants=4, rate=30, dur=2):
@@ -52,10 +53,14 @@ def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, gie_hashes=None, 
         assert bad.size == 0, (f, bad[:10], a[bad[:10]], b[bad[:10]])
     for f in ("preemptions", "steps", "events", "dropped"):
         assert int(getattr(mn, f)) == ref[f], f
+    mode = "admission" if kn.get("counter_mode") == "per_admission" else "attempt"
+    assert combine_limbs(mn.vllm_counters_hi, mn.vllm_counters_lo).tolist() == ref["vllm_counters"][mode]
     if not jax_too:
         return ref
     mj = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=S, queue_slots=Q)
     for f in mj._fields:
+        if f in _NUMBA_ONLY:
+            continue
         a, b = np.asarray(getattr(mj, f)), np.asarray(getattr(mn, f))
         assert a.shape == b.shape, (f, a.shape, b.shape)
         if f in _FLOAT32_GAUGES:  # float32 integrals: the same sums, rounding aside
@@ -67,12 +72,13 @@ def _compare(w, *, R, router, S=6, Q=64, seed=0, jax_too=True, gie_hashes=None, 
 
 _CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(30, 200), budget=st.sampled_from([16, 48, 200, 4096]),
               seqs=st.integers(1, 6), R=st.integers(1, 3), out=st.integers(0, 40),
+              mode=st.sampled_from(["per_attempt", "per_admission"]),
               router=st.sampled_from(["round_robin", "random", "llmd_precise", "llmd_approximate", "cache_aware",
                                       "least_loaded", "kubeai_chwbl", "preble", "dynamo_kv", "power_of_two"]))
 
 
-def _case(seed, cap, budget, seqs, R, out, router, jax_too):
-    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs)
+def _case(seed, cap, budget, seqs, R, out, router, jax_too, mode="per_attempt"):
+    kn = dict(capacity_blocks=cap, max_num_batched_tokens=budget, max_num_seqs=seqs, counter_mode=mode)
     if router == "llmd_approximate":
         kn["index_capacity"] = cap // 2 + 20  # an index that forgets
     _compare(_workload(seed, out), R=R, router=router, jax_too=jax_too, **kn)

@@ -14,7 +14,7 @@ from reference_batch import reference_batch
 from cacheresearch.core.params import make_params, resolve_router
 from cacheresearch.core.simulate import request_bits, simulate, static_options
 from cacheresearch.core.stream import compile_stream
-from cacheresearch.metrics.core import finalize
+from cacheresearch.metrics.core import combine_limbs, finalize
 from cacheresearch.tiers import TierError
 from cacheresearch.workload.synthetic import tenant_workload
 from cacheresearch.workload.table import Workload
@@ -64,6 +64,8 @@ def _compare(w, *, R, router, tier, seed=0, **kn):
     for f in ("preemptions", "steps", "events", "dropped"):
         assert int(getattr(m, f)) == ref[f], f
     assert off == ref["offloaded"]
+    mode = "admission" if kn.get("counter_mode") == "per_admission" else "attempt"
+    assert combine_limbs(m.vllm_counters_hi, m.vllm_counters_lo).tolist() == ref["vllm_counters"][mode]
     # every request is served or dropped (none left waiting on a load), and no replica stalled
     assert int((np.asarray(m.e2e_ms) >= 0).sum()) + int(m.dropped) == w.n_requests
     assert not bool(m.time_overflow)
@@ -78,13 +80,14 @@ def _compare(w, *, R, router, tier, seed=0, **kn):
        budget=st.sampled_from([16, 48, 200, 4096]), seqs=st.integers(1, 6), R=st.integers(1, 3),
        out=st.integers(0, 30), gbps=st.sampled_from([0.5, 4.0, 50.0]), lat=st.sampled_from([0.0, 10.0, 700.0]),
        router=st.sampled_from(["round_robin", "random", "llmd_precise", "cache_aware", "least_loaded", "preble",
-                               "dynamo_kv", "kubeai_chwbl"]), overlap=st.sampled_from(tv.OVERLAP_MODES))
-def test_equals_reference_hypothesis(seed, cap, cpu, budget, seqs, R, out, gbps, lat, router, overlap):
+                               "dynamo_kv", "kubeai_chwbl"]), overlap=st.sampled_from(tv.OVERLAP_MODES),
+       mode=st.sampled_from(["per_attempt", "per_admission"]))
+def test_equals_reference_hypothesis(seed, cap, cpu, budget, seqs, R, out, gbps, lat, router, overlap, mode):
     """Request by request against the reference (both overlap models): TTFT, end, hit and cpu-hit blocks,
-    preemptions, steps, events, busy time to the ps, blocks offloaded."""
+    preemptions, steps, events, busy time to the ps, blocks offloaded, vLLM's prefix-cache counters (both modes)."""
     tier = tv.cpu_tier(capacity_blocks=cpu, read_gbps=gbps, latency_us=lat, block_bytes=2**21, overlap=overlap)
     _compare(_workload(seed, out), R=R, router=router, tier=tier, capacity_blocks=cap, max_num_batched_tokens=budget,
-             max_num_seqs=seqs)
+             max_num_seqs=seqs, counter_mode=mode)
 
 
 @pytest.mark.parametrize("overlap", ["sync", "async"])
@@ -139,6 +142,8 @@ def _capacity_zero(router, R, kn, *, jax_too: bool):
         return
     mj = simulate(s, p, key, max_replicas=R, scheduler="vllm", max_running=6, queue_slots=64)
     for f in mj._fields:
+        if f in ("vllm_counters_hi", "vllm_counters_lo"):  # vLLM's own counters: the JAX replica leaves them 0
+            continue
         a, b = np.asarray(getattr(mj, f)), np.asarray(getattr(mt, f))[0]
         np.testing.assert_array_equal(b, a, err_msg=f)
 
@@ -166,6 +171,9 @@ def test_hand_worked_offload_and_reload():
     assert np.asarray(m.hit_blocks).tolist() == [0, 0, 3, 3, 1]
     assert cpu.tolist() == [0, 0, 2, 0, 1]
     assert off == 2 + 3 + 1 + 3
+    # vLLM's counters (tokens): queries 48 + 48 + 64 + 64 + 48, local hits C 16 and D 48; the connector's queries
+    # are the tokens past the local hit (48 + 48 + 48 + 16 + 48), its hits C's 2 and E's 1 cpu blocks
+    assert combine_limbs(m.vllm_counters_hi, m.vllm_counters_lo).tolist() == [272, 64, 208, 48]
     assert int(np.asarray(m.busy_ms)[0]) == 17  # 4 + 4 + 3 + 2 + 3.75 ms, rounded up
     assert int(np.asarray(m.max_occupancy)[0]) == 4  # C's 3 hit blocks and 1 computed fill the pool
     m0, cpu0, off0 = _tiered(w, p, jax.random.key(0), tv.cpu_tier(block_bytes=1_000_000), R=1)

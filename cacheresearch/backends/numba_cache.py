@@ -400,6 +400,8 @@ def assemble(stream: Stream, P: dict, st, rep, nrep, out, n_out: int | None = No
         copies_n=ints[:, 5].astype(np.int32), over_n=ints[:, 6].astype(np.int32), over_q=ints[:, 7].astype(np.int32),
         tpot_ms_hi=z, tpot_ms_lo=z, tpot_ns_hi=z, tpot_ns_lo=z, tpot_n=z, output_tokens_hi=z,
         output_tokens_lo=z, kv_capacity=P["capacity"].astype(np.int32), kv_acc=zf, q_acc=zf.copy(),
+        requests_ok=np.full(G, n, np.int32), requests_timed_out=z, requests_failed=z, status=empty,
+        vllm_counters_hi=np.zeros((G, 4), np.int32), vllm_counters_lo=np.zeros((G, 4), np.int32),
     )
 
 

@@ -87,10 +87,13 @@ RD = None  # the dispatch on a router code (cacheresearch.routers.dispatch.bind 
 
 # per-replica integer state, columns of rs [R, NRS]
 (CTR, CACHED, PINNED, WORK, NRUN, WHEAD, WCOUNT, CLOCK, LREQ, LBLK, STEPS, BUSY, KVMAX, PREEMPT, DROPPED, REJECTED,
- STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL, NLOAD, LINK) = range(30)
+ STUCK, TOVER, FPTR, FCNT, EVENTS, PUBW, PUBKV, PENT, PENW, PENKV, LOADP, OFFL, NLOAD, LINK,
+ VQA, VHA, VQM, VHM, VQE, VHE) = range(36)
 # LOADP: the cpu tier's loads of the requests admitted in the step being built (ps, sync); OFFL: blocks offloaded;
-# NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free
-NRS = 30
+# NLOAD: waiting requests whose blocks are allocated for a cpu load (async); LINK: when the replica's link is free;
+# vLLM's prefix-cache counters (tokens, requests never preempted; _count): VQA / VHA queries and local hits at every
+# lookup (per_attempt), VQM / VHM at admissions only (per_admission), VQE / VHE the connector's (the cpu tier's)
+NRS = 36
 # running slots, columns of sl [R, S, NSL] (SCPU: the admission's cpu-hit blocks)
 # SWF: a hybrid layout's window groups have freed the request's blocks below this one (window_free_upto)
 SREQ, SC, SPT, SD, SD0, SHIT, SNPRE, STOK, SPREF, SDONE, SCPU, SWF = range(12)
@@ -98,14 +101,15 @@ NSL = 12
 #: a request's cpu-hit blocks leave the kernel packed above its hit blocks: hitb = hit + cpu hit x CPU_SHIFT
 CPU_SHIFT = 2**32
 # the stream, columns of rq [N, NRQ] (per request); QIMP: prompt tokens whose KV arrives with the request (a P/D
-# decode pool, cacheresearch/fleet/disagg.py): computed at its first admission, at most input - 1
-QARR, QNB, QIN, QOUT, QOFF, QNR, QE0, QIMP = range(8)
-NRQ = 8
+# decode pool, cacheresearch/fleet/disagg.py): computed at its first admission, at most input - 1; QDL: the client's
+# deadline (ps; T_BIG: none; client_timeout_ms: set at the send in a private copy)
+QARR, QNB, QIN, QOUT, QOFF, QNR, QE0, QIMP, QDL = range(9)
+NRQ = 9
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS) = range(42)
-NPI = 42
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS, TOUT) = range(43)
+NPI = 43
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
@@ -113,7 +117,7 @@ _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_n
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
               "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges", "gie_active_w_pct",
-              "gie_active_timeout_ms", "client_permits")
+              "gie_active_timeout_ms", "client_permits", "client_timeout_ms")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -766,6 +770,24 @@ def _landed_first(r, Q, rs, wq):
 
 
 @njit(cache=True)
+def _count(r, ntok, loc, ext, admitted, rs, pc):
+    """vLLM's prefix-cache counters (tokens) for one lookup of a request never preempted (a preempted request's
+    go to its ``preempted_*`` counters, not exported): ``vllm:prefix_cache_queries`` += its tokens, ``_hits`` += the
+    local hit ``loc``, at every lookup (``VQA``, vLLM before PR #48860: ``get_computed_blocks`` counted each
+    scheduling attempt) or at the admission only (``VQM``, after it); with a cpu tier (a KV connector) at the
+    admission ``vllm:external_prefix_cache_queries`` += ``ntok - loc`` and ``_hits`` += its hit ``ext``."""
+    if not admitted:
+        rs[r, VQA] += ntok
+        rs[r, VHA] += loc
+        return
+    rs[r, VQM] += ntok
+    rs[r, VHM] += loc
+    if pc[PC_CPU] > 0:
+        rs[r, VQE] += ntok - loc
+        rs[r, VHE] += ext
+
+
+@njit(cache=True)
 def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 3: admit waiting requests FCFS while the budget, max_num_seqs and the pool allow; their
     prefix is matched and pinned now, their first chunk scheduled; larger than the whole pool: rejected.
@@ -802,6 +824,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             if pc[PC_CPU] > 0 and hit == g0:
                 ch = _cpu_lead(r, log0, e0, p, g0, max(Ph - 1, 0) // bt, pbl)
                 hit += ch
+        if rdy < 0 and np_ == 0:  # a lookup of a request never preempted (vLLM's get_computed_blocks)
+            _count(r, Ph, (hit - ch) * bt, ch * bt, False, rs, pc)
         start = asy and rdy < 0 and ch > 0  # async: allocate the hit blocks and start the load; schedule later
         pt = Ph + dprev
         c0 = hit * bt
@@ -835,6 +859,8 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
             rs[r, LBLK] -= rq[h, QNB]
             rs[r, LREQ] -= 1
             continue
+        if rdy < 0 and np_ == 0:  # admitted: the lookup counted once (the connector's, which vLLM counts here always)
+            _count(r, Ph, (hit - ch) * bt, ch * bt, True, rs, pc)
         if rdy < 0 and hy:
             _hy_pins(r, h, s0, True, rq, log0, rs, ps, pref, pc)
         elif rdy < 0:
@@ -875,6 +901,77 @@ def _admit(r, bt, Q, max_seqs, pi, rq, log0, rs, sl, wq, ps, pref, pst, frun, fs
         sl[r, k, SCPU], sl[r, k, SWF] = ch, s0
         rs[r, NRUN] = k + 1
         left -= tk
+
+
+@njit(cache=True)
+def _abort(r, bt, Q, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc, fin):
+    """The client's timeouts at a step boundary (the replica's clock): vLLM aborts the requests whose clients gave
+    up (the API server's abort on a disconnect; the engine's ``finish_requests(FINISHED_ABORTED)`` before the next
+    schedule): running ones in admission order, then waiting ones in queue order, release their pins (their blocks
+    enter the free queue as at a finish, still cached) and leave; one whose cpu load is in flight waits for its
+    landing. An aborted request's end is -2 (not served)."""
+    now = rs[r, CLOCK]
+    k = 0
+    for i in range(rs[r, NRUN]):
+        h = sl[r, i, SREQ]
+        if rq[h, QDL] <= now:
+            c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
+            if _hy(pc):  # a hybrid layout: every group's blocks, as at a finish (_release_done)
+                _hy_release(r, h, sl[r, i, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                rs[r, WORK] -= _hy_work(pc, _kv(c, pt, d, d0), _keyed(c, rq[h, QIN], bt), sl[r, i, SWF], bt)
+            else:
+                _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+                rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
+            rs[r, LREQ] -= 1
+            rs[r, LBLK] -= rq[h, QNB]
+            fin[h] = -2
+        else:
+            if k != i:
+                sl[r, k, :] = sl[r, i, :]
+            k += 1
+    rs[r, NRUN] = k
+    j = 0
+    while j < rs[r, WCOUNT]:
+        pos = (rs[r, WHEAD] + j) % Q
+        h, rdy = wq[r, pos, 0], wq[r, pos, 3]
+        if rq[h, QDL] > now or rdy > now:
+            j += 1
+            continue
+        if rdy >= 0:  # its load landed: its blocks are pinned
+            _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+            rs[r, NLOAD] -= 1
+        _wq_remove(r, j, Q, rs, wq)
+        rs[r, LREQ] -= 1
+        rs[r, LBLK] -= rq[h, QNB]
+        fin[h] = -2
+
+
+@njit(cache=True)
+def _next_abort(r, Q, rq, rs, sl, wq):
+    """The first step boundary time at which a request of replica ``r`` is aborted: its deadline, after its cpu
+    load's landing for one in flight (T_BIG: none)."""
+    t = T_BIG
+    for i in range(rs[r, NRUN]):
+        t = min(t, rq[sl[r, i, SREQ], QDL])
+    for k in range(rs[r, WCOUNT]):
+        pos = (rs[r, WHEAD] + k) % Q
+        t = min(t, max(rq[wq[r, pos, 0], QDL], wq[r, pos, 3]))
+    return t
+
+
+@njit(cache=True)
+def _next_wake(r, Q, rq, rs, wq):
+    """An idle replica waiting on cpu loads: its next step, at the first landing after its clock or at the first
+    deadline after it of a waiting request with no load in flight (T_BIG: none)."""
+    t = T_BIG
+    for k in range(rs[r, WCOUNT]):
+        pos = (rs[r, WHEAD] + k) % Q
+        x, d = wq[r, pos, 3], rq[wq[r, pos, 0], QDL]
+        if x > rs[r, CLOCK]:
+            t = min(t, x)
+        elif d > rs[r, CLOCK]:
+            t = min(t, d)
+    return t
 
 
 @njit(cache=True)
@@ -965,9 +1062,12 @@ def _run_step(r, pi, rq, rs, fs, sl, ttft, fin, hitb, npre):
 @njit(cache=True)
 def _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc, ttft, fin,
           hitb, npre):
-    """One engine step of replica ``r`` (replica.vllm.replica_step); ``ttl_refresh`` expires first."""
+    """One engine step of replica ``r`` (replica.vllm.replica_step); ``ttl_refresh`` expires first; the client's
+    timeouts abort after the finished requests are released (:func:`_abort`)."""
     _expire(r, rs[r, CLOCK], rs, ps, pref, pst, frun, fst, pbl, pq, pc)
     _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
+    if pi[TOUT] > 0:  # vLLM's aborts (finish_requests) come between steps, before the window's release (schedule)
+        _abort(r, bt, Q, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc, fin)
     _hy_window(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
     preempted, stuck = _schedule_running(r, bt, Q, pi, rq, log0, rs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc)
     if stuck:
@@ -997,8 +1097,8 @@ def _stretch_blocks(r, dn, n, bt, rq, sl):
 
 
 @njit(cache=True)
-def _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc, fin, hitb,
-             npre):
+def _stretch(r, now_t, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc, fin,
+             hitb, npre):
     """The decode-only steps of replica ``r`` up to its next event, at once (replica.vllm._decode_stretch);
     False (the pool as it was, less a hybrid layout's window release of the step's start) where no stretch applies.
     A hybrid layout: every group allocates (``kv_groups`` x the blocks), and the stretch ends at the first step after
@@ -1012,6 +1112,8 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, fr
             return False
     dn = min(nrun, budget)
     f, ctx0 = BIG, 0
+    if pi[TOUT] > 0 and _next_abort(r, Q, rq, rs, sl, wq) <= rs[r, CLOCK]:
+        return False  # an abort at this step's start: _step aborts before the window's release
     _hy_window(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)  # the first step's start
     for i in range(dn):
         h = sl[r, i, SREQ]
@@ -1026,11 +1128,12 @@ def _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, fr
     lin = 1000 * (pi[BASE] + pi[DEC_NS] * dn)
     if lin == 0 and cps == 0:
         lin = 1
+    dl = _next_abort(r, Q, rq, rs, sl, wq) if pi[TOUT] > 0 else T_BIG  # no step at or after an abort
     lo, hi = 0, f
     while lo < hi:
         mid = lo + (hi - lo + 1) // 2
-        ok = (ng * _stretch_blocks(r, dn, mid, bt, rq, sl) <= room
-              and rs[r, CLOCK] + _stretch_total(lin, cps, ctx0, dn, mid - 1) <= now_t)
+        start = rs[r, CLOCK] + _stretch_total(lin, cps, ctx0, dn, mid - 1)
+        ok = ng * _stretch_blocks(r, dn, mid, bt, rq, sl) <= room and start <= now_t and start < dl
         if ok:
             lo = mid
         else:
@@ -1079,8 +1182,8 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
     for r in range(nrep):
         while (rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0) and rs[r, CLOCK] <= now_t:
             rs[r, EVENTS] += 1  # one event: a decode-only stretch or one engine step (metrics.core.Metrics)
-            if not _stretch(r, now_t, bt, max_seqs, pi, rq, log0, rs, fs, sl, ps, pref, pst, frun, fst, pbl, pq, pc,
-                            fin, hitb, npre):
+            if not _stretch(r, now_t, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, ps, pref, pst, frun, fst, pbl, pq,
+                            pc, fin, hitb, npre):
                 s0, p0 = rs[r, STEPS], rs[r, PREEMPT]
                 _step(r, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq, pc,
                       ttft, fin,
@@ -1088,7 +1191,7 @@ def _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps
                 if rs[r, NLOAD] > 0 and rs[r, STEPS] == s0 and rs[r, NRUN] == 0 and rs[r, PREEMPT] == p0:
                     # nothing to run, nothing preempted, cpu loads in flight (async): the next step starts when the
                     # first lands, or at the next event (an arrival) if that comes first
-                    t = _next_landing(r, Q, rs, wq)
+                    t = _next_wake(r, Q, rq, rs, wq)
                     if t == T_BIG:  # cannot happen (the admission rejects what waits on nothing); never spin
                         rs[r, STUCK] = 1
                         break
@@ -1193,28 +1296,29 @@ def _client_send(i, arr_t, NP, fl, fm, u, ninst, nrep, bt, Q, max_seqs, pi, rq, 
     """inference-perf's permits (``client_permits = NP``; replica.vllm docs): request ``i``, scheduled at
     ``arr_t``, takes a permit in send order, at ``max(arr_t, the previous send)`` when fewer than ``NP``
     earlier requests hold one, else at the first whole ms at or after the next finish; it holds it to its
-    finish. Returns the send (ps, whole ms). Requests that will never finish (dropped, rejected) give theirs
-    back when no pod has work left."""
+    finish, or to its deadline (``client_timeout_ms``: the client gives up). Returns the send (ps, whole ms).
+    Requests that will never finish (dropped, rejected) give theirs back when no pod has work left."""
     t = max(arr_t, fm[1])
     _run_to(t, u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq,
             pc, ttft, fin,
             hitb, npre, scr, sq, skv, a)
     while True:
         j, fmin, cmin = 0, T_BIG, T_BIG
-        while j < fm[0]:  # the permits given back by t; the earliest known finish of the others
+        while j < fm[0]:  # the permits given back by t (a finish, a timeout); the earliest known one of the others
             h = fl[j]
-            if 0 <= fin[h] <= t:
+            if 0 <= fin[h] <= t or rq[h, QDL] <= t:
                 fm[0] -= 1
                 fl[j] = fl[fm[0]]
             else:
                 if fin[h] >= 0:
                     fmin = min(fmin, fin[h])
+                fmin = min(fmin, rq[h, QDL])
                 j += 1
         if fm[0] < NP:
             break
-        for r in range(nrep):
-            if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:
-                cmin = min(cmin, rs[r, CLOCK])
+        for r in range(nrep):  # each busy replica's next step: its clock, or, idle on cpu loads (the pods ran up
+            if rs[r, NRUN] > 0 or rs[r, WCOUNT] > 0:  # to t and it waits at t), its next landing or deadline
+                cmin = min(cmin, rs[r, CLOCK] if rs[r, CLOCK] > t else _next_wake(r, Q, rq, rs, wq))
         if fmin < T_BIG and fmin <= cmin:  # the next finish is settled: no step still to run ends before it
             t = -(-fmin // PS_MS) * PS_MS
         elif cmin == T_BIG:  # nothing will finish: the holders were never served
@@ -1399,8 +1503,8 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     scr, sq, skv, kvu = np.full(1, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     ac = np.zeros(R, np.int64)  # the active-request tracker's counts (gie_active_w_pct > 0)
     NP = pi[PERMITS]
-    if NP > 0:  # the client's permits: the sends (the arrival column of a private copy) follow the finishes
-        rq = rq.copy()
+    if NP > 0 or pi[TOUT] > 0:  # the client's permits: the sends (the arrival column of a private copy) follow the
+        rq = rq.copy()  # finishes; its timeouts: the deadlines (QDL)
     fl = np.zeros(min(max(NP, 0), N) + 1, np.int64)  # the requests holding a permit
     fm = np.zeros(2, np.int64)  # (how many, the last send in ps)
     for i in range(N):
@@ -1413,6 +1517,8 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             snd[g, i] = rq[i, QARR]
         else:
             now_t = rq[i, QARR] * PS_MS
+        if pi[TOUT] > 0:  # the client gives up at send + its timeout
+            rq[i, QDL] = now_t + pi[TOUT] * PS_MS
         _scrape(rq[i, QARR], u, ninst, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun,
                 fst, pbl, pq, pc, ttft[g], fin[g], hitb[g], npre[g], scr, sq, skv, a)
         _advance(now_t, nrep, bt, Q, max_seqs, pi, rq, log0, rs, fs, sl, wq, tmp, ps, pref, pst, frun, fst, pbl, pq,
@@ -1664,8 +1770,9 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
         if np.any(ent[:, 0] >= K) or np.any(run_len[np.minimum(ent[:, 0], K - 1)] != ent[:, 1]):
             raise ValueError("the vllm replica needs compile_stream(..., stateful_singletons=True) (whole runs)")
     host["imported"] = np.zeros(n, np.int64) if imported is None else np.asarray(imported, np.int64)[:n]
+    host["deadline"] = np.full(n, T_BIG, np.int64)  # the client's deadlines: none until a send sets one
     rq = np.stack([host[k] for k in ("arrival_ms", "n_blocks", "input_tokens", "output_tokens", "offset", "n_runs",
-                                     "entry0", "imported")], axis=1)
+                                     "entry0", "imported", "deadline")], axis=1)
     pkey = np.stack([np.asarray(stream.key_hi), np.asarray(stream.key_lo)], axis=1).astype(np.int64)
     bits = np.stack([np.asarray(request_bits(k, n + 1))[:n] for k in keys]).astype(np.int64)
     R = st.max_replicas
@@ -1681,6 +1788,17 @@ def _run_part(stream: Stream, P: dict, pc, keys, st, n_out, per_block: bool, cpu
     if cpu_out is not None:
         cpu_out += [hitb >> 32, out[5][:, :, OFFL].sum(axis=1)]
     return _metrics(stream, P, st, out, n, n if n_out is None else int(n_out))
+
+
+def _outcome(P, fin_t, arr):
+    """The client's outcome per request (inference-perf: a request with no error is a success): 0 ok, 1 timed out
+    (``client_timeout_ms``: aborted, its end -2, or its last token after the deadline, send + timeout), 2 failed
+    (never served); and its end for the run's span (ms): the last token's, the deadline, 0."""
+    T = P["client_timeout_ms"].astype(np.int64)[:, None]
+    served = fin_t >= 0
+    timed = (T > 0) & ((fin_t == -2) | (served & (fin_t > (arr + T) * PS_MS)))
+    status = np.where(timed, 1, np.where(served, 0, 2))
+    return status, np.where(status == 0, _ceil_ms(fin_t), np.where(status == 1, arr + T, 0))
 
 
 def _metrics(stream, P, st, out, n, no) -> Metrics:
@@ -1700,7 +1818,8 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     hit_b = np.where(served, hitb, 0)
     hit_tok = np.where(hit_b > (inp // bt)[None], inp[None], hit_b * bt)
     t0 = arr0[0] if n else 0
-    lat = served & ((arr0 - t0)[None] >= P["warmup_ms"].astype(np.int64)[:, None])
+    status, end_ms = _outcome(P, fin_t, arr)  # latency and throughput over the successes (inference-perf's)
+    lat = (status == 0) & ((arr0 - t0)[None] >= P["warmup_ms"].astype(np.int64)[:, None])
     nl = lat.sum(axis=1)
     srt_t = np.sort(np.where(lat, ttft_ms, MS_LIM), axis=1)
     srt_e = np.sort(np.where(lat, e2e_ms, MS_LIM), axis=1)
@@ -1710,7 +1829,7 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     ms, rem = d // PS_MS, d % PS_MS
     q_ms, q_ns = ms // k, ((ms % k) * PS_MS + rem) // (1000 * k)
     active = np.arange(R)[None] < np.clip(P["replicas"].astype(np.int64), 1, R)[:, None]
-    last_ms = np.max(np.where(served, _ceil_ms(fin_t), 0), axis=1, initial=0)
+    last_ms = np.max(end_ms, axis=1, initial=0)
     horizon = np.maximum(np.maximum(last_ms, arr[:, max(n - 1, 0)] if n else 0) - t0, 1)
     busy_ms = (-(-rs[:, :, BUSY] // PS_MS)).astype(np.int32)
     hr = np.clip(np.where(served, repof, 0), 0, R - 1)
@@ -1741,9 +1860,16 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
     th, tl = lim(np.where(lat, ttft_ms, 0))
     qh, ql = lim(np.where(multi, q_ms, 0))
     fh, fl = lim(np.where(multi, q_ns, 0))
-    oh, ol = lim(np.where(served, outp[None], 0))
+    oh, ol = lim(np.where(status == 0, outp[None], 0))
     nan = np.full(G, np.nan, np.float32)
     wa = lambda x: np.where(active, x, 0)  # noqa: E731
+    # vLLM's prefix-cache counters as the configuration's counter_mode counts them (0 per_attempt, 1 per_admission)
+    adm = (P["counter_mode"] != 0)[:, None]
+    vc = np.stack([wa(np.where(adm, rs[:, :, VQM], rs[:, :, VQA])).sum(axis=1),
+                   wa(np.where(adm, rs[:, :, VHM], rs[:, :, VHA])).sum(axis=1),
+                   wa(rs[:, :, VQE]).sum(axis=1), wa(rs[:, :, VHE]).sum(axis=1)], axis=1)
+    vch, vcl = _limbs(vc)
+    nok = (status == 0).sum(axis=1)
     return Metrics(
         token_hit_rate=nan, request_hit_rate=nan, hit_tokens_hi=hh, hit_tokens_lo=hl,
         requests_hit=(served & (hit_b > 0)).sum(axis=1).astype(np.int32),
@@ -1773,6 +1899,9 @@ def _metrics(stream, P, st, out, n, no) -> Metrics:
         output_tokens_hi=oh, output_tokens_lo=ol, kv_capacity=P["capacity"].astype(np.int32),
         kv_acc=np.where(active, fs[:, :, 0], np.float32(0)).astype(np.float32),
         q_acc=np.where(active, fs[:, :, 1], np.float32(0)).astype(np.float32),
+        requests_ok=nok.astype(np.int32), requests_timed_out=(status == 1).sum(axis=1).astype(np.int32),
+        requests_failed=(n - nok - (status == 1).sum(axis=1)).astype(np.int32), status=per_req(status, 2),
+        vllm_counters_hi=vch, vllm_counters_lo=vcl,
     )
 
 

@@ -334,18 +334,20 @@ _POLICY_NAME = {spec.id: n for n, spec in POLICIES.items()}
 
 def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tuple[str, list]:
     """(the backend of configuration ``p``, what numba does not cover of it) under ``backend=``; a closed-loop
-    client (``client_permits > 0``), the vllm pool's orders beyond leaf-first LRU (``ttl_refresh``, ``fifo``,
-    ``sieve``, ``s3fifo``), a router with no JAX rule (one with state) and a per-block policy with no JAX rule are the
-    numba backends' only, so ``auto`` takes numba for them on any host."""
-    closed = int(getattr(p, "client_permits", 0)) > 0
+    client (``client_permits > 0``; its timeouts, ``client_timeout_ms > 0``), a hybrid KV layout (``kv_groups``),
+    the vllm pool's orders beyond leaf-first LRU (``ttl_refresh``, ``fifo``, ``sieve``, ``s3fifo``), a router with
+    no JAX rule (one with state) and a per-block policy with no JAX rule are the numba backends' only, so ``auto``
+    takes numba for them on any host."""
+    closed = int(getattr(p, "client_permits", 0)) > 0 or int(getattr(p, "client_timeout_ms", 0)) > 0
     hybrid = int(getattr(p, "kv_groups", 1)) > 1 or int(getattr(p, "kv_window_groups", 0)) != 0
     norule = any(r.rule is None for r in REGISTRY.routers() if r.id == int(p.router))  # a numba rule only
     nojax = needs[4] and needs[4] not in JAX_RULES  # a per-block policy with a numba kernel only
     numba_only = closed or hybrid or norule or nojax or (scheduler == "vllm"
                                                and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
     if closed and (backend == "jax" or not numba_available()):
-        raise BackendError("client_permits > 0 (the client's permits: a closed loop) is modelled by the numba vllm "
-                           "backend only: engine.backend=auto or numba, with numba installed")
+        raise BackendError("client_permits > 0 or client_timeout_ms > 0 (the client's permits, its timeouts) is "
+                           "modelled by the numba vllm backend only: engine.backend=auto or numba, with numba "
+                           "installed")
     if hybrid and (backend == "jax" or not numba_available()):
         raise BackendError("kv_groups > 1 or kv_window_groups (a hybrid KV layout) is modelled by the numba vllm "
                            "backend only: engine.backend=auto or numba, with numba installed")

@@ -445,6 +445,9 @@ def _finish(stream, params, c: Carry, out, st: Static, active, replicas, is_s3) 
         tpot_ms_hi=z, tpot_ms_lo=z, tpot_ns_hi=z, tpot_ns_lo=z, tpot_n=z,
         output_tokens_hi=z, output_tokens_lo=z, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
         kv_acc=zf, q_acc=zf,
+        requests_ok=jnp.asarray(nreal, jnp.int32), requests_timed_out=z, requests_failed=z,
+        status=jnp.zeros((0,), jnp.int32), vllm_counters_hi=jnp.zeros(4, jnp.int32),
+        vllm_counters_lo=jnp.zeros(4, jnp.int32),
     )
 
 
@@ -491,18 +494,20 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
     if st.per_request:
         per = dict(hit_blocks=hit_b, hit_tokens=hit_tok, replica=jnp.where(is_real, c.rep_of[:N], -1), ttft_ms=ttft_ms,
                    match=jnp.zeros((N, R), jnp.int32), e2e_ms=e2e_ms, preempted=c.npre[:N],
-                   client_wait_ms=jnp.zeros((N,), jnp.int32), kv_acc_at=c.acc_kv[:N], q_acc_at=c.acc_q[:N])
+                   client_wait_ms=jnp.zeros((N,), jnp.int32), kv_acc_at=c.acc_kv[:N], q_acc_at=c.acc_q[:N],
+                   status=jnp.where(served, 0, 2).astype(jnp.int32))
     else:
         z0 = jnp.zeros((0,), jnp.int32)
         per = dict(hit_blocks=z0, hit_tokens=z0, replica=z0, ttft_ms=z0, match=jnp.zeros((0, R), jnp.int32),
                    e2e_ms=z0, preempted=z0, client_wait_ms=z0, kv_acc_at=z0.astype(jnp.float32),
-                   q_acc_at=z0.astype(jnp.float32))
+                   q_acc_at=z0.astype(jnp.float32), status=z0)
     hit_hi, hit_lo = _sum_limbs(jnp.where(served, hit_tok, 0))
     inp_hi, inp_lo = _sum_limbs(jnp.where(is_real, inp, 0))
     ttft_hi, ttft_lo = _sum_limbs(jnp.where(lat, ttft_ms, 0))
     tq_hi, tq_lo = _sum_limbs(jnp.where(multi, q_ms, 0))
     tf_hi, tf_lo = _sum_limbs(jnp.where(multi, q_ns, 0))
     out_hi, out_lo = _sum_limbs(jnp.where(served, out, 0))
+    nok = jnp.sum(served.astype(jnp.int32))
     return Metrics(
         token_hit_rate=nan, request_hit_rate=nan,
         hit_tokens_hi=hit_hi, hit_tokens_lo=hit_lo,
@@ -532,6 +537,8 @@ def _finish_vllm(stream, params, c, st: Static, active, replicas) -> Metrics:
         tpot_ms_hi=tq_hi, tpot_ms_lo=tq_lo, tpot_ns_hi=tf_hi, tpot_ns_lo=tf_lo, tpot_n=nm,
         output_tokens_hi=out_hi, output_tokens_lo=out_lo, kv_capacity=jnp.asarray(params.capacity, jnp.int32),
         kv_acc=jnp.where(active, stt.kv_acc, 0.0), q_acc=jnp.where(active, stt.q_acc, 0.0),
+        requests_ok=nok, requests_timed_out=jnp.int32(0), requests_failed=jnp.asarray(nreal, jnp.int32) - nok,
+        vllm_counters_hi=jnp.zeros(4, jnp.int32), vllm_counters_lo=jnp.zeros(4, jnp.int32),
     )
 
 
@@ -722,6 +729,8 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
     if (np.any(np.asarray(params.kv_groups) > 1) or np.any(np.asarray(params.kv_window_groups) != 0)) \
             and st.scheduler != "vllm":
         raise ValueError("kv_groups (a hybrid KV layout) is modelled with the vllm replica only")
+    if np.any(np.asarray(params.client_timeout_ms) > 0) and st.scheduler != "vllm":
+        raise ValueError("client_timeout_ms (the client's timeouts) is modelled with the vllm replica only")
     blk = sorted({n for n, p in POLICIES.items() if p.id in set(np.asarray(params.policy).reshape(-1).tolist())
                   and p.engine == "blocks"})
     if backend != "numba" and st.scheduler != "vllm":
@@ -865,6 +874,9 @@ def _refuse_closed_loop(params) -> None:
                                                                or np.any(np.asarray(params.kv_window_groups) != 0)):
         raise ValueError("kv_groups > 1 or kv_window_groups (a hybrid KV layout) is modelled by the numba vllm "
                          "backend only: core.run.simulate_cells(..., backend='auto' or 'numba')")
+    if not isinstance(params.client_timeout_ms, jax.core.Tracer) and np.any(np.asarray(params.client_timeout_ms) > 0):
+        raise ValueError("client_timeout_ms > 0 (the client's timeouts) is modelled by the numba vllm backend only: "
+                         "core.run.simulate_cells(..., backend='auto' or 'numba')")
 
 
 def simulate(stream: Stream, params, key: jax.Array, *, max_replicas: int = 1, per_request: bool = True,

@@ -111,6 +111,19 @@ class Metrics(NamedTuple):
     kv_capacity: jax.Array  # KV pool blocks per replica (params.capacity)
     kv_acc: jax.Array  # float32 [R_max] blocks in use x ms per replica (replica/vllm.py Stats; 0 when inactive)
     q_acc: jax.Array  # float32 [R_max] waiting requests x ms per replica
+    # the vllm replica's client outcome (inference-perf: a request with no error is a success; client_timeout_ms):
+    # requests that finished by their deadline, that timed out (the client gave up; vLLM aborted or finished them
+    # late), that failed (never served: waiting queue full or larger than the pool); latency and throughput count
+    # the successes only. fcfs: every request a success.
+    requests_ok: jax.Array  # int32
+    requests_timed_out: jax.Array  # int32
+    requests_failed: jax.Array  # int32
+    status: jax.Array  # int32 [N] 0 ok, 1 timed out, 2 failed (empty unless per_request)
+    # vLLM's own prefix-cache counters in tokens, as the configuration's counter_mode counts them (numba vllm
+    # backend; 0 elsewhere): vllm:prefix_cache_queries, vllm:prefix_cache_hits, vllm:external_prefix_cache_queries,
+    # vllm:external_prefix_cache_hits, int32 [4] limbs (combine_limbs)
+    vllm_counters_hi: jax.Array
+    vllm_counters_lo: jax.Array
 
 
 #: The fields :func:`finalize` computes from the sums (the compiled program leaves them NaN).

@@ -91,4 +91,17 @@ REPLICA_KNOBS = register_knobs(
     Knob("kv_window", 0, 0, 2**30, doc="the sliding window of the window groups (tokens, >= 2 where "
          "kv_window_groups is not 0): after each step a request's window groups free its blocks wholly before "
          "computed - kv_window + 1", unit="tokens"),
+    # the load generator's: inference-perf's load.request_timeout (seconds; default none)
+    Knob("client_timeout_ms", 0, 0, 2**30, doc="the client's per-request timeout (inference-perf's "
+         "load.request_timeout): at send + this the client gives up (a failure, its permit returned) and vLLM aborts "
+         "the request at the first step boundary at or after it (a waiting request leaves the queue, a running one "
+         "frees its blocks, one in a cpu load after the load lands); latency and throughput count the successes only; "
+         "0: none; vllm replica, numba backend only", unit="ms"),
+    # what vLLM's metrics count, not what it does
+    Knob("counter_mode", "per_attempt", kind="view", choices=("per_attempt", "per_admission"),
+         doc="when vLLM counts a request in vllm:prefix_cache_queries / _hits: per_attempt at every lookup of a "
+         "waiting request, the failed allocations that hold it in the queue included (vLLM before PR #48860: "
+         "v0.23.0, which llm-d v0.8's llm-d-cuda image ships); per_admission once, when it is admitted (vLLM after "
+         "PR #48860, merged 2026-07-16); the connector's external counters count at the admission either way; "
+         "numba backend"),
 )

@@ -89,6 +89,7 @@ ATTRS: dict[str, tuple[str, str | None]] = {
     "n_requests": ("requests", "requests"),
     "preemptions": ("preemptions (recompute)", "1"),
     "dropped": ("requests dropped (queue overflow)", "requests"),
+    "timed_out": ("requests whose client gave up at its timeout (inference-perf's load.request_timeout)", "requests"),
     "wall_s": ("wall time of the arm's simulation", "s"),
     "stage_rate": ("the stage's request rate", "requests/s"),
     "stage_duration_s": ("the stage's duration", "s"),

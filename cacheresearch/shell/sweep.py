@@ -926,6 +926,23 @@ GRID_VAR_DOCS = {
     "engine_steps": ("engine steps of all replicas", "steps"),
     "engine_events": ("replica events of all replicas: decode-only stretches taken at once and other engine steps",
                       "events"),
+    "vllm_prefix_cache_queries_tokens": ("vLLM's vllm:prefix_cache_queries: prompt tokens looked up in the local "
+                                         "prefix cache, counted as fleet.knobs.counter_mode says (vllm replica, "
+                                         "numba backend)", "tokens"),
+    "vllm_prefix_cache_hits_tokens": ("vLLM's vllm:prefix_cache_hits: tokens those lookups found in the local "
+                                      "prefix cache (vllm replica, numba backend)", "tokens"),
+    "vllm_prefix_cache_hit_rate": ("vLLM's reported prefix-cache hit rate: vllm:prefix_cache_hits / "
+                                   "vllm:prefix_cache_queries (NaN without queries)", "1"),
+    "vllm_external_queries_tokens": ("vLLM's vllm:external_prefix_cache_queries: tokens asked of the KV connector "
+                                     "(the cpu tier) beyond the local hit, at admissions", "tokens"),
+    "vllm_external_hits_tokens": ("vLLM's vllm:external_prefix_cache_hits: tokens the KV connector (the cpu tier) "
+                                  "matched", "tokens"),
+    "requests_ok": ("requests that finished by their client deadline (inference-perf's successes)", "requests"),
+    "requests_timed_out": ("requests whose client gave up at its timeout (fleet.knobs.client_timeout_ms)",
+                           "requests"),
+    "requests_failed": ("requests never served (waiting queue full or larger than the pool)", "requests"),
+    "requests_per_s": ("successful requests per second of the run (inference-perf's requests_per_sec: successes / "
+                       "the run's span)", "requests/s"),
 }
 
 
@@ -956,6 +973,23 @@ def _tier_variables(ti, metrics, inp, dims, shape) -> dict:
     denom = np.maximum(inp, 1).astype(np.float64)[:, None]
     return {"hit_rate_by_tier": (dims + ["tier"], (tok / denom).reshape(tuple(shape) + (4,))),
             "tier_written_blocks": (dims + ["tier"], wr.reshape(tuple(shape) + (4,)))}
+
+
+def _vllm_client_variables(metrics, grid) -> dict:
+    """vLLM's own prefix-cache counters and the client's outcome counts (vllm replica)."""
+    vc = combine_limbs(metrics.vllm_counters_hi, metrics.vllm_counters_lo).reshape(-1, 4)
+    ok = np.asarray(metrics.requests_ok, np.float64).reshape(-1)
+    span = np.maximum(np.asarray(metrics.horizon_time, np.float64).reshape(-1), 1.0) / 1000.0
+    return {"vllm_prefix_cache_queries_tokens": grid(vc[:, 0], np.int64),
+            "vllm_prefix_cache_hits_tokens": grid(vc[:, 1], np.int64),
+            "vllm_prefix_cache_hit_rate": grid(np.where(vc[:, 0] > 0, vc[:, 1] / np.maximum(vc[:, 0], 1), np.nan),
+                                               np.float64),
+            "vllm_external_queries_tokens": grid(vc[:, 2], np.int64),
+            "vllm_external_hits_tokens": grid(vc[:, 3], np.int64),
+            "requests_ok": grid(metrics.requests_ok, np.int64),
+            "requests_timed_out": grid(metrics.requests_timed_out, np.int64),
+            "requests_failed": grid(metrics.requests_failed, np.int64),
+            "requests_per_s": grid(ok / span, np.float64)}
 
 
 def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
@@ -1005,6 +1039,7 @@ def to_dataset(cfg, plan: Plan, metrics, idx, workloads, timing) -> xr.Dataset:
             "dropped": grid(metrics.dropped, np.int64),
             "engine_steps": grid(metrics.steps, np.int64),
             "engine_events": grid(metrics.events, np.int64),
+            **_vllm_client_variables(metrics, grid),
         })
     if np.size(metrics.hit_tokens) and all("groups" in w for w in workloads):  # per-prefix economics
         rules = [resolve_router(router_knobs(cfg, c)[0])["router"] for c in cells]

@@ -49,7 +49,9 @@ scrape instead. ``llmd.client_permits`` (default auto) is inference-perf's clien
 worker_max_concurrency`` permits, each taken in send order before a request goes and held to its last token
 (the vllm replica's ``client_permits``, a closed loop; TTFT and throughput count from the actual sends); auto
 reads them from the file's ``load`` section when it sets ``num_workers`` and is otherwise open loop, an
-assumption (inference-perf's default is the client machine's CPU count, which no report states).
+assumption (inference-perf's default is the client machine's CPU count, which no report states). The file's
+``load.request_timeout`` (none in the bundled files) is the replica's ``client_timeout_ms``: the client gives up
+then, vLLM aborts the request, and it is a failure (``timed_out`` per arm; the stage figures count successes).
 ``published_*`` hold the report's figures beside ours when the files are the bundled ones.
 """
 
@@ -334,7 +336,8 @@ def _arm_metrics(m, w, stage, K: int, warm: int, ov: float, rates, events_per_to
     ttft = np.asarray(m.ttft_ms).astype(np.float64)
     e2e = np.asarray(m.e2e_ms).astype(np.float64)
     hit = np.asarray(m.hit_tokens).astype(np.float64)
-    served = (ttft >= 0) & (e2e >= 0)
+    # inference-perf's successes: served, and by the client's deadline (load.request_timeout: status 0)
+    served = (ttft >= 0) & (e2e >= 0) & (np.asarray(m.status) == 0)
     fin = np.where(served, arr + e2e, -1)
     tt = client_ttft_s(ttft, ov)
     dec = np.where(served, e2e - ttft, np.nan)  # ms, first token to last (the overhead shifts both ends)
@@ -458,14 +461,14 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     ov = float(lc["overhead_ms"])
     ev = float(lc["itl_events_per_token"])
     warm, warm_src = _warmup(lc["warmup_stages"], ip, K)
-    permits, permits_src = _client_permits(lc["client_permits"], ip)
+    client, permits_src = _client(lc["client_permits"], ip)
     names = list(arms)
     per = {v: np.full((len(names), K), np.nan) for v in ("ttft_p90_s", "ttft_mean_s", "output_tokens_per_s",
                                                           "requests_per_s", "token_hit_rate", "itl_mean_s",
                                                           "tpot_mean_s", "kv_usage_mean", "waiting_mean")}
     drained = np.zeros((len(names), K), bool)
     run_vars = {v: np.full(len(names), np.nan) for v in ("kv_usage_mean_run", "waiting_mean_run", "preemptions",
-                                                         "dropped", "wall_s")}
+                                                         "dropped", "timed_out", "wall_s")}
     alls = {v: np.full(len(names), np.nan) for v in ("ttft_p90_s_all", "ttft_mean_s_all", "output_tokens_per_s_all",
                                                      "requests_per_s_all", "kv_usage_mean_all", "waiting_mean_all",
                                                      "ttft_p90_s_pooled_all", "itl_mean_s_all", "tpot_mean_s_all")}
@@ -473,7 +476,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     durs = np.array([s.duration for s in ip.stages])
     ps = []
     for a in names:
-        kn = dict(base, load_refresh_ms=refresh, load_gauges=int(lc["load_gauges"]), client_permits=permits)
+        kn = dict(base, load_refresh_ms=refresh, load_gauges=int(lc["load_gauges"]), **client)
         kn.update({k: v for k, v in arms[a].items() if k != "router"})
         ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
     sid = [confs.index(hcfg[a]) if hcfg[a] is not None else 0 for a in names]
@@ -495,8 +498,8 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
             alls[v][i] = x
         run_vars["kv_usage_mean_run"][i] = float(m.kv_util_mean)
         run_vars["waiting_mean_run"][i] = float(m.queue_len_mean)
-        run_vars["preemptions"][i] = int(m.preemptions)
-        run_vars["dropped"][i] = int(m.dropped)
+        for v, x in (("preemptions", m.preemptions), ("dropped", m.dropped), ("timed_out", m.requests_timed_out)):
+            run_vars[v][i] = int(x)
     coords = dict(arm=names, stage=np.arange(K), stage_rate=("stage", [s.rate for s in ip.stages]),
                   stage_duration_s=("stage", durs), stage_warmup=("stage", np.arange(K) < warm))
     dv = {v: (("arm", "stage"), x) for v, x in per.items()}
@@ -517,12 +520,20 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         metrics_refresh_ms=refresh, gie_hash_configs=repr(confs),
         max_requests_per_stage=-1 if lc["max_requests_per_stage"] is None else int(lc["max_requests_per_stage"]),
         stage_gap_s=float(lc["stage_gap_s"]), warmup_stages=warm, warmup_source=warm_src,
-        client_permits=permits, client_permits_source=permits_src,
+        client_permits=client["client_permits"], client_permits_source=permits_src,
         itl_events_per_token=ev, itl_note=ITL_EVENTS_NOTE,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else ip.request_timeout_s, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
         all_stages_drained=int(drained.all()))))
     return ds
+
+
+def _client(v, ip) -> tuple[dict, str]:
+    """The client's knobs (``client_permits``: :func:`_client_permits`, and where they come from; ``client_timeout_ms``:
+    inference-perf's ``load.request_timeout``, seconds, none: no timeout)."""
+    permits, src = _client_permits(v, ip)
+    ms = 0 if ip.request_timeout_s is None else max(int(round(ip.request_timeout_s * 1000)), 1)
+    return dict(client_permits=permits, client_timeout_ms=ms), src
 
 
 def _client_permits(v, ip) -> tuple[int, str]:
@@ -573,8 +584,9 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              f"client permits: {ds.attrs.get('client_permits', 0)} ({ds.attrs.get('client_permits_source', '')})",
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}"]
     if ds.attrs.get("request_timeout_s", -1) > 0:
-        lines.append(f"the file's load.request_timeout ({ds.attrs['request_timeout_s']:g} s) is not modelled: "
-                     "no request is cut off, none counts as failed")
+        lines.append(f"the file's load.request_timeout ({ds.attrs['request_timeout_s']:g} s): the client gives up "
+                     "then and vLLM aborts the request (client_timeout_ms); timed out per arm: "
+                     + ", ".join(f"{a} {int(t)}" for a, t in zip(ds.arm.values, ds.timed_out.values)))
     lines.append("")
     last = int(ds.stage.values[-1])
     rate = f"{float(ds.stage_rate.sel(stage=last)):g}"  # the last stage (60 QPS in the bundled files)

@@ -170,6 +170,8 @@ def _metrics(w, cfg: TieredConfig, r, max_replicas: int, n_out: int) -> Metrics:
         replicas_active=np.int32(min(max(cfg.replicas, 1), R)), copies_sum=z, copies_n=z, over_n=z, over_q=z,
         tpot_ms_hi=z, tpot_ms_lo=z, tpot_ns_hi=z, tpot_ns_lo=z, tpot_n=z, output_tokens_hi=z, output_tokens_lo=z,
         kv_capacity=np.int32(cfg.gpu_blocks), kv_acc=zf, q_acc=zf,
+        requests_ok=np.int32(n), requests_timed_out=z, requests_failed=z, status=np.zeros(0, np.int32),
+        vllm_counters_hi=np.zeros(4, np.int32), vllm_counters_lo=np.zeros(4, np.int32),
     )
 
 

@@ -103,7 +103,7 @@ class InferencePerfConfig:
     ignore_eos: bool
     model_name: str
     tokenizer_name: str = ""  # tokenizer.pretrained_model_name_or_path
-    request_timeout_s: float | None = None  # load.request_timeout: read, not modelled (no request is cut off)
+    request_timeout_s: float | None = None  # load.request_timeout: the vllm replica's client_timeout_ms (llmd study)
     stage_notes: tuple[str, ...] = ()  # the YAML comments of each stage item (:func:`stage_notes`)
     num_workers: int | None = None  # load.num_workers (inference-perf's default: the client machine's cpu_count())
     worker_max_concurrency: int = 100  # load.worker_max_concurrency (inference-perf's default 100)
@@ -180,7 +180,8 @@ def read_inference_perf(path) -> InferencePerfConfig:
     ``num_users_per_system_prompt``); length distributions and multi-turn chat are clear errors. The
     client-side ``load`` keys (connections, circuit breakers, seed) are accepted and change nothing sent;
     ``num_workers`` and ``worker_max_concurrency`` are read (:attr:`InferencePerfConfig.client_permits`: the
-    client's permits, a closed loop); ``load.request_timeout`` is read (``request_timeout_s``) but not modelled."""
+    client's permits, a closed loop); ``load.request_timeout`` is read (``request_timeout_s``: the client's timeout,
+    the vllm replica's ``client_timeout_ms`` in the llmd study)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
