@@ -16,6 +16,7 @@ from cacheresearch.routers.epp import (
     epp_knobs,
     estimate_params,
     go_duration_ms,
+    producer_params,
     read_epp,
 )
 from cacheresearch.studies.llmd_benchmark import BENCHMARKS, BUNDLED, BUNDLED_37, BUNDLED_EPP_37
@@ -735,3 +736,110 @@ def test_client_permits_close_the_loop(tmp_path):
     filed = run(heavy.replace("type: poisson", "type: poisson\n  num_workers: 1\n  worker_max_concurrency: 2"))
     assert filed.attrs["client_permits"] == 2 and "num_workers 1" in filed.attrs["client_permits_source"]
     np.testing.assert_array_equal(filed.ttft_p90_s.values, two.ttft_p90_s.values)
+
+
+TIERED = Path(__file__).parent / "fixtures" / "llmd_tiered"
+
+
+def test_tiered_prefix_cache_guide_values_file():
+    """llm-d's tiered-prefix-cache guide (tests/fixtures/llmd_tiered/SOURCE.md), read from its Helm values file:
+    the GPU scorer reads the producer the EPP creates by default (autoTune: the pods' block size, never below 64
+    tokens, and their GPU blocks), the CPU scorer its own producer (41,000 hashes) with its own weight."""
+    sp = read_epp(TIERED / "tiered-prefix-cache-cpu.values.yaml")
+    k = epp_knobs(sp, block_tokens=64, capacity_blocks=2000)
+    assert (k["view"], k["gie_prefix_mode"], k["gie_queue_w_pct"], k["gie_kv_w_pct"]) == ("gie_estimate", 1, 200, 200)
+    assert (k["gie_prefix_w_pct"], k["gie_lru_capacity"]) == (100, 2000)
+    assert (k["gie_cpu_w_pct"], k["gie_cpu_lru_capacity"]) == (100, 41_000)
+    # 64-token blocks hashed as 4 bytes a token; 131,072 tokens matched at most (2,048 blocks)
+    assert epp_hash_config(sp, block_tokens=64, capacity_blocks=2000) == (256, 2048)
+    assert epp_hash_config(sp, block_tokens=16, capacity_blocks=2000) == (256, 2048)  # 16 tokens: raised to 64
+    # the later layout of the same guide adds no-hit-lru-scorer: refused by name
+    with pytest.raises(EppConfigError, match=r"plugins\[0\]\.type: no-hit-lru-scorer: .*not modelled"):
+        read_epp(TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml")
+
+
+def test_tiered_layouts_and_the_gpt_oss_weights(tmp_path):
+    """Both producers declared (the single-host layout without no-hit-lru-scorer), the GIE-era layout (two
+    prefix-cache-scorers each with its own index parameters) and the gpt-oss run's weights 2 : 2 : 3 : 2."""
+    text = (TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml").read_text()
+    text = text.replace("        - type: no-hit-lru-scorer\n", "").replace("          - pluginRef: no-hit-lru-scorer\n",
+                                                                          "")
+    k = epp_knobs(read_epp(_write(tmp_path, "v.yaml", text)), block_tokens=16, capacity_blocks=7000)
+    assert (k["gie_prefix_w_pct"], k["gie_lru_capacity"], k["gie_cpu_w_pct"], k["gie_cpu_lru_capacity"]) == \
+        (100, 7000, 100, 82_000)
+    gie_era = """kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  name: gpu-prefix-cache-scorer
+- type: prefix-cache-scorer
+  name: cpu-prefix-cache-scorer
+  parameters:
+    autoTune: false
+    lruCapacityPerServer: 41000
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: gpu-prefix-cache-scorer
+    weight: 3
+  - pluginRef: cpu-prefix-cache-scorer
+    weight: 2
+"""
+    sp = read_epp(_write(tmp_path, "g.yaml", gie_era))
+    k = epp_knobs(sp, block_tokens=64, capacity_blocks=7000)
+    assert (k["gie_queue_w_pct"], k["gie_kv_w_pct"], k["gie_prefix_w_pct"], k["gie_cpu_w_pct"]) == (200, 200, 300, 200)
+    # GIE v0.5's defaults for the first (64-byte blocks, 256 of them, 31,250 hashes), a later release's for the
+    # second (16 tokens x 4 bytes, 256 blocks, its own 41,000): they hash alike
+    assert (k["gie_lru_capacity"], k["gie_cpu_lru_capacity"]) == (31_250, 41_000)
+    assert epp_hash_config(sp, block_tokens=64, capacity_blocks=7000) == (64, 256)
+    with pytest.raises(EppConfigError, match="approx-prefix-cache-producer: the two approximate prefix scorers hash"):
+        epp_knobs(read_epp(_write(tmp_path, "h.yaml", gie_era.replace("autoTune: false", "autoTune: false\n"
+                                                                      "    blockSizeTokens: 32"))), block_tokens=64)
+
+
+def test_producer_parameters_and_refusals(tmp_path):
+    assert producer_params({}) == dict(hash_block_bytes=256, max_blocks=2048, lru_capacity=31_250, auto_tune=True)
+    assert producer_params({}, block_tokens=128, capacity_blocks=900) == dict(
+        hash_block_bytes=512, max_blocks=1024, lru_capacity=900, auto_tune=True)
+    assert producer_params({"autoTune": False, "blockSizeTokens": 96, "maxPrefixTokensToMatch": 0,
+                            "maxPrefixBlocksToMatch": 10, "lruCapacityPerServer": 0}, capacity_blocks=900) == dict(
+        hash_block_bytes=384, max_blocks=10, lru_capacity=31_250, auto_tune=False)
+    base = (TIERED / "tiered-prefix-cache-cpu.values.yaml").read_text()
+    bad = {
+        "undeclared.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                         "prefixMatchInfoProducerName: nope"), "'nope' is not a declared plugin"),
+        "notproducer.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                          "prefixMatchInfoProducerName: queue-scorer"),
+                             "'queue-scorer' is a queue-scorer, not an approx-prefix-cache-producer"),
+        "shared.yaml": (base.replace("        - type: prefix-cache-scorer\n          name: gpu-prefix-cache-scorer\n",
+                                     "        - type: prefix-cache-scorer\n          name: gpu-prefix-cache-scorer\n"
+                                     "          parameters:\n"
+                                     "            prefixMatchInfoProducerName: cpuPrefixProducer\n"),
+                        "two prefix scorers read producer 'cpuPrefixProducer'"),
+        "length.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                     "prefixMatchInfoProducerName: cpuPrefixProducer\n"
+                                     "            prefixLengthWeight: 0.5\n            maxModelLen: 8192"),
+                        "prefixLengthWeight: the prefix length term"),
+        "own.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                  "prefixMatchInfoProducerName: cpuPrefixProducer\n"
+                                  "            lruCapacityPerServer: 5"),
+                     "takes its index parameters from the producer"),
+        "precise.yaml": (base.replace("type: approx-prefix-cache-producer", "type: precise-prefix-cache-producer"),
+                         "precise-prefix-cache-producer: llm-d-router's precise producer"),
+        "cap.yaml": (base.replace("lruCapacityPerServer: 41000", "lruCapacityPerServer: -1"),
+                     r"parameters\.lruCapacityPerServer: must be an integer >= 1"),
+    }
+    for name, (text, key) in bad.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            epp_knobs(read_epp(_write(tmp_path, name, text)), block_tokens=64)
+    mixed = EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n- type: "
+                           "precise-prefix-cache-scorer\n  parameters:\n    tokenProcessorConfig: {blockSize: 16}\n"
+                           ).replace("  - pluginRef: queue-scorer\n", "  - pluginRef: queue-scorer\n"
+                                     "  - pluginRef: precise-prefix-cache-scorer\n")
+    with pytest.raises(EppConfigError, match="a precise prefix scorer beside another prefix scorer"):
+        read_epp(_write(tmp_path, "mixed.yaml", mixed))
