@@ -843,3 +843,41 @@ def test_producer_parameters_and_refusals(tmp_path):
                                      "  - pluginRef: precise-prefix-cache-scorer\n")
     with pytest.raises(EppConfigError, match="a precise prefix scorer beside another prefix scorer"):
         read_epp(_write(tmp_path, "mixed.yaml", mixed))
+
+
+def test_study_with_the_pods_cpu_tier_and_the_tiered_guides_router(tmp_path):
+    """``tiers.cpu`` gives every pod a cpu tier (the numba vllm backend's per-block mode) and the tiered guide's EPP
+    file its CPU-tier scorer: the knobs reach the run (attrs), the tier serves part of the prompts, and bad tier
+    keys and the JAX backend are refused in one line naming the key."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+    from cacheresearch.studies.base import StudyError
+
+    ip = _write(tmp_path, "ip.yaml", SMALL_IP)
+    epp = {"tiered": str(TIERED / "tiered-prefix-cache-cpu.values.yaml"),
+           "load": str(BUNDLED / "epp-load-scheduling.yaml")}
+
+    def cfg(**tiers):
+        return OmegaConf.create(dict(kind="llmd_benchmark", name="tiered", seed=1, fleet=dict(replicas=2),
+                                     replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                     cache=dict(block_tokens=16, capacity_blocks=40),
+                                     llmd=dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8),
+                                     tiers=dict(cpu=tiers), engine=dict(backend="auto")))
+
+    ds = run_study(cfg(capacity_blocks=400, read_gbps=20.0, latency_us=5.0, overlap="async"))
+    knobs = ds.attrs["knobs"]
+    assert "'gie_cpu_w_pct': 100" in knobs and "'gie_cpu_lru_capacity': 41000" in knobs
+    assert "capacity_blocks=400" in ds.attrs["cpu_tier"] and "block_bytes=2097152" in ds.attrs["cpu_tier"]
+    cpu = ds.cpu_token_hit_rate.values
+    assert np.all(np.isfinite(cpu)) and cpu.max() > 0 and np.all(cpu <= ds.token_hit_rate.values + 1e-12)
+    assert np.all(ds.offloaded_blocks.values > 0)
+    for bad, key in ((dict(capacity_blocks=400, bogus=1), "tiers.cpu.bogus: unknown key"),
+                     (dict(capacity_blocks=400, overlap="later"), "tiers.cpu.overlap"),
+                     (dict(capacity_blocks=-1), "tiers.cpu.capacity_blocks")):
+        with pytest.raises(StudyError, match=key):
+            run_study(cfg(**bad))
+    jax_cfg = cfg(capacity_blocks=400)
+    jax_cfg.engine.backend = "jax"
+    with pytest.raises(StudyError, match="engine.backend=jax"):
+        run_study(jax_cfg)
