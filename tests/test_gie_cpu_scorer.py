@@ -18,10 +18,13 @@ from hypothesis import strategies as st
 from reference_fleet import route_one
 from reference_gie_index import GieIndexer
 from test_numba_vllm import _compare, _numba, _workload
+from test_tiers_vllm import _compare as tiers_compare
+from test_tiers_vllm import _workload as tiers_workload
 
 from cacheresearch import routers as rt
 from cacheresearch.core.params import make_params
 from cacheresearch.core.stream import compile_stream
+from cacheresearch.tiers.vllm import cpu_tier
 from cacheresearch.workload.gie_hashes import gie_hashes_from_keys
 from cacheresearch.workload.table import Workload
 
@@ -176,3 +179,33 @@ def test_the_cpu_index_routes_what_the_gpu_index_forgot():
             assert cpu.match_longest_prefix(ids).get(int(first)) == len(ids) > 1
         gpu.add(ids, int(rep[i]))
         cpu.add(ids, int(rep[i]))
+
+
+# ------------------------------------------------------------------------------ the precise view over both tiers
+_TIER_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(30, 120), cpu=st.integers(1, 120),
+                   budget=st.sampled_from([48, 200, 4096]), seqs=st.integers(1, 6), R=st.integers(1, 3),
+                   out=st.integers(1, 30), mode=st.integers(1, 2), tw=st.sampled_from([30, 80, 100, 150]),
+                   overlap=st.sampled_from(["sync", "async"]))
+
+
+def _tier_case(seed, cap, cpu, budget, seqs, R, out, mode, tw, overlap):
+    tier = cpu_tier(capacity_blocks=cpu, read_gbps=4.0, latency_us=10.0, block_bytes=2**21, overlap=overlap)
+    return tiers_compare(tiers_workload(seed, out), R=R, router="gie", tier=tier, capacity_blocks=cap,
+                         max_num_batched_tokens=budget, max_num_seqs=seqs, view="precise", gie_prefix_mode=mode,
+                         gie_prefix_w_pct=300, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_cpu_tier_w_pct=tw)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**_TIER_CASES)
+def test_precise_view_over_both_tiers_equals_reference_hypothesis(**case):
+    """llm-d's precise producer with the offloading tier's blocks (tier weight ``tw`` / 100, a block in both tiers
+    weighing the larger): the numba vllm backend with a cpu tier equals the oracle request by request."""
+    _tier_case(**case)
+
+
+def test_precise_view_over_both_tiers_changes_the_picks():
+    """The same run with the tier weight 80 and 0 (the cpu tier unseen, today's view) routes differently, each
+    equal to the oracle: the weighted view is read."""
+    a = _tier_case(11, 40, 100, 200, 4, 3, 20, 1, 80, "async")[3]
+    b = _tier_case(11, 40, 100, 200, 4, 3, 20, 1, 0, "async")[3]
+    assert np.asarray(a["replica"]).tolist() != np.asarray(b["replica"]).tolist()

@@ -99,8 +99,8 @@ NRQ = 8
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS, G_CW, G_CLRU) = range(44)
-NPI = 44
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS, G_CW, G_CLRU, G_CTW) = range(45)
+NPI = 45
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
@@ -108,7 +108,7 @@ _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_n
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
               "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges", "gie_active_w_pct",
-              "gie_active_timeout_ms", "client_permits", "gie_cpu_w_pct", "gie_cpu_lru_capacity")
+              "gie_active_timeout_ms", "client_permits", "gie_cpu_w_pct", "gie_cpu_lru_capacity", "gie_cpu_tier_w_pct")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -1112,9 +1112,25 @@ def _enqueue(i, r, now_t, Q, rq, rs, wq):
 
 
 @njit(cache=True)
-def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres):
+def _tier_lead(r, log0, e0, p, ps, pbl, wc):
+    """llm-d's precise producer over both tiers (per-block mode with a cpu tier): along the request's blocks while
+    replica ``r`` holds them in its pool (weight 1) or its cpu tier (weight ``wc``; in both: the larger), the weights
+    summed in float64 in block order and truncated (``int(aggregatedScores[pod])``)."""
+    acc = 0.0
+    for q in range(p):
+        k = log0[e0 + q, 0]
+        g, c = ps[r, k] > 0, pbl[r, B_WHERE, k] != 0
+        if not (g or c):
+            break
+        acc += max(1.0 if g else 0.0, wc if c else 0.0)  # a block in both tiers: the larger weight
+    return np.int64(acc)
+
+
+@njit(cache=True)
+def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres, pbl, pc):
     """Every replica's precise match ``mt`` and the router's view ``mv`` (precise, stale, approximate or
-    gie_estimate: GIE's count of the request's prompt-byte hashes)."""
+    gie_estimate: GIE's count of the request's prompt-byte hashes; precise with ``gie_cpu_tier_w_pct > 0`` and a
+    cpu tier: the tier-weighted prefix, :func:`_tier_lead`)."""
     now = rq[i, QARR]
     p, e0 = rq[i, QNR], rq[i, QE0]
     for r in range(nrep):
@@ -1131,6 +1147,9 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
             mv[r] = _index_match(u * R + r, log0, e0, p, ist, ix[:, 3])
     if pi[VIEW] == 3:
         _gie_match(gh[i], gn[i], nrep, gpres, mv)
+    if pi[VIEW] == 0 and pi[G_CTW] > 0 and pc[PC_CPU] > 0:
+        for r in range(nrep):
+            mv[r] = _tier_lead(r, log0, e0, p, ps, pbl, pi[G_CTW] / 100)
 
 
 @njit(cache=True)
@@ -1204,7 +1223,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             kat[g, i, 0] += fs[x, 0]
             kat[g, i, 1] += fs[x, 1]
         n = rq[i, QNB]
-        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres)
+        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres, pbl, pc)
         if gcw:  # the CPU-tier scorer's count, packed above the GPU view's: m = gpu + cpu x 2**32 (routers/gie.py)
             _gie_match(gh[i], gn[i], nrep, cpres, mcv)
             for x in range(nrep):

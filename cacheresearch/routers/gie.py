@@ -1,7 +1,7 @@
 """``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
 [``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
 ``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``, ``gie_active_w_pct``, ``gie_active_timeout_ms``,
-``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``].
+``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``, ``gie_cpu_tier_w_pct``].
 
 Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
 weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
@@ -45,6 +45,17 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
   above the GPU count, ``m = gpu + cpu x 2**32``). Nothing tells it what the pods' cpu tiers hold: with a
   capacity above the GPU index's the CPU index holds a superset of it (both LRUs only add, the same hashes in
   the same order), so its score is the hashes the router sent to a pod longer ago than the GPU index remembers.
+
+* **precise view over both tiers** (``gie_cpu_tier_w_pct > 0``; llm-d-router's ``precise-prefix-cache-producer``
+  indexing the OffloadingConnector's events as the ``cpu`` tier, ``kvCacheBackendConfigs`` weights gpu 1.0, cpu
+  0.8 by default, ``LongestPrefixScorer``): on the ``precise`` view of a run with the replicas' cpu tier
+  (:mod:`cacheresearch.tiers.vllm`, the numba vllm backend) ``match[r]`` is the prefix a pod holds in its pool or
+  its cpu tier, each block weighing 1 (pool) or ``gie_cpu_tier_w_pct / 100`` (cpu tier; in both tiers the larger,
+  llm-d's ``fillMaxWeights``), summed in float64 in block order and truncated (the producer's
+  ``int(aggregatedScores[pod])``), then scored by the prefix mode as any match (llm-d-router's
+  ``prefix-cache-scorer`` on that producer: mode 1, ``matched / total``; mode 2 min-maxes the truncated sums where
+  the older ``precise-prefix-cache-scorer`` min-maxed the float sums). Without a cpu tier (every JAX run) it is
+  the pool's prefix, today's view.
 
 ``ratio16(a, b) = floor(a' S / b')`` with ``a' = a >> s``, ``b' = b >> s`` and
 ``s = max(0, bitlen(b) - 15)`` (exact for ``b < 2**15``; integer arithmetic in int32 throughout).
@@ -191,6 +202,10 @@ KNOBS = (
          "index, view gie_estimate); 0: off", unit="1/100"),
     Knob("gie_cpu_lru_capacity", 31_250, 1, 2**31 - 2, doc="the CPU-tier scorer's index: hashes per pod in its LRU "
          "(the CPU producer's lruCapacityPerServer; llm-d's default 31,250)", unit="hashes"),
+    Knob("gie_cpu_tier_w_pct", 0, 0, 5000, doc="view precise with the replicas' cpu tier (numba vllm backend): llm-d's "
+         "precise producer's weight of a block a pod holds only in its cpu tier (kvCacheBackendConfigs cpu; llm-d's "
+         "default 0.8 = 80); the match is int(sum of tier weights along the prefix held in either tier); 0: the cpu "
+         "tier unseen", unit="1/100"),
 )
 
 ROUTER = register(Router(
