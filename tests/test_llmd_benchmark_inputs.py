@@ -830,7 +830,7 @@ def test_producer_parameters_and_refusals(tmp_path):
                                   "            lruCapacityPerServer: 5"),
                      "takes its index parameters from the producer"),
         "precise.yaml": (base.replace("type: approx-prefix-cache-producer", "type: precise-prefix-cache-producer"),
-                         "precise-prefix-cache-producer: llm-d-router's precise producer"),
+                         "autoTune: unknown parameter of precise-prefix-cache-producer"),
         "cap.yaml": (base.replace("lruCapacityPerServer: 41000", "lruCapacityPerServer: -1"),
                      r"parameters\.lruCapacityPerServer: must be an integer >= 1"),
     }
@@ -881,3 +881,56 @@ def test_study_with_the_pods_cpu_tier_and_the_tiered_guides_router(tmp_path):
     jax_cfg.engine.backend = "jax"
     with pytest.raises(StudyError, match="engine.backend=jax"):
         run_study(jax_cfg)
+
+
+PRECISE_PRODUCER = """apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: precise-prefix-cache-producer
+    parameters:
+      tokenProcessorConfig:
+        blockSizeTokens: 64
+      indexerConfig:
+        kvBlockIndexConfig:
+          enableMetrics: true
+      kvEventsConfig:
+        topicFilter: "kv@"
+        engineType: "vllm"
+  - type: prefix-cache-scorer
+    parameters:
+      prefixMatchInfoProducerName: precise-prefix-cache-producer
+  - type: kv-cache-utilization-scorer
+  - type: queue-scorer
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2.0
+      - pluginRef: queue-scorer
+        weight: 2.0
+      - pluginRef: prefix-cache-scorer
+        weight: 3.0
+"""
+
+
+def test_precise_producer_with_its_tier_weights(tmp_path):
+    """llm-d-router's precise producer read by a prefix-cache-scorer: matched / total on the precise view (mode 1,
+    no window), the cpu tier weighed as its kvCacheBackendConfigs say (default 0.8; a tier a given list omits
+    weighs 1.0)."""
+    k = epp_knobs(read_epp(_write(tmp_path, "p.yaml", PRECISE_PRODUCER)), block_tokens=64)
+    assert (k["view"], k["gie_prefix_mode"], k["gie_window_blocks"], k["gie_prefix_w_pct"]) == ("precise", 1, 0, 300)
+    assert k["gie_cpu_tier_w_pct"] == 80 and (k["gie_kv_w_pct"], k["gie_queue_w_pct"]) == (200, 200)
+    tiers = PRECISE_PRODUCER.replace("          enableMetrics: true\n", "          enableMetrics: true\n"
+                                     "        kvCacheBackendConfigs:\n          - {name: gpu, weight: 1.0}\n")
+    assert epp_knobs(read_epp(_write(tmp_path, "t.yaml", tiers)), block_tokens=64)["gie_cpu_tier_w_pct"] == 100
+    cpu = tiers.replace("{name: gpu, weight: 1.0}", "{name: gpu, weight: 1.0}\n          - {name: cpu, weight: 0.5}")
+    assert epp_knobs(read_epp(_write(tmp_path, "c.yaml", cpu)), block_tokens=64)["gie_cpu_tier_w_pct"] == 50
+    bad = {"blk.yaml": (PRECISE_PRODUCER, 16, "blockSizeTokens: 64 tokens, but the pods' blocks are 16"),
+           "gpu.yaml": (tiers.replace("weight: 1.0}", "weight: 0.9}"), 64, "modelled with the gpu tier at 1"),
+           "spec.yaml": (PRECISE_PRODUCER.replace("      kvEventsConfig:", "      speculativeIndexing: true\n"
+                                                  "      kvEventsConfig:"), 64, "speculativeIndexing"),
+           "sess.yaml": (PRECISE_PRODUCER.replace("      kvEventsConfig:", "      sessionManager: s\n"
+                                                  "      kvEventsConfig:"), 64, "sessionManager")}
+    for name, (text, bt, key) in bad.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            epp_knobs(read_epp(_write(tmp_path, name, text)), block_tokens=bt)

@@ -78,26 +78,28 @@ _UNLIMITED_BLOCKS = 2**20
 _REFUSED = {
     "no-hit-lru-scorer": "it spreads requests without a prefix hit over the pods least recently given one (an LRU "
                          "of pods in the EPP), which is not modelled",
-    "precise-prefix-cache-producer": "llm-d-router's precise producer (KV events, tier-weighted blocks read by a "
-                                     "prefix-cache-scorer as matched / total) is not modelled; "
-                                     "precise-prefix-cache-scorer (min-max of the longest prefix) is",
 }
 
 _TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector", "data"}
 #: top-level sections of later GIE releases accepted without effect here: ``saturationDetector`` (its thresholds
 #: only shed sheddable requests, negative priority, which inference-perf never sends) and ``data`` (the data
 #: layer's sources); ``featureGates`` may not enable flow control (requests queued in the EPP: not modelled)
-_INDEXER = {"tokenProcessorConfig": {"blockSize", "hashSeed"},
+_INDEXER = {"tokenProcessorConfig": {"blockSize", "blockSizeTokens", "hashSeed"},
             "kvBlockIndexConfig": {"enableMetrics", "metricsLoggingInterval", "inMemoryConfig", "redisConfig",
                                    "valkeyConfig"},
             "prefixStoreConfig": None, "tokenizersPoolConfig": None, "kvEventsConfig": None,
-            "speculativeIndexing": None}
+            "speculativeIndexing": None, "kvCacheBackendConfigs": None}
+#: llm-d's precise index's tier weights (``kvcache.DefaultKVCacheBackendConfig``); a tier a configured list omits
+#: weighs 1.0 (``fillMaxWeights``)
+TIER_WEIGHTS = {"gpu": 1.0, "cpu": 0.8}
 _PARAMS = {
     "single-profile-handler": set(),
     "prefix-cache-scorer": {"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "mode",
                             "indexerConfig", "blockSize", "blockSizeTokens", "autoTune", "maxPrefixTokensToMatch",
                             "prefixMatchInfoProducerName", "prefixLengthWeight", "maxModelLen"},
     "approx-prefix-cache-producer": set(_PRODUCER_KEYS),
+    "precise-prefix-cache-producer": {"tokenProcessorConfig", "indexerConfig", "kvEventsConfig", "speculativeIndexing",
+                                      "speculativeTTL", "sessionManager"},
     "precise-prefix-cache-scorer": {"indexerConfig", "kvEventsConfig", "tokenProcessorConfig"},
     "tokenizer": None,  # any parameters: no effect on a decision
     "queue-scorer": set(),
@@ -266,13 +268,20 @@ def _prefix_indexes(path, scorers, by_ref) -> list:
     and CPU scorers, each its own index), or one precise prefix scorer alone."""
     where = "schedulingProfiles[0].plugins"
     producers = {n: p for n, (t, p) in by_ref.items() if t == "approx-prefix-cache-producer"}
+    precise = {n: p for n, (t, p) in by_ref.items() if t == "precise-prefix-cache-producer"}
     out, read = [], {}
     for t, _, params in scorers:
         if t == "precise-prefix-cache-scorer" or (t == "prefix-cache-scorer" and not _estimate(params)):
             out.append(("precise",))
         elif t != "prefix-cache-scorer":
             out.append(None)
-        elif "prefixMatchInfoProducerName" in params or producers:
+        elif params.get("prefixMatchInfoProducerName") in precise:  # llm-d-router's precise producer
+            name = params["prefixMatchInfoProducerName"]
+            if name in read:
+                raise _err(path, where, f"two prefix scorers read producer {name!r}; give each its own producer")
+            read[name] = True
+            out.append(("precise", name, precise[name]))
+        elif "prefixMatchInfoProducerName" in params or producers or precise:
             name = params.get("prefixMatchInfoProducerName", "approx-prefix-cache-producer")
             own = sorted(set(params) & (_PARAMS["prefix-cache-scorer"] - {"prefixMatchInfoProducerName",
                                                                           "prefixLengthWeight", "maxModelLen"}))
@@ -372,10 +381,17 @@ def _check_params(path, where, t, params):
         tpc = ic.get("tokenProcessorConfig") or {}
         if "blockSize" in tpc:
             _pos_int(path, f"{where}.parameters.indexerConfig.tokenProcessorConfig.blockSize", tpc["blockSize"])
+        _check_tiers(path, where, ic.get("kvCacheBackendConfigs"))
         if ic.get("speculativeIndexing") not in (None, False):
             raise _err(path, f"{where}.parameters.indexerConfig.speculativeIndexing",
                        "speculative indexing (the routed pod indexed at the decision, before its KV events) is not "
                        "modelled: the precise view sees a prefix when the pod schedules it")
+    if params.get("speculativeIndexing") not in (None, False):
+        raise _err(path, f"{where}.parameters.speculativeIndexing", "speculative indexing (the routed pod indexed at "
+                   "the decision, before its KV events) is not modelled: the precise view sees a prefix when the pod "
+                   "schedules it")
+    if params.get("sessionManager") is not None:
+        raise _err(path, f"{where}.parameters.sessionManager", "session-manager lookup is not modelled")
     top = params.get("tokenProcessorConfig")
     if top is not None:
         if not isinstance(top, dict):
@@ -384,6 +400,8 @@ def _check_params(path, where, t, params):
             if k not in _INDEXER["tokenProcessorConfig"]:
                 raise _err(path, f"{where}.parameters.tokenProcessorConfig.{k}",
                            f"unknown key; known: {sorted(_INDEXER['tokenProcessorConfig'])}")
+        if "blockSizeTokens" in top:
+            _pos_int(path, f"{where}.parameters.tokenProcessorConfig.blockSizeTokens", top["blockSizeTokens"])
         if "blockSize" in top:
             _pos_int(path, f"{where}.parameters.tokenProcessorConfig.blockSize", top["blockSize"])
             inner = ((ic or {}).get("tokenProcessorConfig") or {}).get("blockSize")
@@ -392,8 +410,34 @@ def _check_params(path, where, t, params):
                            f"{top['blockSize']}, but indexerConfig.tokenProcessorConfig.blockSize is {inner}")
 
 
+def _check_tiers(path, where, tiers) -> None:
+    key = f"{where}.parameters.indexerConfig.kvCacheBackendConfigs"
+    if tiers is None:
+        return
+    if not isinstance(tiers, list):
+        raise _err(path, key, "must be a list of {name, weight}")
+    for j, t in enumerate(tiers):
+        if not isinstance(t, dict) or set(t) - {"name", "weight", "modelConfigs"} or not isinstance(t.get("name"), str):
+            raise _err(path, f"{key}[{j}]", "each entry is {name, weight}")
+        w = t.get("weight", 0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 50:
+            raise _err(path, f"{key}[{j}].weight", f"must be a number in [0, 50], got {w!r}")
+
+
+def tier_weights(params) -> dict:
+    """The precise producer's tier weights: ``indexerConfig.kvCacheBackendConfigs`` (a tier it omits: 1.0), else
+    llm-d's defaults (:data:`TIER_WEIGHTS`)."""
+    given = (params.get("indexerConfig") or {}).get("kvCacheBackendConfigs")
+    if given is None:
+        return dict(TIER_WEIGHTS)
+    w = {t["name"]: float(t.get("weight", 0)) for t in given}
+    return {"gpu": w.get("gpu", 1.0), "cpu": w.get("cpu", 1.0)}
+
+
 def _precise_block_size(params) -> tuple[int, str]:
     """The precise index's block size in tokens and the key it came from (llm-d's default: 16)."""
+    if "blockSizeTokens" in (params.get("tokenProcessorConfig") or {}):
+        return int(params["tokenProcessorConfig"]["blockSizeTokens"]), "tokenProcessorConfig.blockSizeTokens"
     if "blockSize" in (params.get("tokenProcessorConfig") or {}):
         return int(params["tokenProcessorConfig"]["blockSize"]), "tokenProcessorConfig.blockSize"
     inner = (params.get("indexerConfig") or {}).get("tokenProcessorConfig") or {}
@@ -486,6 +530,22 @@ def epp_hash_config(spec: dict, *, block_tokens: int | None = None,
     return (ix[0][1]["hash_block_bytes"], ix[0][1]["max_blocks"]) if ix else None
 
 
+def _precise_producer_knobs(path, name: str, params: dict, w: float, block_tokens: int) -> dict:
+    """llm-d-router's ``prefix-cache-scorer`` over a ``precise-prefix-cache-producer``: ``matched / total`` of the
+    pods' own blocks (view precise, mode 1, no window), the producer's cpu-tier weight on the view's blocks the pods
+    hold in their cpu tier (``gie_cpu_tier_w_pct``; seen only where the pods have one, the numba vllm backend)."""
+    bs, key = _precise_block_size(params)
+    if bs != block_tokens:
+        raise _err(path, f"{name}.{key}", f"{bs} tokens, but the pods' blocks are {block_tokens} tokens "
+                   "(cache.block_tokens): the precise index is modelled on the pods' own blocks")
+    tw = tier_weights(params)
+    if tw["gpu"] != 1.0 or tw["cpu"] <= 0:
+        raise _err(path, f"{name}.indexerConfig.kvCacheBackendConfigs", f"gpu {tw['gpu']:g}, cpu {tw['cpu']:g}: "
+                   "modelled with the gpu tier at 1 and a positive cpu weight")
+    return dict(gie_prefix_mode=1, gie_prefix_w_pct=_pct(w), gie_window_blocks=0, view="precise",
+                gie_cpu_tier_w_pct=_pct(tw["cpu"]))
+
+
 def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = None) -> dict:
     """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
     ``block_tokens``-token blocks. The estimate mode's hashes are the stream's (:func:`epp_hash_config`); a second
@@ -509,8 +569,10 @@ def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = No
     if ix:
         kn.update(gie_prefix_mode=1, gie_prefix_w_pct=_pct(ix[0][0]), view="gie_estimate",
                   gie_lru_capacity=ix[0][1]["lru_capacity"])
-    for t, w, params in spec["scorers"]:
-        if t == "queue-scorer":
+    for (t, w, params), ix in zip(spec["scorers"], spec.get("index") or [None] * len(spec["scorers"])):
+        if ix is not None and len(ix) == 3 and ix[0] == "precise":
+            kn.update(_precise_producer_knobs(path, ix[1], ix[2], w, block_tokens))
+        elif t == "queue-scorer":
             kn["gie_queue_w_pct"] = _pct(w)
         elif t in ("kv-cache-scorer", "kv-cache-utilization-scorer"):
             kn["gie_kv_w_pct"] = _pct(w)
