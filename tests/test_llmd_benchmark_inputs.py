@@ -858,25 +858,26 @@ def test_study_with_the_pods_cpu_tier_and_the_tiered_guides_router(tmp_path):
     epp = {"tiered": str(TIERED / "tiered-prefix-cache-cpu.values.yaml"),
            "load": str(BUNDLED / "epp-load-scheduling.yaml")}
 
-    def cfg(**tiers):
+    def cfg(load_mode="overlap", **cpu):
         return OmegaConf.create(dict(kind="llmd_benchmark", name="tiered", seed=1, fleet=dict(replicas=2),
                                      replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
                                      cache=dict(block_tokens=16, capacity_blocks=40),
                                      llmd=dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8),
-                                     tiers=dict(cpu=tiers), engine=dict(backend="auto")))
+                                     tiers=dict(cpu=cpu, load_mode=load_mode), engine=dict(backend="auto")))
 
-    ds = run_study(cfg(capacity_blocks=400, read_gbps=20.0, latency_us=5.0, overlap="async"))
+    ds = run_study(cfg(capacity_blocks=400, read_gbps=20.0, latency_us=5.0))
     knobs = ds.attrs["knobs"]
     assert "'gie_cpu_w_pct': 100" in knobs and "'gie_cpu_lru_capacity': 41000" in knobs
     assert "capacity_blocks=400" in ds.attrs["cpu_tier"] and "block_bytes=2097152" in ds.attrs["cpu_tier"]
+    assert "overlap='async'" in ds.attrs["cpu_tier"]
     cpu = ds.cpu_token_hit_rate.values
     assert np.all(np.isfinite(cpu)) and cpu.max() > 0 and np.all(cpu <= ds.token_hit_rate.values + 1e-12)
     assert np.all(ds.offloaded_blocks.values > 0)
-    for bad, key in ((dict(capacity_blocks=400, bogus=1), "tiers.cpu.bogus: unknown key"),
-                     (dict(capacity_blocks=400, overlap="later"), "tiers.cpu.overlap"),
-                     (dict(capacity_blocks=-1), "tiers.cpu.capacity_blocks")):
+    for bad, key in ((cfg(capacity_blocks=400, bogus=1), "tiers.cpu.bogus: unknown key"),
+                     (cfg(load_mode="later", capacity_blocks=400), "tiers.load_mode"),
+                     (cfg(capacity_blocks=-1), "tiers.cpu.capacity_blocks")):
         with pytest.raises(StudyError, match=key):
-            run_study(cfg(**bad))
+            run_study(bad)
     jax_cfg = cfg(capacity_blocks=400)
     jax_cfg.engine.backend = "jax"
     with pytest.raises(StudyError, match="engine.backend=jax"):

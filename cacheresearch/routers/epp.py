@@ -2,7 +2,7 @@
 the ``gie`` router's knobs.
 
 Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions of the llm-d
-73-capacity benchmark):
+73-capacity benchmark; later GIE releases; llm-d-router's prefix-cache producers):
 
 * ``prefix-cache-scorer``: estimate mode (default) with ``hashBlockSize`` (bytes, default 64),
   ``maxPrefixBlocksToMatch`` (default 256) and ``lruCapacityPerServer`` (hashes per pod, default
@@ -17,6 +17,27 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
   #659, 2026: the routed pod indexed at the decision, before its KV events) is refused, since the precise view
   sees a prefix when the pod schedules it; ``kvBlockIndexConfig``'s backends (``inMemoryConfig``,
   ``redisConfig``, ``valkeyConfig``) hold the same index;
+* llm-d-router's producers (the llm-d tiered-prefix-cache guide's layout): ``prefix-cache-scorer`` with
+  ``prefixMatchInfoProducerName`` (no name: the producer ``approx-prefix-cache-producer``, declared or created
+  with its defaults) reads
+
+  - an ``approx-prefix-cache-producer`` (``autoTune``, ``blockSizeTokens``, ``blockSize``,
+    ``maxPrefixBlocksToMatch``, ``maxPrefixTokensToMatch``, ``lruCapacityPerServer``: :func:`producer_params`)
+    -> ``view=gie_estimate``, ``gie_prefix_mode=1``; a second such scorer over its own producer (the guide's
+    ``cpu-prefix-cache-scorer`` over ``cpu-prefix-cache-producer``, ``autoTune: false``, its own
+    ``lruCapacityPerServer``) -> ``gie_cpu_w_pct`` and ``gie_cpu_lru_capacity`` (both producers must hash alike:
+    one stream carries one hash configuration). In a file that declares no producer, two ``prefix-cache-scorer``
+    instances with their own index parameters (the GIE-era layout) read as the same pair;
+  - a ``precise-prefix-cache-producer`` (``tokenProcessorConfig.blockSizeTokens`` / ``blockSize`` equal to the pods'
+    block size, ``indexerConfig``, ``kvEventsConfig``) -> ``view=precise``, ``gie_prefix_mode=1`` (matched / total),
+    no window, and its ``indexerConfig.kvCacheBackendConfigs`` cpu weight (default 0.8; a tier a given list omits
+    weighs 1.0) -> ``gie_cpu_tier_w_pct`` (the view over both tiers where the pods have a cpu tier);
+    ``speculativeIndexing: true`` and ``sessionManager`` are refused;
+
+  ``prefixLengthWeight`` must be 0 (``maxModelLen`` then has no effect); a producer no scorer reads changes nothing;
+  ``no-hit-lru-scorer`` (the guide's later layout) is refused by name (not modelled);
+* a Helm values file of llm-d's router chart (``router.epp.pluginsCustomConfig``, the entry ``pluginsConfigFile``
+  names) or GIE's (``inferenceExtension``): its EndpointPickerConfig is read;
 * ``tokenizer`` (llm-d's later tokenizer plugin, any parameters): it tokenises prompts for the precise scorer,
   which works on the prompts' own token blocks here; it scores nothing and cannot stand in a profile;
 * ``queue-scorer``, ``kv-cache-scorer`` (also ``kv-cache-utilization-scorer``), ``load-aware-scorer``

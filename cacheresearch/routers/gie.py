@@ -211,7 +211,9 @@ KNOBS = (
 ROUTER = register(Router(
     name="gie", id=10, rule=rule, knobs=KNOBS, reads_cache=True, reads_load=True,
     summary="max-score picker (uniform ties) over ``w_p prefix + w_kv (1 - KV usage) + w_q (qmax - q) / "
-    "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise)",
-    source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer",
+    "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise); "
+    "llm-d's CPU-tier prefix scorer ``w_c matched_cpu / total`` over a second index",
+    source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer; "
+    "llm-d tiered-prefix-cache guide (llm-d-router approx / precise prefix-cache producers)",
     doc=__doc__, numba=numba_rule,
 ))

@@ -225,38 +225,35 @@ class LlmdBenchmarkError(ValueError):
     pass
 
 
-#: ``tiers.cpu`` of the study's config (a cpu tier per pod, :mod:`cacheresearch.tiers.vllm`) and its defaults
-TIER_DEFAULTS = dict(capacity_blocks=0, read_gbps=50.0, latency_us=10.0, block_bytes="auto", overlap="async",
-                     memory_gib=2048.0)
-
-
 def cpu_tier_of(cfg, model, tp: int, block_tokens: int, kv_dtype: str):
-    """The pods' cpu tier from ``tiers.cpu`` (None: none, capacity 0). ``capacity_blocks``: blocks per pod (vLLM's
-    ``num_cpu_blocks``; the tiered guide's ``lruCapacityPerServer`` sizes the CPU producer's index to it);
-    ``read_gbps`` / ``latency_us``: a pod's host-to-device link; ``block_bytes`` (auto: one GPU's share of a
-    block, the model's KV bytes per token / ``tp`` x ``cache.block_tokens``, each TP rank loading its share over its
-    own link); ``overlap``: ``async`` (vLLM's OffloadingConnector, the guide's native offloading) or ``sync``
-    (LMCache's connector). Errors are one line naming the key (``tiers.cpu.*``)."""
+    """The pods' cpu tier from the run's ``tiers`` (the sweep's schema, ``TiersConf``; None: capacity 0).
+    ``tiers.cpu``: ``capacity_blocks`` per pod (vLLM's ``num_cpu_blocks``), ``read_gbps`` / ``latency_us`` of a
+    pod's host-to-device link (null: the cpu tier's defaults, 50 GB/s and 10 us), ``write_gbps``, ``memory_gib``,
+    ``policy`` (lru); ``tiers.load_mode``: ``serial`` (LMCache's connector: the admitting step waits for its loads)
+    or ``overlap`` (vLLM's OffloadingConnector). A block's bytes: one GPU's share, ``replica.model``'s KV bytes per
+    token / ``replica.tp`` x ``cache.block_tokens`` (each TP rank loads its share over its own link; ``tiers.model``
+    is the routing sweep's). Errors are one line naming the key (``tiers.*``)."""
+    from cacheresearch.studies.tiers_vllm import OVERLAP_OF  # noqa: PLC0415
+    from cacheresearch.tiers.spec import DEFAULT_TIERS  # noqa: PLC0415
     from cacheresearch.tiers.vllm import cpu_tier  # noqa: PLC0415
 
-    given = _get(cfg, "tiers")
-    if given is None:
+    tc = _get(cfg, "tiers")
+    if tc is None:
         return None
-    if not isinstance(given, dict):
-        given = OmegaConf.to_container(given, resolve=True)
-    for k in given:
-        if k != "cpu":
-            raise LlmdBenchmarkError(f"tiers.{k}: the llm-d benchmark's pods take a cpu tier only (tiers.cpu)")
-    c = dict(TIER_DEFAULTS)
-    for k, v in (given.get("cpu") or {}).items():
-        if k not in c:
-            raise LlmdBenchmarkError(f"tiers.cpu.{k}: unknown key; known keys are {sorted(c)}")
-        c[k] = v
-    bb = c["block_bytes"]
-    if bb == "auto":
-        bb = block_bytes(model, kv_dtype=kv_dtype, tp=tp, block_tokens=block_tokens)
-    t = cpu_tier(capacity_blocks=c["capacity_blocks"], read_gbps=c["read_gbps"], latency_us=c["latency_us"],
-                 block_bytes=bb, overlap=c["overlap"], memory_gib=c["memory_gib"], where="tiers.")
+    if not isinstance(tc, dict):
+        tc = OmegaConf.to_container(tc, resolve=True)
+    for t in ("pool", "disk"):
+        if int((tc.get(t) or {}).get("capacity_blocks") or 0) > 0:
+            raise LlmdBenchmarkError(f"tiers.{t}.capacity_blocks: the llm-d benchmark's pods take a cpu tier only")
+    c = {k: v for k, v in (tc.get("cpu") or {}).items() if v is not None}
+    for k in c:
+        if k not in DEFAULT_TIERS["cpu"]:
+            raise LlmdBenchmarkError(f"tiers.cpu.{k}: unknown key; known keys are {sorted(DEFAULT_TIERS['cpu'])}")
+    mode = tc.get("load_mode", "serial")
+    if mode not in OVERLAP_OF:
+        raise LlmdBenchmarkError(f"tiers.load_mode: {mode!r}; choose one of {', '.join(OVERLAP_OF)}")
+    bb = block_bytes(model, kv_dtype=kv_dtype, tp=tp, block_tokens=block_tokens)
+    t = cpu_tier(block_bytes=bb, overlap=OVERLAP_OF[mode], where="tiers.", **c)
     return t if t.capacity_blocks > 0 else None
 
 
@@ -658,6 +655,10 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              f"({ds.attrs.get('warmup_source', 'llmd.warmup_stages')})",
              f"client permits: {ds.attrs.get('client_permits', 0)} ({ds.attrs.get('client_permits_source', '')})",
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}"]
+    if ds.attrs.get("cpu_tier", "none") != "none" and "cpu_token_hit_rate" in ds:
+        share = ", ".join(f"{a} {float(np.nanmean(ds.cpu_token_hit_rate.sel(arm=a).values)):.3f}"
+                          for a in ds.arm.values)
+        lines.append(f"pods' cpu tier: {ds.attrs['cpu_tier']}; prompt tokens read from it (mean over stages): {share}")
     if ds.attrs.get("request_timeout_s", -1) > 0:
         lines.append(f"the file's load.request_timeout ({ds.attrs['request_timeout_s']:g} s) is not modelled: "
                      "no request is cut off, none counts as failed")
