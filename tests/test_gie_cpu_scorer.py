@@ -77,10 +77,20 @@ def test_jax_rule_and_oracle_equal_the_float_formula():
     assert checked > 40
 
 
-def test_cpu_weight_needs_the_gie_estimate_view():
+def test_cpu_weight_needs_the_gie_estimate_view_and_an_lru_of_a_request():
     with pytest.raises(ValueError, match="gie_cpu_w_pct"):
         make_params("lru", capacity_blocks=10, router="gie", view="precise", gie_cpu_w_pct=100)
     make_params("lru", capacity_blocks=10, router="gie", view="precise", gie_cpu_lru_capacity=5)  # weight 0: fine
+    # an LRU smaller than one request's hashes is refused before the run (GIE's map would keep dropped hashes)
+    from cacheresearch.core.simulate import simulate
+
+    w = _workload(1, 5, rate=10)
+    g = gie_hashes_from_keys(w, bytes_per_token=4, hash_block_bytes=64, max_blocks=11)
+    s = compile_stream(w, stateful_singletons=True, gie_hashes=g)
+    p = make_params("lru", capacity_blocks=60, replicas=2, router="gie", view="gie_estimate", gie_cpu_w_pct=100,
+                    gie_cpu_lru_capacity=3, max_num_seqs=4)
+    with pytest.raises(ValueError, match="gie_cpu_lru_capacity below a request's"):
+        simulate(s, p, jax.random.key(0), max_replicas=2, scheduler="vllm", max_running=6, queue_slots=64)
 
 
 _CPU_CASES = dict(seed=st.integers(0, 10_000), cap=st.integers(40, 160), budget=st.sampled_from([48, 200, 4096]),

@@ -1243,7 +1243,7 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         kpos = rq[i, QOFF] + max(pb - 1, 0)
         r = RD.route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
                      q, mv, a, tree, kvu, ac, gn[i] if gie else -1, pi[CAP], rk, ring, elig, tmpv, sr, sg)
-        if gie:  # PreRequest: the chosen pod's LRU learns the request's hashes (in each producer's index)
+        if gie:  # PostCycle (later releases: PreRequest): the chosen pod's LRU learns the request's hashes
             _gie_add(gh[i], gn[i], r, pi[G_LRU], gpres, gst, gs, glog)
         if gcw:
             _gie_add(gh[i], gn[i], r, pi[G_CLRU], cpres, cst, cgs, clog)

@@ -734,7 +734,7 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
         fv = _fleet_view(c, now, now_t, stream, params, u, instances, replicas, mv, gtot, gcpu)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
-        if gie:  # PreRequest: the chosen pod's LRU learns the request's hashes, in each index
+        if gie:  # PostCycle (later releases: PreRequest): each index learns the request's hashes on the chosen pod
             on = real & (params.view == VIEWS["gie_estimate"])
             c = c._replace(gix=(gie_add(c.gix[0], gids, gn, r, params.gie_lru_capacity, on),
                                 gie_add(c.gix[1], gids, gn, r, params.gie_cpu_lru_capacity,
