@@ -203,9 +203,9 @@ KNOBS = (
     Knob("gie_cpu_lru_capacity", 31_250, 1, 2**31 - 2, doc="the CPU-tier scorer's index: hashes per pod in its LRU "
          "(the CPU producer's lruCapacityPerServer; llm-d's default 31,250)", unit="hashes"),
     Knob("gie_cpu_tier_w_pct", 0, 0, 5000, doc="view precise with the replicas' cpu tier (numba vllm backend): llm-d's "
-         "precise producer's weight of a block a pod holds only in its cpu tier (kvCacheBackendConfigs cpu; llm-d's "
-         "default 0.8 = 80); the match is int(sum of tier weights along the prefix held in either tier); 0: the cpu "
-         "tier unseen", unit="1/100"),
+         "precise producer's weight of a block a pod holds in its cpu tier (kvCacheBackendConfigs cpu; llm-d's default "
+         "0.8 = 80; a block in both tiers weighs the larger of 1 and it); the match is int(sum of tier weights "
+         "along the prefix held in either tier); 0: the cpu tier unseen", unit="1/100"),
 )
 
 ROUTER = register(Router(
