@@ -148,6 +148,18 @@ class _Replica:
         return bool(self.running) or bool(self.waiting)
 
 
+def _tier_lead(keys, rp, wc: float) -> int:
+    """llm-d's precise producer over a pod's two tiers: the keys held in the pool (weight 1.0) or the cpu tier
+    (``wc``; in both, the larger), summed in float64 in order up to the first held in neither, truncated."""
+    acc = 0.0
+    for k in keys:
+        g, c = k in rp.stored, k in rp.cpu
+        if not (g or c):
+            break
+        acc += max(1.0 if g else 0.0, wc if c else 0.0)  # llm-d's fillMaxWeights: the pod's largest tier weight
+    return int(acc)
+
+
 def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robin", bits=None,
                     max_num_seqs=256, max_num_batched_tokens=8192, step_base_ns=5_752_705,
                     step_prefill_ns=17_251, step_decode_ns=5_999, step_ctx_ps=0, step_prefill_ctx_fs=0,
@@ -199,8 +211,11 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  miss_smallest_tree=True, overlap_weight_pct=100, temperature=0.0, prefix_weight_pct=200,
                  load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
                  gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
-                 gie_load_threshold=128, gie_lru_capacity=31_250, gie_active_w_pct=0, gie_active_timeout_ms=120_000)
+                 gie_load_threshold=128, gie_lru_capacity=31_250, gie_active_w_pct=0, gie_active_timeout_ms=120_000,
+                 gie_cpu_w_pct=0, gie_cpu_lru_capacity=31_250, gie_cpu_tier_w_pct=0)
     knobs.update(kn)
+    # llm-d's CPU-tier prefix scorer: a second producer's index, fed as the first (gie_cpu_w_pct > 0)
+    cix = GieIndexer(knobs["gie_cpu_lru_capacity"]) if knobs["gie_cpu_w_pct"] > 0 else None
     ring = ring_nodes(replicas, int(knobs.get("vnodes", 100))) if router == "chwbl" else None  # chwbl's ring
     route = router_oracle(router, R)  # with its state, for a router that keeps one
     ttft = [-1] * N
@@ -677,12 +692,18 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
         tracked = [sum(1 for j in [w[0] for w in rp.waiting] + [q.i for q in rp.running]
                        if T == 0 or not any(sent[j] + T < k * T for k in range(1, now // T + 1)))
                    for rp in reps]
+        cm = cix.match_longest_prefix(gie_of[i]) if cix is not None else {}
+        if view == "precise" and knobs["gie_cpu_tier_w_pct"] > 0 and cpu_blocks > 0:
+            match = [_tier_lead(keys, rp, knobs["gie_cpu_tier_w_pct"] / 100) for rp in reps]
         r = route(i=i, n=n, prefix_key=pk, bits=bits_l[i], R=R, match=match, queue=queue,
                   active_blocks=active, tree_size=tree, ring=ring, kn=knobs, kv_used=kv_used, capacity=C,
-                  match_total=len(gie_of[i]) if view == "gie_estimate" else None, active_req=tracked)
+                  match_total=len(gie_of[i]) if view == "gie_estimate" else None, active_req=tracked,
+                  match_cpu=None if cix is None else [cm.get(x, 0) for x in range(R)])
         rep_of[i] = r
         if view == "gie_estimate":
             gix.add(gie_of[i], r)
+        if cix is not None:
+            cix.add(gie_of[i], r)
         idx = index[u][r]
         for k in reversed(keys):
             idx[k] = True

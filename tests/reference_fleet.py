@@ -135,8 +135,9 @@ def _ratio16(a: int, b: int) -> int:
     return ((int(a) >> s) * 65536) // max(b >> s, 1)
 
 
-def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=None) -> int:
-    """GIE v0.5.1 scorers, llm-d's load-aware and active-request scorers and the max-score picker, in the
+def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=None, match_cpu=None) -> int:
+    """GIE v0.5.1 scorers, llm-d's load-aware and active-request scorers, llm-d's CPU-tier prefix scorer (a
+    second prefix-cache-scorer: matched / total in its own index, ``match_cpu``) and the max-score picker, in the
     engine's fixed point (1/65536). ``active_req``: the EPP's in-flight counts (``queue`` when None)."""
     Sc = 65536
     qmax, qmin = max(q), min(q)
@@ -158,8 +159,11 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=
     c = list(q) if active_req is None else list(active_req)
     cmax = max(c)
     acs = [Sc if cmax == 0 else _ratio16(cmax - x, cmax) for x in c]  # active-request: (cmax - c) / cmax
+    wc = kn.get("gie_cpu_w_pct", 0)
+    tc = match_total if match_total is not None else 0
+    cs = [_ratio16(min(x, tc), tc) if wc > 0 and tc > 0 else 0 for x in (match_cpu or [0] * R)]
     score = [kn["gie_prefix_w_pct"] * ps[r] + kn["gie_kv_w_pct"] * ks[r] + kn["gie_queue_w_pct"] * qs[r]
-             + kn["gie_load_w_pct"] * ls[r] + kn.get("gie_active_w_pct", 0) * acs[r] for r in range(R)]
+             + kn["gie_load_w_pct"] * ls[r] + kn.get("gie_active_w_pct", 0) * acs[r] + wc * cs[r] for r in range(R)]
     best = max(score)
     tied = [r for r in range(R) if score[r] == best]
     return tied[_scale(bits1, len(tied))]
@@ -196,9 +200,11 @@ def router_oracle(router: str, R: int):
 
 
 def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, match, queue, active_blocks,
-              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None, active_req=None) -> int:
+              tree_size, ring, kn: dict, kv_used=None, capacity=2**31 - 1, match_total=None, active_req=None,
+              match_cpu=None) -> int:
     """One routing decision (see :mod:`cacheresearch.routers`). All vectors have length ``R``.
-    ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks.
+    ``kv_used``: pool blocks in use per replica (``active_blocks`` when None); ``capacity``: pool blocks;
+    ``match_cpu``: ``gie``'s CPU-tier scorer's counts (None: no such index).
     A router with state (:data:`ORACLES`) decides from a fresh state (its first decision of a run)."""
     if router in ORACLES:
         return ORACLES[router](R).route(i=i, n=n, prefix_key=prefix_key, bits=bits, R=R, match=match, queue=queue,
@@ -265,7 +271,8 @@ def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, mat
             return _argmin_rot(a, R, off, eligible=[m[r] == mstar for r in range(R)])
         return _argmin_rot([_clamp30(a[r]) + _clamp30(n - m[r]) for r in range(R)], R, off)
     if router == "gie":
-        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn, match_total, active_req)
+        return _gie(n, R, m, q, a if kv_used is None else kv_used, capacity, bits[1], kn, match_total, active_req,
+                    match_cpu)
     raise ValueError(f"unknown router {router!r}; expected one of {ROUTERS}")
 
 

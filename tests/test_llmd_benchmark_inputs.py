@@ -16,6 +16,7 @@ from cacheresearch.routers.epp import (
     epp_knobs,
     estimate_params,
     go_duration_ms,
+    producer_params,
     read_epp,
 )
 from cacheresearch.studies.llmd_benchmark import BENCHMARKS, BUNDLED, BUNDLED_37, BUNDLED_EPP_37
@@ -761,3 +762,202 @@ def test_request_timeout_cuts_requests_off(tmp_path):
     assert int(base.timed_out.sum()) == 0 and 0 < int(cut.timed_out.sum()) < int(cut.n_requests.sum())
     assert cut.attrs["request_timeout_s"] == 0.8 and "timed out per arm: load" in summarize_llmd_benchmark(cut)
     assert float(cut.ttft_p90_s.max()) <= 0.8 < float(base.ttft_p90_s.max())  # the successes' TTFT only
+
+
+TIERED = Path(__file__).parent / "fixtures" / "llmd_tiered"
+
+
+def test_tiered_prefix_cache_guide_values_file():
+    """llm-d's tiered-prefix-cache guide (tests/fixtures/llmd_tiered/SOURCE.md), read from its Helm values file:
+    the GPU scorer reads the producer the EPP creates by default (autoTune: the pods' block size, never below 64
+    tokens, and their GPU blocks), the CPU scorer its own producer (41,000 hashes) with its own weight."""
+    sp = read_epp(TIERED / "tiered-prefix-cache-cpu.values.yaml")
+    k = epp_knobs(sp, block_tokens=64, capacity_blocks=2000)
+    assert (k["view"], k["gie_prefix_mode"], k["gie_queue_w_pct"], k["gie_kv_w_pct"]) == ("gie_estimate", 1, 200, 200)
+    assert (k["gie_prefix_w_pct"], k["gie_lru_capacity"]) == (100, 2000)
+    assert (k["gie_cpu_w_pct"], k["gie_cpu_lru_capacity"]) == (100, 41_000)
+    # 64-token blocks hashed as 4 bytes a token; 131,072 tokens matched at most (2,048 blocks)
+    assert epp_hash_config(sp, block_tokens=64, capacity_blocks=2000) == (256, 2048)
+    assert epp_hash_config(sp, block_tokens=16, capacity_blocks=2000) == (256, 2048)  # 16 tokens: raised to 64
+    # the later layout of the same guide adds no-hit-lru-scorer: refused by name
+    with pytest.raises(EppConfigError, match=r"plugins\[0\]\.type: no-hit-lru-scorer: .*not modelled"):
+        read_epp(TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml")
+
+
+def test_tiered_layouts_and_the_gpt_oss_weights(tmp_path):
+    """Both producers declared (the single-host layout without no-hit-lru-scorer), the GIE-era layout (two
+    prefix-cache-scorers each with its own index parameters) and the gpt-oss run's weights 2 : 2 : 3 : 2."""
+    text = (TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml").read_text()
+    text = text.replace("        - type: no-hit-lru-scorer\n", "").replace("          - pluginRef: no-hit-lru-scorer\n",
+                                                                          "")
+    k = epp_knobs(read_epp(_write(tmp_path, "v.yaml", text)), block_tokens=16, capacity_blocks=7000)
+    assert (k["gie_prefix_w_pct"], k["gie_lru_capacity"], k["gie_cpu_w_pct"], k["gie_cpu_lru_capacity"]) == \
+        (100, 7000, 100, 82_000)
+    gie_era = """kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+  name: gpu-prefix-cache-scorer
+- type: prefix-cache-scorer
+  name: cpu-prefix-cache-scorer
+  parameters:
+    autoTune: false
+    lruCapacityPerServer: 41000
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: gpu-prefix-cache-scorer
+    weight: 3
+  - pluginRef: cpu-prefix-cache-scorer
+    weight: 2
+"""
+    sp = read_epp(_write(tmp_path, "g.yaml", gie_era))
+    k = epp_knobs(sp, block_tokens=64, capacity_blocks=7000)
+    assert (k["gie_queue_w_pct"], k["gie_kv_w_pct"], k["gie_prefix_w_pct"], k["gie_cpu_w_pct"]) == (200, 200, 300, 200)
+    # GIE v0.5's defaults for the first (64-byte blocks, 256 of them, 31,250 hashes), a later release's for the
+    # second (16 tokens x 4 bytes, 256 blocks, its own 41,000): they hash alike
+    assert (k["gie_lru_capacity"], k["gie_cpu_lru_capacity"]) == (31_250, 41_000)
+    assert epp_hash_config(sp, block_tokens=64, capacity_blocks=7000) == (64, 256)
+    with pytest.raises(EppConfigError, match="approx-prefix-cache-producer: the two approximate prefix scorers hash"):
+        epp_knobs(read_epp(_write(tmp_path, "h.yaml", gie_era.replace("autoTune: false", "autoTune: false\n"
+                                                                      "    blockSizeTokens: 32"))), block_tokens=64)
+
+
+def test_producer_parameters_and_refusals(tmp_path):
+    assert producer_params({}) == dict(hash_block_bytes=256, max_blocks=2048, lru_capacity=31_250, auto_tune=True)
+    assert producer_params({}, block_tokens=128, capacity_blocks=900) == dict(
+        hash_block_bytes=512, max_blocks=1024, lru_capacity=900, auto_tune=True)
+    assert producer_params({"autoTune": False, "blockSizeTokens": 96, "maxPrefixTokensToMatch": 0,
+                            "maxPrefixBlocksToMatch": 10, "lruCapacityPerServer": 0}, capacity_blocks=900) == dict(
+        hash_block_bytes=384, max_blocks=10, lru_capacity=31_250, auto_tune=False)
+    base = (TIERED / "tiered-prefix-cache-cpu.values.yaml").read_text()
+    bad = {
+        "undeclared.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                         "prefixMatchInfoProducerName: nope"), "'nope' is not a declared plugin"),
+        "notproducer.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                          "prefixMatchInfoProducerName: queue-scorer"),
+                             "'queue-scorer' is a queue-scorer, not an approx-prefix-cache-producer"),
+        "shared.yaml": (base.replace("        - type: prefix-cache-scorer\n          name: gpu-prefix-cache-scorer\n",
+                                     "        - type: prefix-cache-scorer\n          name: gpu-prefix-cache-scorer\n"
+                                     "          parameters:\n"
+                                     "            prefixMatchInfoProducerName: cpuPrefixProducer\n"),
+                        "two prefix scorers read producer 'cpuPrefixProducer'"),
+        "length.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                     "prefixMatchInfoProducerName: cpuPrefixProducer\n"
+                                     "            prefixLengthWeight: 0.5\n            maxModelLen: 8192"),
+                        "prefixLengthWeight: the prefix length term"),
+        "own.yaml": (base.replace("prefixMatchInfoProducerName: cpuPrefixProducer",
+                                  "prefixMatchInfoProducerName: cpuPrefixProducer\n"
+                                  "            lruCapacityPerServer: 5"),
+                     "takes its index parameters from the producer"),
+        "precise.yaml": (base.replace("type: approx-prefix-cache-producer", "type: precise-prefix-cache-producer"),
+                         "autoTune: unknown parameter of precise-prefix-cache-producer"),
+        "cap.yaml": (base.replace("lruCapacityPerServer: 41000", "lruCapacityPerServer: -1"),
+                     r"parameters\.lruCapacityPerServer: must be an integer >= 1"),
+    }
+    for name, (text, key) in bad.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            epp_knobs(read_epp(_write(tmp_path, name, text)), block_tokens=64)
+    mixed = EPP_OK.replace("- type: prefix-cache-scorer\n", "- type: prefix-cache-scorer\n- type: "
+                           "precise-prefix-cache-scorer\n  parameters:\n    tokenProcessorConfig: {blockSize: 16}\n"
+                           ).replace("  - pluginRef: queue-scorer\n", "  - pluginRef: queue-scorer\n"
+                                     "  - pluginRef: precise-prefix-cache-scorer\n")
+    with pytest.raises(EppConfigError, match="a precise prefix scorer beside another prefix scorer"):
+        read_epp(_write(tmp_path, "mixed.yaml", mixed))
+
+
+def test_study_with_the_pods_cpu_tier_and_the_tiered_guides_router(tmp_path):
+    """``tiers.cpu`` gives every pod a cpu tier (the numba vllm backend's per-block mode) and the tiered guide's EPP
+    file its CPU-tier scorer: the knobs reach the run (attrs), the tier serves part of the prompts, and bad tier
+    keys and the JAX backend are refused in one line naming the key."""
+    from omegaconf import OmegaConf
+
+    from cacheresearch.studies import run_study
+    from cacheresearch.studies.base import StudyError
+
+    ip = _write(tmp_path, "ip.yaml", SMALL_IP)
+    epp = {"tiered": str(TIERED / "tiered-prefix-cache-cpu.values.yaml"),
+           "load": str(BUNDLED / "epp-load-scheduling.yaml")}
+
+    def cfg(load_mode="overlap", **cpu):
+        return OmegaConf.create(dict(kind="llmd_benchmark", name="tiered", seed=1, fleet=dict(replicas=2),
+                                     replica=dict(model="llama3_8b", gpu="h100_80gb", tp=1),
+                                     cache=dict(block_tokens=16, capacity_blocks=40),
+                                     llmd=dict(inference_perf=str(ip), epp=epp, stage_gap_s=30, max_running=8),
+                                     tiers=dict(cpu=cpu, load_mode=load_mode), engine=dict(backend="auto")))
+
+    ds = run_study(cfg(capacity_blocks=400, read_gbps=20.0, latency_us=5.0))
+    knobs = ds.attrs["knobs"]
+    assert "'gie_cpu_w_pct': 100" in knobs and "'gie_cpu_lru_capacity': 41000" in knobs
+    assert "capacity_blocks=400" in ds.attrs["cpu_tier"] and "block_bytes=2097152" in ds.attrs["cpu_tier"]
+    assert "overlap='async'" in ds.attrs["cpu_tier"]
+    cpu = ds.cpu_token_hit_rate.values
+    assert np.all(np.isfinite(cpu)) and cpu.max() > 0 and np.all(cpu <= ds.token_hit_rate.values + 1e-12)
+    assert np.all(ds.offloaded_blocks.values > 0)
+    for bad, key in ((cfg(capacity_blocks=400, bogus=1), "tiers.cpu.bogus: unknown key"),
+                     (cfg(load_mode="later", capacity_blocks=400), "tiers.load_mode"),
+                     (cfg(capacity_blocks=-1), "tiers.cpu.capacity_blocks")):
+        with pytest.raises(StudyError, match=key):
+            run_study(bad)
+    jax_cfg = cfg(capacity_blocks=400)
+    jax_cfg.engine.backend = "jax"
+    with pytest.raises(StudyError, match="engine.backend=jax"):
+        run_study(jax_cfg)
+
+
+PRECISE_PRODUCER = """apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: precise-prefix-cache-producer
+    parameters:
+      tokenProcessorConfig:
+        blockSizeTokens: 64
+      indexerConfig:
+        kvBlockIndexConfig:
+          enableMetrics: true
+      kvEventsConfig:
+        topicFilter: "kv@"
+        engineType: "vllm"
+  - type: prefix-cache-scorer
+    parameters:
+      prefixMatchInfoProducerName: precise-prefix-cache-producer
+  - type: kv-cache-utilization-scorer
+  - type: queue-scorer
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: kv-cache-utilization-scorer
+        weight: 2.0
+      - pluginRef: queue-scorer
+        weight: 2.0
+      - pluginRef: prefix-cache-scorer
+        weight: 3.0
+"""
+
+
+def test_precise_producer_with_its_tier_weights(tmp_path):
+    """llm-d-router's precise producer read by a prefix-cache-scorer: matched / total on the precise view (mode 1,
+    no window), the cpu tier weighed as its kvCacheBackendConfigs say (default 0.8; a tier a given list omits
+    weighs 1.0)."""
+    k = epp_knobs(read_epp(_write(tmp_path, "p.yaml", PRECISE_PRODUCER)), block_tokens=64)
+    assert (k["view"], k["gie_prefix_mode"], k["gie_window_blocks"], k["gie_prefix_w_pct"]) == ("precise", 1, 0, 300)
+    assert k["gie_cpu_tier_w_pct"] == 80 and (k["gie_kv_w_pct"], k["gie_queue_w_pct"]) == (200, 200)
+    tiers = PRECISE_PRODUCER.replace("          enableMetrics: true\n", "          enableMetrics: true\n"
+                                     "        kvCacheBackendConfigs:\n          - {name: gpu, weight: 1.0}\n")
+    assert epp_knobs(read_epp(_write(tmp_path, "t.yaml", tiers)), block_tokens=64)["gie_cpu_tier_w_pct"] == 100
+    cpu = tiers.replace("{name: gpu, weight: 1.0}", "{name: gpu, weight: 1.0}\n          - {name: cpu, weight: 0.5}")
+    assert epp_knobs(read_epp(_write(tmp_path, "c.yaml", cpu)), block_tokens=64)["gie_cpu_tier_w_pct"] == 50
+    bad = {"blk.yaml": (PRECISE_PRODUCER, 16, "blockSizeTokens: 64 tokens, but the pods' blocks are 16"),
+           "gpu.yaml": (tiers.replace("weight: 1.0}", "weight: 0.9}"), 64, "modelled with the gpu tier at 1"),
+           "spec.yaml": (PRECISE_PRODUCER.replace("      kvEventsConfig:", "      speculativeIndexing: true\n"
+                                                  "      kvEventsConfig:"), 64, "speculativeIndexing"),
+           "sess.yaml": (PRECISE_PRODUCER.replace("      kvEventsConfig:", "      sessionManager: s\n"
+                                                  "      kvEventsConfig:"), 64, "sessionManager")}
+    for name, (text, bt, key) in bad.items():
+        with pytest.raises(EppConfigError, match=rf"{name}: .*{key}"):
+            epp_knobs(read_epp(_write(tmp_path, name, text)), block_tokens=bt)

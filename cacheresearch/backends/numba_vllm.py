@@ -41,7 +41,9 @@ threads (``prange``), for the configurations :func:`coverage` accepts:
   load-aware scores in the same 1/65536 integers, the max-score picker's tie rule on the same random word;
   on the ``gie_estimate`` view GIE's own prefix index (:mod:`cacheresearch.routers.gie_index`) as a
   per-pod log of (hash, stamp) entries in stamp order: its lowest-stamped present entries are its first
-  valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash).
+  valid log entries, so the LRU's eviction is a lazy pointer too (amortised O(1) per hash); with
+  ``gie_cpu_w_pct > 0`` a second such index (llm-d's CPU-tier producer, ``gie_cpu_lru_capacity``), its count
+  handed to the rule above the GPU view's (``m = gpu + cpu x 2**32``).
 
 * vLLM's hybrid KV cache manager (``kv_groups``, ``kv_window_groups``, ``kv_window``; per-block mode, lru pool, no
   cpu tier): full-attention and sliding-window groups of one pool, block ``j`` of a request one id per group
@@ -108,8 +110,8 @@ NRQ = 9
 # a configuration, columns of pi [G, NPI]
 (CAP, SEQS, BUDGET, BASE, PRE_NS, DEC_NS, CTX_PS, PCTX_FS, NREP, NINST, ROUTER, VIEW, LAG, LOCAL, ICAP, PB, VNODES,
  CHWBL_C, CT_PM, BAL_ABS, BAL_REL, MISS_TREE, OVL_W, PW, LW, QT, PR_REL, PR_ABS, WARM, REFRESH, G_MODE, G_WP, G_WK,
- G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS, TOUT) = range(43)
-NPI = 43
+ G_WQ, G_WIN, G_WL, G_THR, G_LRU, GAUGE, G_WA, G_TTL, PERMITS, TOUT, G_CW, G_CLRU, G_CTW) = range(46)
+NPI = 46
 _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns",
               "step_ctx_ps", "step_prefill_ctx_fs", "replicas", "instances", "router", "view", "stale_lag_ms",
               "local_load", "index_capacity", "prefix_blocks", "vnodes", "chwbl_c_pct", "cache_threshold_pm",
@@ -117,7 +119,8 @@ _PI_FIELDS = ("capacity", "max_num_seqs", "max_num_batched_tokens", "step_base_n
               "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs", "warmup_ms", "load_refresh_ms",
               "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks",
               "gie_load_w_pct", "gie_load_threshold", "gie_lru_capacity", "load_gauges", "gie_active_w_pct",
-              "gie_active_timeout_ms", "client_permits", "client_timeout_ms")
+              "gie_active_timeout_ms", "client_permits", "client_timeout_ms", "gie_cpu_w_pct", "gie_cpu_lru_capacity",
+              "gie_cpu_tier_w_pct")
 
 
 def coverage(params: list, st) -> list[str]:
@@ -150,8 +153,8 @@ def state_bytes(stream: Stream, st) -> int:
     pool = st.max_replicas * K * (NB + 2) * 4  # the per-block rows (ttl_refresh's release times; the cpu tier's list)
     R = st.max_replicas
     rows = st.max_instances * R if st.index else 0
-    G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most
-    gie = R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0
+    G = int(stream.n_gie) if stream.gie_hash is not None else 0  # GIE's index (view gie_estimate), at most, and
+    gie = 2 * R * (G * 9 + 2 * (G + int(stream.gie_width)) * 16) if G else 0  # the CPU-tier scorer's (gie_cpu_w_pct)
     return (R * K * (3 + 4 + (1 if st.stale else 0)) * 4 + rows * (K + 3 * E) * 8
             + R * (st.max_running * NSL + st.queue_slots * NWQ) * 8 + gie + (int(stream.n_requests) + 1) * (NRQ + 1) * 8
             + pool)
@@ -1440,9 +1443,25 @@ def _enqueue(i, r, now_t, Q, rq, rs, wq):
 
 
 @njit(cache=True)
-def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres):
+def _tier_lead(r, log0, e0, p, ps, pbl, wc):
+    """llm-d's precise producer over both tiers (per-block mode with a cpu tier): along the request's blocks while
+    replica ``r`` holds them in its pool (weight 1) or its cpu tier (weight ``wc``; in both: the larger), the weights
+    summed in float64 in block order and truncated (``int(aggregatedScores[pod])``)."""
+    acc = 0.0
+    for q in range(p):
+        k = log0[e0 + q, 0]
+        g, c = ps[r, k] > 0, pbl[r, B_WHERE, k] != 0
+        if not (g or c):
+            break
+        acc += max(1.0 if g else 0.0, wc if c else 0.0)  # a block in both tiers: the larger weight
+    return np.int64(acc)
+
+
+@njit(cache=True)
+def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres, pbl, pc):
     """Every replica's precise match ``mt`` and the router's view ``mv`` (precise, stale, approximate or
-    gie_estimate: GIE's count of the request's prompt-byte hashes)."""
+    gie_estimate: GIE's count of the request's prompt-byte hashes; precise with ``gie_cpu_tier_w_pct > 0`` and a
+    cpu tier: the tier-weighted prefix, :func:`_tier_lead`)."""
     now = rq[i, QARR]
     p, e0 = rq[i, QNR], rq[i, QE0]
     for r in range(nrep):
@@ -1459,6 +1478,9 @@ def _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, m
             mv[r] = _index_match(u * R + r, log0, e0, p, ist, ix[:, 3])
     if pi[VIEW] == 3:
         _gie_match(gh[i], gn[i], nrep, gpres, mv)
+    if pi[VIEW] == 0 and pi[G_CTW] > 0 and pc[PC_CPU] > 0:
+        for r in range(nrep):
+            mv[r] = _tier_lead(r, log0, e0, p, ps, pbl, pi[G_CTW] / 100)
 
 
 @njit(cache=True)
@@ -1500,6 +1522,10 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
     G1, Lg = (GI, 2 * (min(max(pi[G_LRU], 1), GI) + gh.shape[1]) + 2) if gie else (1, 1)
     gpres, gst = np.zeros((R, G1), np.bool_), np.zeros((R, G1), np.int64)
     gs, glog = np.zeros((R, 4), np.int64), np.zeros((R, Lg, 2), np.int64)
+    gcw = gie and pi[G_CW] > 0  # the CPU-tier prefix scorer's own index, the same layout
+    C1, Lc = (GI, 2 * (min(max(pi[G_CLRU], 1), GI) + gh.shape[1]) + 2) if gcw else (1, 1)
+    cpres, cst = np.zeros((R, C1), np.bool_), np.zeros((R, C1), np.int64)
+    cgs, clog, mcv = np.zeros((R, 4), np.int64), np.zeros((R, Lc, 2), np.int64), np.zeros(R, np.int64)
     scr, sq, skv, kvu = np.full(1, -1, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64), np.zeros(R, np.int64)
     ac = np.zeros(R, np.int64)  # the active-request tracker's counts (gie_active_w_pct > 0)
     NP = pi[PERMITS]
@@ -1530,7 +1556,11 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
             kat[g, i, 0] += fs[x, 0]
             kat[g, i, 1] += fs[x, 1]
         n = rq[i, QNB]
-        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres)
+        _views(i, u, nrep, R, pi, rq, log0, ps, snap, sync, ist, ix, stale, index, mt, mv, gh, gn, gpres, pbl, pc)
+        if gcw:  # the CPU-tier scorer's count, packed above the GPU view's: m = gpu + cpu x 2**32 (routers/gie.py)
+            _gie_match(gh[i], gn[i], nrep, cpres, mcv)
+            for x in range(nrep):
+                mv[x] += mcv[x] * CPU_SHIFT
         _loads(u, ninst, nrep, pi[LOCAL] != 0, Q, rq, rs, sl, wq, q, a)
         if pi[GAUGE] != 0 and pi[REFRESH] <= 0:  # vLLM's gauges read live: as of this arrival
             _gauges_at(now_t, nrep, rs, sq, skv)
@@ -1546,8 +1576,10 @@ def _one(g, rq, log0, pkey, K, bt, R, S, Q, NI, max_seqs, stale, index, match, p
         kpos = rq[i, QOFF] + max(pb - 1, 0)
         r = RD.route(code, i, n, pkey[kpos, 0] if n > 0 else 0, pkey[kpos, 1] if n > 0 else 0, bits[g, i], nrep,
                      q, mv, a, tree, kvu, ac, gn[i] if gie else -1, pi[CAP], rk, ring, elig, tmpv, sr, sg)
-        if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
+        if gie:  # PostCycle (later releases: PreRequest): the chosen pod's LRU learns the request's hashes
             _gie_add(gh[i], gn[i], r, pi[G_LRU], gpres, gst, gs, glog)
+        if gcw:
+            _gie_add(gh[i], gn[i], r, pi[G_CLRU], cpres, cst, cgs, clog)
         # the routing metrics (replicas holding the routing prefix; sent away from the best)
         mbest, cp = 0, 0
         for x in range(nrep):

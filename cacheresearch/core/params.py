@@ -252,6 +252,9 @@ def make_params(
         for decl in KNOB_DECLS.values():
             if decl.kind == kind:
                 decl.check(k[decl.name])
+    if int(k["gie_cpu_w_pct"]) > 0 and KNOB_DECLS["view"].value(k["view"]) != KNOB_DECLS["view"].value("gie_estimate"):
+        raise ValueError(f"gie_cpu_w_pct: {k['gie_cpu_w_pct']} asks for llm-d's CPU-tier prefix scorer, an approximate "
+                         f"index of GIE's prompt hashes: it needs view 'gie_estimate', not {k['view']!r}")
     small, ghost, _ = block_sizes(policy, cap, k)
     return Params(
         policy=np.int32(spec.id),

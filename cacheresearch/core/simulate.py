@@ -837,6 +837,11 @@ def check_stream(stream: Stream, st: Static, params=None) -> None:
         if np.any(g & (cap < stream.gie_width)):
             raise ValueError(f"gie_lru_capacity below a request's {stream.gie_width} hashes: GIE's hash -> pods map "
                              "then lists hashes its LRU dropped, which the gie_estimate view does not model")
+        ccap = np.broadcast_to(np.asarray(params.gie_cpu_lru_capacity), g.shape)
+        con = np.broadcast_to(np.asarray(params.gie_cpu_w_pct), g.shape) > 0
+        if np.any(g & con & (ccap < stream.gie_width)):
+            raise ValueError(f"gie_cpu_lru_capacity below a request's {stream.gie_width} hashes: the CPU-tier "
+                             "scorer's hash -> pods map then lists hashes its LRU dropped, which is not modelled")
     if st.scheduler == "vllm":
         runs = int(np.max(np.asarray(stream.n_runs), initial=0))
         if runs > st.max_runs:

@@ -537,7 +537,7 @@ class _Carry(NamedTuple):
     snap: jax.Array  # int32 [R, K] the stale view: stored heads as of the last sync ([1, 1] without it)
     sync_t: jax.Array  # int32 ms of the last sync
     synced: jax.Array  # bool
-    gix: object  # GieIndex [R, G] (view gie_estimate; None when the stream carries no GIE hashes)
+    gix: object  # (GieIndex [R, G], the CPU-tier scorer's GieIndex) (view gie_estimate; None: no GIE hashes)
     scrape_q: jax.Array  # int32 [R] waiting requests as of the last load scrape (load_refresh_ms > 0)
     scrape_kv: jax.Array  # int32 [R] KV blocks in use as of the last scrape
     scrape_t: jax.Array  # int32 ms of the last scrape (-1: none yet)
@@ -650,7 +650,8 @@ def tracked_requests(reps: Replica, stream, now, timeout_ms):
             + jnp.sum((rv & (stream.arrival_ms[reps.run.req] >= cut)).astype(jnp.int32), axis=1))
 
 
-def _fleet_view(c: "_Carry", now, now_t: Time, stream, params, u, instances, replicas, mv, gtot) -> FleetView:
+def _fleet_view(c: "_Carry", now, now_t: Time, stream, params, u, instances, replicas, mv, gtot,
+                mcpu=None) -> FleetView:
     """What the router reads at an arrival. Load: waiting requests (vLLM's num_requests_waiting, what llm-d's
     queue scorer reads) and KV blocks in use (gpu_cache_usage_perc), live or as of the last scrape
     (``load_refresh_ms > 0``; ``load_gauges``: vLLM's gauges as of the last completed step); the EPP's own
@@ -664,7 +665,7 @@ def _fleet_view(c: "_Carry", now, now_t: Time, stream, params, u, instances, rep
     scraped = params.load_refresh_ms > 0
     return FleetView(replicas=replicas, match=mv, queue=jnp.where(scraped, c.scrape_q, queue), active_blocks=act,
                      tree_size=reps.pool.cached, kv_used=jnp.where(scraped, c.scrape_kv, kv_now), match_total=gtot,
-                     active_req=tracked_requests(reps, stream, now, params.gie_active_timeout_ms))
+                     active_req=tracked_requests(reps, stream, now, params.gie_active_timeout_ms), match_cpu=mcpu)
 
 
 def simulate_vllm(stream, params, key, st, request_bits, finish):
@@ -691,7 +692,8 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
     c0 = _Carry(reps, store, neg, neg, jnp.zeros(N1, jnp.int32), jnp.zeros(N1, jnp.int32),
                 jnp.zeros(N1, jnp.int32), z, z, z, z,
                 jnp.zeros((R, K) if st.stale else (1, 1), jnp.int32), z, jnp.bool_(False),
-                init_gie_index(R, stream.n_gie) if gie else None, jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
+                (init_gie_index(R, stream.n_gie), init_gie_index(R, stream.n_gie)) if gie else None,
+                jnp.zeros(R, jnp.int32), jnp.zeros(R, jnp.int32),
                 jnp.int32(-1), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.float32), jnp.zeros(N1, jnp.int32), z)
     sy = init_sync(R)
 
@@ -723,17 +725,20 @@ def simulate_vllm(stream, params, key, st, request_bits, finish):
             _, mvi = probe(c.store, sy, stream, stream.entry0[req], stream.n_runs[req], now, u, params, R=R,
                            stale=False, index=True, active=active)
             mv = jnp.where(params.view == 1, mvi, mv)  # approximate rows from the index; stale rows kept
-        gtot = None
+        gtot, gcpu = None, None
         if gie:  # GIE's own index (view gie_estimate): its count of prompt-byte hashes and their total
             gids, gn = stream.gie_hash[req], stream.gie_n[req]
-            gcnt, gtot = gie_match(c.gix, gids, gn, active)
+            gcnt, gtot = gie_match(c.gix[0], gids, gn, active)
             mv = jnp.where(params.view == VIEWS["gie_estimate"], gcnt, mv)
+            gcpu, _ = gie_match(c.gix[1], gids, gn, active)  # the CPU-tier scorer's index (gie_cpu_w_pct > 0)
         rv, pb = request_view(stream, req, now, bits[req], u, params.prefix_blocks)
-        fv = _fleet_view(c, now, now_t, stream, params, u, instances, replicas, mv, gtot)
+        fv = _fleet_view(c, now, now_t, stream, params, u, instances, replicas, mv, gtot, gcpu)
         r = route(params.router, rv, fv, params, ring, compiled=st.routers)
-        if gie:  # PostCycle: the chosen pod's LRU learns the request's hashes
-            c = c._replace(gix=gie_add(c.gix, gids, gn, r, params.gie_lru_capacity,
-                                       real & (params.view == VIEWS["gie_estimate"])))
+        if gie:  # PostCycle (later releases: PreRequest): each index learns the request's hashes on the chosen pod
+            on = real & (params.view == VIEWS["gie_estimate"])
+            c = c._replace(gix=(gie_add(c.gix[0], gids, gn, r, params.gie_lru_capacity, on),
+                                gie_add(c.gix[1], gids, gn, r, params.gie_cpu_lru_capacity,
+                                        on & (params.gie_cpu_w_pct > 0))))
         # routing metrics (as the fcfs engine: replicas holding the routing prefix; sent away from the best)
         copies_i, sample, qual, away = routing_counts(mt, mt[r], pb, n, active, real, st.match)
         c = c._replace(copies=c.copies + jnp.where(sample, copies_i, 0), copies_n=c.copies_n + sample.astype(jnp.int32),

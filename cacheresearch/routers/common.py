@@ -64,6 +64,8 @@ class FleetView(NamedTuple):
     match_total: jax.Array | None = None  # int32: view gie_estimate: the request's GIE hashes (None: other views)
     active_req: jax.Array | None = None  # int32 [R_max]: requests the router sent there and not finished, as the
     # llm-d EPP's active-request tracker counts them (vllm replica; None: ``queue``)
+    match_cpu: jax.Array | None = None  # int32 [R_max]: view gie_estimate: the hashes the CPU-tier scorer's own GIE
+    # index counts (llm-d's second approx-prefix-cache-producer; None: no such index)
 
 
 def prefix_hash_u64(key: int) -> int:

@@ -1,6 +1,7 @@
 """``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
 [``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
-``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``, ``gie_active_w_pct``, ``gie_active_timeout_ms``].
+``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``, ``gie_active_w_pct``, ``gie_active_timeout_ms``,
+``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``, ``gie_cpu_tier_w_pct``].
 
 Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
 weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
@@ -34,15 +35,37 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
     (``match > 0``): ``(match - mmin) / (mmax - mmin)``, 1 for every hit pod when they are equal, 0 for
     pods without a hit.
 
+* **CPU-tier prefix scorer** (llm-d's tiered-prefix-cache guide: a second ``approx-prefix-cache-producer``,
+  ``cpu-prefix-cache-producer`` with its own ``lruCapacityPerServer``, read by a second ``prefix-cache-scorer``,
+  ``cpu-prefix-cache-scorer``, with its own weight ``gie_cpu_w_pct``; 0: off): on the ``gie_estimate`` view a
+  second GIE index per pod (:mod:`.gie_index`, ``gie_cpu_lru_capacity`` hashes) over the same hashes, matched
+  and fed exactly as the GPU one (the union walk before the decision; the routed request's hashes added to the
+  chosen pod's LRU at ``PreRequest``: llm-d-router's ``approximateprefix`` producer, one instance per name).
+  It scores ``matched_cpu / total`` like the estimate mode (``FleetView.match_cpu``; on the numba engine packed
+  above the GPU count, ``m = gpu + cpu x 2**32``). Nothing tells it what the pods' cpu tiers hold: with a
+  capacity above the GPU index's the CPU index holds a superset of it (both LRUs only add, the same hashes in
+  the same order), so its score is the hashes the router sent to a pod longer ago than the GPU index remembers.
+
+* **precise view over both tiers** (``gie_cpu_tier_w_pct > 0``; llm-d-router's ``precise-prefix-cache-producer``
+  indexing the OffloadingConnector's events as the ``cpu`` tier, ``kvCacheBackendConfigs`` weights gpu 1.0, cpu
+  0.8 by default, ``LongestPrefixScorer``): on the ``precise`` view of a run with the replicas' cpu tier
+  (:mod:`cacheresearch.tiers.vllm`, the numba vllm backend) ``match[r]`` is the prefix a pod holds in its pool or
+  its cpu tier, each block weighing 1 (pool) or ``gie_cpu_tier_w_pct / 100`` (cpu tier; in both tiers the larger,
+  llm-d's ``fillMaxWeights``), summed in float64 in block order and truncated (the producer's
+  ``int(aggregatedScores[pod])``), then scored by the prefix mode as any match (llm-d-router's
+  ``prefix-cache-scorer`` on that producer: mode 1, ``matched / total``; mode 2 min-maxes the truncated sums where
+  the older ``precise-prefix-cache-scorer`` min-maxed the float sums). Without a cpu tier (every JAX run) it is
+  the pool's prefix, today's view.
+
 ``ratio16(a, b) = floor(a' S / b')`` with ``a' = a >> s``, ``b' = b >> s`` and
 ``s = max(0, bitlen(b) - 15)`` (exact for ``b < 2**15``; integer arithmetic in int32 throughout).
 
 Total ``= gie_prefix_w_pct * prefix + gie_kv_w_pct * kv + gie_queue_w_pct * queue + gie_load_w_pct * load +
-gie_active_w_pct * active`` (int32: weights are at most 5,000, five terms below 2**31). **max-score-picker**:
-the pods of the highest total; one of them uniformly at random, ``j = floor(bits[1] * k / 2**32)`` for ``k``
-tied pods, the ``j``-th tied pod in index order (GIE shuffles the pods, then sorts them stably by score).
-**random-picker** is the ``random`` router. Scores are quantised to 1/65536, so two pods GIE would order by
-less than that tie here.
+gie_active_w_pct * active + gie_cpu_w_pct * cpu`` (int32: weights are at most 5,000, six terms below 2**31).
+**max-score-picker**: the pods of the highest total; one of them uniformly at random,
+``j = floor(bits[1] * k / 2**32)`` for ``k`` tied pods, the ``j``-th tied pod in index order (GIE shuffles the
+pods, then sorts them stably by score). **random-picker** is the ``random`` router. Scores are quantised to
+1/65536, so two pods GIE would order by less than that tie here.
 """
 
 from __future__ import annotations
@@ -97,6 +120,11 @@ def rule(ctx: Context):
     as_ = jnp.where(cmax > 0, ratio16(cmax - ar, cmax), S)
     score = (p.gie_prefix_w_pct * ps + p.gie_kv_w_pct * ks + p.gie_queue_w_pct * qs + p.gie_load_w_pct * ls
              + p.gie_active_w_pct * as_)
+    if ctx.fleet.match_cpu is not None:  # the CPU-tier prefix scorer: matched / total in the CPU index
+        tc = ctx.fleet.match_total if ctx.fleet.match_total is not None else total
+        mc = jnp.where(act, ctx.fleet.match_cpu, 0)
+        cs = jnp.where(tc > 0, ratio16(jnp.minimum(mc, tc), tc), 0)
+        score = score + p.gie_cpu_w_pct * cs
     score = jnp.where(act, score, -1)
     tied = act & (score == jnp.max(score))
     k = jnp.sum(tied.astype(jnp.int32))
@@ -107,13 +135,14 @@ def rule(ctx: Context):
 
 def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
     """The rule above over int64 (int32 products wrapped as the JAX rule's: ``nb_i32``)."""
-    mode, wp, wk, wq, win, wl, thr, wa = kn[0], kn[1], kn[2], kn[3], kn[4], kn[5], kn[6], kn[7]
+    mode, wp, wk, wq, win, wl, thr, wa, wc = kn[0], kn[1], kn[2], kn[3], kn[4], kn[5], kn[6], kn[7], kn[10]
     qmax, qmin, mmax, mmin, cmax = 0, np.int64(2**31 - 1), 0, np.int64(2**31 - 1), 0
     for r in range(nrep):
         qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
         cmax = max(cmax, ac[r])
-        if m[r] > 0:
-            mmax, mmin = max(mmax, m[r]), min(mmin, m[r])
+        mg = m[r] & 0xFFFFFFFF  # the GPU view's count (the CPU index's, when on, sits above: m = gpu + cpu x 2**32)
+        if mg > 0:
+            mmax, mmin = max(mmax, mg), min(mmin, mg)
     c = max(cap, 1)
     tot = min(n, win) if win > 0 else n
     if total >= 0:  # view gie_estimate: GIE's own hashes
@@ -121,17 +150,19 @@ def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, k
     T = max(thr, 1)
     best = np.int64(-(2**62))
     for r in range(nrep):
+        mg, mc = m[r] & 0xFFFFFFFF, m[r] >> 32
         qs = nb_i32((qmax - q[r]) * 65536) // max(qmax - qmin, 1) if qmax > qmin else 65536
         ks = nb_ratio16(c - min(max(kvu[r], 0), c), c)
         if mode == 1:
-            ps = nb_ratio16(min(m[r], tot), tot) if tot > 0 else 0
+            ps = nb_ratio16(min(mg, tot), tot) if tot > 0 else 0
         elif mode == 2:
-            ps = 0 if m[r] <= 0 else (nb_ratio16(m[r] - mmin, max(mmax - mmin, 1)) if mmax > mmin else 65536)
+            ps = 0 if mg <= 0 else (nb_ratio16(mg - mmin, max(mmax - mmin, 1)) if mmax > mmin else 65536)
         else:
             ps = 0
         ls = nb_ratio16(T - min(q[r], T), T) // 2
         asc = nb_ratio16(cmax - ac[r], cmax) if cmax > 0 else 65536
-        tmpv[r] = nb_i32(wp * ps + wk * ks + wq * qs + wl * ls + wa * asc)
+        cs = nb_ratio16(min(mc, tot), tot) if wc > 0 and tot > 0 else 0
+        tmpv[r] = nb_i32(wp * ps + wk * ks + wq * qs + wl * ls + wa * asc + wc * cs)
         best = max(best, tmpv[r])
     k = 0
     for r in range(nrep):
@@ -166,12 +197,23 @@ KNOBS = (
          "entry expired at a cleanup tick every T); 0: never expires", unit="ms"),
     Knob("gie_lru_capacity", 31_250, 1, 2**31 - 2, doc="view gie_estimate: hashes per pod in GIE's prefix index "
          "LRU (lruCapacityPerServer; GIE v0.5.1's default 31,250)", unit="hashes"),
+    Knob("gie_cpu_w_pct", 0, 0, 5000, doc="weight of llm-d's CPU-tier prefix scorer (the tiered-prefix-cache guide's "
+         "cpu-prefix-cache-scorer over a second approx-prefix-cache-producer: matched / total in a second GIE "
+         "index, view gie_estimate); 0: off", unit="1/100"),
+    Knob("gie_cpu_lru_capacity", 31_250, 1, 2**31 - 2, doc="the CPU-tier scorer's index: hashes per pod in its LRU "
+         "(the CPU producer's lruCapacityPerServer; llm-d's default 31,250)", unit="hashes"),
+    Knob("gie_cpu_tier_w_pct", 0, 0, 5000, doc="view precise with the replicas' cpu tier (numba vllm backend): llm-d's "
+         "precise producer's weight of a block a pod holds in its cpu tier (kvCacheBackendConfigs cpu; llm-d's default "
+         "0.8 = 80; a block in both tiers weighs the larger of 1 and it); the match is int(sum of tier weights "
+         "along the prefix held in either tier); 0: the cpu tier unseen", unit="1/100"),
 )
 
 ROUTER = register(Router(
     name="gie", id=10, rule=rule, knobs=KNOBS, reads_cache=True, reads_load=True,
     summary="max-score picker (uniform ties) over ``w_p prefix + w_kv (1 - KV usage) + w_q (qmax - q) / "
-    "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise)",
-    source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer",
+    "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise); "
+    "llm-d's CPU-tier prefix scorer ``w_c matched_cpu / total`` over a second index",
+    source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer; "
+    "llm-d tiered-prefix-cache guide (llm-d-router approx / precise prefix-cache producers)",
     doc=__doc__, numba=numba_rule,
 ))

@@ -15,10 +15,11 @@ into the generated dispatch module, where these helpers are compiled. The helper
 
 The arguments (:data:`ARGS`): ``i`` the request's index, ``n`` its blocks, ``pkh`` / ``pkl`` the two 32-bit words
 of its prefix key, ``bits`` its four random words (int64 [4]), ``nrep`` the active replicas ``R``; per replica
-(int64 [R_max], meaningful below ``nrep``): ``q`` queue, ``m`` match in the router's view, ``a``
-active_blocks, ``tree`` tree_size, ``kvu`` kv_used, ``ac`` active_req; ``total`` the request's GIE hash count on
-the ``gie_estimate`` view (-1 on the others), ``cap`` the replica's capacity in blocks, ``kn`` the router's own
-knobs (int64, in the order of its ``knobs``; a bool knob 0 / 1), ``ring`` the chwbl ring (int64 [R_max, V]),
+(int64 [R_max], meaningful below ``nrep``): ``q`` queue, ``m`` match in the router's view (with ``gie``'s
+CPU-tier scorer on, its index's count packed above: ``m = match + cpu x 2**32``), ``a`` active_blocks,
+``tree`` tree_size, ``kvu`` kv_used, ``ac`` active_req; ``total`` the request's GIE hash count on the
+``gie_estimate`` view (-1 on the others), ``cap`` the replica's capacity in blocks, ``kn`` the router's own knobs
+(int64, in the order of its ``knobs``; a bool knob 0 / 1), ``ring`` the chwbl ring (int64 [R_max, V]),
 scratch ``elig`` (bool [R_max]) and ``tmpv`` (int64 [R_max]), and the router's state: ``sr`` (int64
 [R_max, state_replica]) and ``sg`` (int64 [state_global]), zero at the start of a run, kept across its requests.
 A rule returns the chosen replica (an int in ``[0, nrep)``).

@@ -67,7 +67,7 @@ from omegaconf import OmegaConf
 
 from cacheresearch.core.params import make_params
 from cacheresearch.core.stream import compile_stream
-from cacheresearch.replica.hardware import kv_blocks
+from cacheresearch.replica.hardware import block_bytes, kv_blocks
 from cacheresearch.replica.roofline import step_coefficients, vllm_scheduler_defaults
 from cacheresearch.routers.epp import EppConfigError, epp_hash_config, epp_knobs, read_epp
 from cacheresearch.studies.base import Cells, Study, StudyError, common_attrs
@@ -225,6 +225,89 @@ def inference_perf_itl_s(decode_ms, output_tokens, events_per_token: float) -> f
 
 class LlmdBenchmarkError(ValueError):
     pass
+
+
+def cpu_tier_of(cfg, model, tp: int, block_tokens: int, kv_dtype: str):
+    """The pods' cpu tier from the run's ``tiers`` (the sweep's schema, ``TiersConf``; None: capacity 0).
+    ``tiers.cpu``: ``capacity_blocks`` per pod (vLLM's ``num_cpu_blocks``), ``read_gbps`` / ``latency_us`` of a
+    pod's host-to-device link (null: the cpu tier's defaults, 50 GB/s and 10 us), ``write_gbps``, ``memory_gib``,
+    ``policy`` (lru); ``tiers.load_mode``: ``serial`` (LMCache's connector: the admitting step waits for its loads)
+    or ``overlap`` (vLLM's OffloadingConnector). A block's bytes: one GPU's share, ``replica.model``'s KV bytes per
+    token / ``replica.tp`` x ``cache.block_tokens`` (each TP rank loads its share over its own link; ``tiers.model``
+    is the routing sweep's). Errors are one line naming the key (``tiers.*``)."""
+    from cacheresearch.studies.tiers_vllm import OVERLAP_OF  # noqa: PLC0415
+    from cacheresearch.tiers.spec import DEFAULT_TIERS  # noqa: PLC0415
+    from cacheresearch.tiers.vllm import cpu_tier  # noqa: PLC0415
+
+    tc = _get(cfg, "tiers")
+    if tc is None:
+        return None
+    if not isinstance(tc, dict):
+        tc = OmegaConf.to_container(tc, resolve=True)
+    for t in ("pool", "disk"):
+        if int((tc.get(t) or {}).get("capacity_blocks") or 0) > 0:
+            raise LlmdBenchmarkError(f"tiers.{t}.capacity_blocks: the llm-d benchmark's pods take a cpu tier only")
+    c = {k: v for k, v in (tc.get("cpu") or {}).items() if v is not None}
+    for k in c:
+        if k not in DEFAULT_TIERS["cpu"]:
+            raise LlmdBenchmarkError(f"tiers.cpu.{k}: unknown key; known keys are {sorted(DEFAULT_TIERS['cpu'])}")
+    mode = tc.get("load_mode", "serial")
+    if mode not in OVERLAP_OF:
+        raise LlmdBenchmarkError(f"tiers.load_mode: {mode!r}; choose one of {', '.join(OVERLAP_OF)}")
+    bb = block_bytes(model, kv_dtype=kv_dtype, tp=tp, block_tokens=block_tokens)
+    t = cpu_tier(block_bytes=bb, overlap=OVERLAP_OF[mode], where="tiers.", **c)
+    return t if t.capacity_blocks > 0 else None
+
+
+def _run_arms(streams, sid, ps, seed: int, tier, R: int, S: int, Q: int, backend: str):
+    """Generator: the arms' finalized metrics [arm] and the cpu tier's outputs (None without a tier). Without one
+    every arm is a cell of one batch the pipeline runs as chunks (resumable; ``engine.max_batch``); with the pods'
+    cpu tier the numba vllm backend's per-block mode runs them here (:func:`_run_tiered`, not resumable)."""
+    if tier is None:
+        mm = yield Cells(streams, sid, ps, [seed] * len(ps), max_replicas=R,
+                         options=dict(per_request=True, scheduler="vllm", max_running=S, queue_slots=Q,
+                                      backend=backend))
+        return mm, None
+    return _run_tiered(streams, sid, ps, seed, tier, R, S, Q, backend)
+
+
+def _run_tiered(streams, sid, ps, seed: int, tier, R: int, S: int, Q: int, backend: str):
+    """Every arm on the numba vllm backend's per-block mode with the pods' cpu tier (:func:`run_stream_tiered`,
+    one call per stream); the finalized metrics stacked [arm] as the pipeline returns them, the per-request cpu-hit
+    blocks [arm, N] and the blocks offloaded [arm]."""
+    from cacheresearch.core.simulate import static_options  # noqa: PLC0415
+    from cacheresearch.metrics.core import finalize  # noqa: PLC0415
+    from cacheresearch.tiers.vllm import run_stream_tiered  # noqa: PLC0415
+
+    out, cpu, off = [None] * len(ps), [None] * len(ps), np.zeros(len(ps), np.int64)
+    for k in sorted(set(sid)):
+        idx = [i for i, x in enumerate(sid) if x == k]
+        st_ = static_options(ps[idx[0]], max_replicas=R, per_request=True, scheduler="vllm", max_running=S,
+                             queue_slots=Q, max_runs=int(np.max(np.asarray(streams[k].n_runs))), index=False,
+                             stale=False)
+        try:
+            res = run_stream_tiered(streams[k], [ps[i] for i in idx], [jax.random.key(seed)] * len(idx), st_,
+                                    [tier] * len(idx), backend=backend)
+        except ValueError as e:
+            raise StudyError(str(e)) from None
+        m = finalize(res.metrics, st_)
+        for j, i in enumerate(idx):
+            out[i] = jax.tree.map(lambda x, j=j: np.asarray(x)[j], m)
+            cpu[i], off[i] = np.asarray(res.cpu_hit_blocks[j]), int(res.offloaded_blocks[j])
+    return jax.tree.map(lambda *xs: np.stack(xs), *out), (np.stack(cpu), off)
+
+
+def _tier_vars(mm, cpu_hit, offl, w, stage, K: int, bt: int) -> dict:
+    """``cpu_token_hit_rate`` [arm, stage] (the prompt tokens read from the cpu tier over the stage's served
+    requests' prompt tokens) and ``offloaded_blocks`` [arm]."""
+    ok = (np.asarray(mm.ttft_ms) >= 0) & (np.asarray(mm.e2e_ms) >= 0)
+    rate = np.full((ok.shape[0], K), np.nan)
+    for i in range(ok.shape[0]):
+        for k in range(K):
+            sel = ok[i] & (stage == k)
+            if sel.any():
+                rate[i, k] = float(cpu_hit[i][sel].sum() * bt / w.input_tokens[sel].sum())
+    return {"cpu_token_hit_rate": (("arm", "stage"), rate), "offloaded_blocks": (("arm",), offl.astype(np.float64))}
 
 
 def _llmd_cfg(cfg) -> dict:
@@ -428,6 +511,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         cap = int(cap) if cap is not None else kv_blocks(
             model, gpu, tp=tp, block_tokens=bt, kv_dtype=str(_get(cfg, "replica.kv_dtype", "bf16")),
             gpu_memory_utilization=float(_get(cfg, "replica.gpu_memory_utilization", 0.9)))
+        tier = cpu_tier_of(cfg, model, tp, bt, str(_get(cfg, "replica.kv_dtype", "bf16")))
         specs = {a: read_epp(f) for a, f in epp.items()}
         arms = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
         hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=cap) for a, sp in specs.items()}
@@ -481,10 +565,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         ps.append(make_params("lru", capacity_blocks=cap, replicas=R, router=arms[a]["router"], **kn))
     sid = [confs.index(hcfg[a]) if hcfg[a] is not None else 0 for a in names]
     t1 = time.perf_counter()
-    # every arm is a cell of one batch: the pipeline runs them as chunks (resumable; engine.max_batch=N)
-    mm = yield Cells(streams, sid, ps, [seed] * len(ps), max_replicas=R,
-                     options=dict(per_request=True, scheduler="vllm", max_running=S, queue_slots=Q,
-                                  backend=str(_get(cfg, "engine.backend", "auto"))))
+    mm, tier_out = yield from _run_arms(streams, sid, ps, seed, tier, R, S, Q, str(_get(cfg, "engine.backend", "auto")))
     run_vars["wall_s"][:] = (time.perf_counter() - t1) / len(ps)
     for i, a in enumerate(names):
         m = jax.tree.map(lambda x, i=i: x[i], mm)
@@ -506,6 +587,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     dv["stage_drained"] = (("arm", "stage"), drained)
     dv["n_requests"] = (("stage",), n_stage)
     dv.update({v: (("arm",), x) for v, x in {**run_vars, **alls}.items()})
+    dv.update(_tier_vars(mm, *tier_out, w, stage, K, bt) if tier is not None else {})
     if lc["inference_perf"] is None and lc["epp"] is None:
         dv.update(_published_vars(bench, names, K))
     ds = xr.Dataset(dv, coords=coords)
@@ -524,6 +606,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
         itl_events_per_token=ev, itl_note=ITL_EVENTS_NOTE,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else ip.request_timeout_s, max_running=S, queue_slots=Q,
         max_num_seqs_capped=int(seqs_capped),
+        cpu_tier=repr(tier) if tier is not None else "none",
         all_stages_drained=int(drained.all()))))
     return ds
 
@@ -583,6 +666,10 @@ def summarize_llmd_benchmark(ds: xr.Dataset) -> str:
              f"({ds.attrs.get('warmup_source', 'llmd.warmup_stages')})",
              f"client permits: {ds.attrs.get('client_permits', 0)} ({ds.attrs.get('client_permits_source', '')})",
              f"all stages drained: {bool(ds.attrs['all_stages_drained'])}"]
+    if ds.attrs.get("cpu_tier", "none") != "none" and "cpu_token_hit_rate" in ds:
+        share = ", ".join(f"{a} {float(np.nanmean(ds.cpu_token_hit_rate.sel(arm=a).values)):.3f}"
+                          for a in ds.arm.values)
+        lines.append(f"pods' cpu tier: {ds.attrs['cpu_tier']}; prompt tokens read from it (mean over stages): {share}")
     if ds.attrs.get("request_timeout_s", -1) > 0:
         lines.append(f"the file's load.request_timeout ({ds.attrs['request_timeout_s']:g} s): the client gives up "
                      "then and vLLM aborts the request (client_timeout_ms); timed out per arm: "

@@ -29,7 +29,10 @@ and the tier is an LRU list over block ids per replica:
   until a step starting at or after the load lands; then it is admitted FCFS with that hit. A replica with
   nothing to run waits for the first landing (or the next arrival). A request that fits nowhere while nothing
   runs and no load is in flight is rejected (its pins released);
-* the routers read the GPU pool only (every view), as they do without a tier.
+* the routers read the GPU pool only (every view), as they do without a tier, except ``gie`` on the ``precise`` view
+  with ``gie_cpu_tier_w_pct > 0`` (llm-d-router's precise producer indexing the offloaded blocks too: the prefix a
+  pod holds in either tier, its cpu-only blocks weighed ``gie_cpu_tier_w_pct / 100``; :mod:`cacheresearch.routers.gie`).
+  ``gie``'s approximate CPU-tier scorer (``gie_cpu_w_pct``) never reads the tier: it is an index of routed prompts.
 
 With every capacity 0 the results are the backend's (and the JAX replica's) bit for bit
 (``tests/test_tiers_vllm.py``, which also checks this engine against ``tests/reference_batch.py``). The JAX
