@@ -41,7 +41,7 @@ _HERE = Path(__file__).resolve().parent / "llmd"
 RUNS = {"qwen3-32b": _HERE / "tiered-qwen3-32b", "gpt-oss-120b": _HERE / "tiered-gpt-oss-120b"}
 DEFAULTS = dict(run="qwen3-32b", max_requests_per_stage=None, stage_gap_s=600.0, overhead_ms=250.0,
                 cpu_read_gbps=50.0, cpu_latency_us=10.0, load_mode="async", bytes_per_token=4.0, max_running=512,
-                gpu_overhead_gib=0.0, seed=0)
+                gpu_overhead_gib=0.0, counter_mode="per_attempt", seed=0)
 _RUN_KEYS = {"model", "replicas", "tp", "gpu", "block_tokens", "gpu_cache_tokens", "gpu_memory_utilization",
              "cpu_cache_tokens", "cpu_bytes", "max_num_seqs", "connector_supports_hma", "arms"}
 STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_per_s", "output_tokens_per_s",
@@ -49,7 +49,9 @@ STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_pe
               "gpu_hit_rate", "cpu_hit_rate")
 RUN_VARS = ("ttft_mean_s_run", "ttft_median_s_run", "ttft_p90_s_run", "e2e_mean_s_run", "e2e_p90_s_run",
             "requests_per_s_ok_run", "input_tokens_per_s_run", "output_tokens_per_s_run", "gpu_hit_rate_run",
-            "cpu_hit_rate_run", "preemptions", "dropped", "offloaded_blocks", "wall_s")
+            "cpu_hit_rate_run", "preemptions", "dropped", "offloaded_blocks", "requests_timed_out",
+            "vllm_prefix_cache_queries_tokens", "vllm_prefix_cache_hits_tokens", "gpu_hit_rate_counter",
+            "vllm_external_queries_tokens", "vllm_external_hits_tokens", "external_hit_rate_counter", "wall_s")
 
 
 def _cfg(cfg) -> dict:
@@ -63,6 +65,8 @@ def _cfg(cfg) -> dict:
         if k not in DEFAULTS:
             raise StudyError(f"llmd_tiered.{k}: unknown key; known keys are {sorted(DEFAULTS)}")
         out[k] = v
+    if out["counter_mode"] not in ("per_attempt", "per_admission"):
+        raise StudyError(f"llmd_tiered.counter_mode: {out['counter_mode']!r}; choose per_attempt or per_admission")
     if out["load_mode"] not in ("async", "sync"):
         raise StudyError(f"llmd_tiered.load_mode: {out['load_mode']!r}; choose async or sync")
     for k in ("cpu_read_gbps", "overhead_ms", "stage_gap_s", "cpu_latency_us", "gpu_overhead_gib"):
@@ -185,6 +189,18 @@ def _run_seconds(arr, fin, stage, K: int, interval_s: float) -> float:
     return total + (K - 1) * (float(interval_s) + 1.0)
 
 
+def _counters(m) -> dict:
+    """vLLM's own prefix-cache counters of configuration 0 (tokens, as ``counter_mode`` counts them) and the
+    hit rates a dashboard shows from them (hits / queries), beside the requests that timed out."""
+    from cacheresearch.metrics.core import combine_limbs  # noqa: PLC0415
+
+    vc = combine_limbs(m.vllm_counters_hi, m.vllm_counters_lo).reshape(-1, 4)[0].astype(np.float64)
+    return dict(vllm_prefix_cache_queries_tokens=vc[0], vllm_prefix_cache_hits_tokens=vc[1],
+                gpu_hit_rate_counter=vc[1] / vc[0] if vc[0] > 0 else np.nan, vllm_external_queries_tokens=vc[2],
+                vllm_external_hits_tokens=vc[3], external_hit_rate_counter=vc[3] / vc[2] if vc[2] > 0 else np.nan,
+                requests_timed_out=int(np.asarray(m.requests_timed_out).reshape(-1)[0]))
+
+
 def _stage_figures(m, g: int, cpu_blocks, w, K: int, ov_s: float, interval_s: float) -> tuple[dict, dict]:
     """Configuration ``g``'s per-stage and whole-run figures (module docstring), inference-perf's way: TTFT and
     latency over the successful requests, throughput over a stage's first send to its last finish, the whole
@@ -194,6 +210,8 @@ def _stage_figures(m, g: int, cpu_blocks, w, K: int, ov_s: float, interval_s: fl
     ttft = np.asarray(m.ttft_ms[g])[:n].astype(np.float64)
     e2e = np.asarray(m.e2e_ms[g])[:n].astype(np.float64)
     ok = (ttft >= 0) & (e2e >= 0)
+    if np.asarray(m.status).size:  # the client's outcome: 0 ok (1 timed out, 2 never served)
+        ok &= np.asarray(m.status[g])[:n] == 0
     tt, ee = ttft / 1000.0 + ov_s, e2e / 1000.0 + ov_s
     fin = arr + e2e
     inp, out = w.input_tokens.astype(np.float64), w.output_tokens.astype(np.float64)
@@ -281,11 +299,13 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
                                max_requests_per_stage=c["max_requests_per_stage"])
     streams, sid = _streams(w, ip, specs, bt, {a: z["gpu_blocks"] for a, z in sz.items()}, float(c["bytes_per_token"]))
     names = list(r["arms"])
+    timeout_ms = int(round(1000 * float(ip.request_timeout_s))) if ip.request_timeout_s else 0  # load.request_timeout
     per = {v: np.full((len(names), K), np.nan) for v in STAGE_VARS}
     run = {v: np.full(len(names), np.nan) for v in RUN_VARS}
     Q = int(np.bincount(np.asarray(w.meta["stage"]), minlength=K).max()) + 8
     for i, a in enumerate(names):
         p = make_params("lru", capacity_blocks=sz[a]["gpu_blocks"], replicas=R, router=knobs[a]["router"],
+                        counter_mode=str(c["counter_mode"]), client_timeout_ms=timeout_ms,
                         **base, **sz[a]["kv_knobs"], **{k: v for k, v in knobs[a].items() if k != "router"})
         s = streams[sid[a]]
         st = static_options(p, max_replicas=R, per_request=True, scheduler="vllm", max_running=base["max_num_seqs"],
@@ -296,6 +316,7 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
                                 interval)
         for v, x in pa.items():
             per[v][i] = x
+        ra.update(_counters(res.metrics))
         ra.update(preemptions=int(np.asarray(res.metrics.preemptions)[0]),
                   dropped=int(np.asarray(res.metrics.dropped)[0]),
                   offloaded_blocks=int(np.asarray(res.offloaded_blocks)[0]), wall_s=time.perf_counter() - t1)
@@ -323,6 +344,7 @@ def llmd_tiered_study(cfg) -> xr.Dataset:
                     "GIE's 4 bytes per token (llmd_tiered.bytes_per_token); where the GPU blocks come from the "
                     "hardware, vLLM's profiled activation and CUDA-graph memory (llmd_tiered.gpu_overhead_gib, 0: an "
                     "upper bound on the blocks)",
+        counter_mode=str(c["counter_mode"]), client_timeout_ms=timeout_ms,
         max_requests_per_stage=-1 if c["max_requests_per_stage"] is None else int(c["max_requests_per_stage"]),
         stage_interval_s=interval,
         request_timeout_s=-1.0 if ip.request_timeout_s is None else float(ip.request_timeout_s))))
@@ -367,7 +389,11 @@ def summarize_llmd_tiered(ds: xr.Dataset) -> str:
     for v, pv in (("requests_per_s_ok_run", "published_requests_per_s_ok_run"),
                   ("ttft_mean_s_run", "published_ttft_mean_s_run"), ("ttft_p90_s_run", "published_ttft_p90_s_run"),
                   ("e2e_mean_s_run", "published_latency_mean_s_run"), ("gpu_hit_rate_run", None),
-                  ("cpu_hit_rate_run", None), ("input_tokens_per_s_run", "published_input_tokens_per_s_run")):
+                  ("cpu_hit_rate_run", None), ("input_tokens_per_s_run", "published_input_tokens_per_s_run"),
+                  ("gpu_hit_rate_counter", "published_gpu_hit_rate_counter_run"),
+                  ("external_hit_rate_counter", "published_external_hit_rate_counter_run"),
+                  ("vllm_prefix_cache_queries_tokens", "published_gpu_queries_tokens_run"),
+                  ("requests_timed_out", None)):
         x = ds[v].values.astype(float)
         p = ds[pv].values.astype(float) if pv and pv in ds else np.full(len(names), np.nan)
         pub = " / ".join(f"{y:.3g}" for y in p) + (f" ({_gain(p)})" if np.isfinite(p).all() else "")
