@@ -79,3 +79,17 @@ def test_reduced_run_offloads_only_where_the_arm_has_a_tier(tmp_path):
     assert np.isnan(float(ds.published_ttft_mean_s.sel(arm="offload", stage=2)))
     ok = np.isfinite(ds.ttft_mean_s.values)
     assert ok.all() and (ds.ttft_mean_s.values > 0.25).all()  # the 250 ms outside the pods, plus the prefill
+
+
+def test_cpu_index_at_the_gpu_blocks_keeps_its_tokens():
+    """gpt-oss's run: the router file's GPU producer hashes at the pods' 128-token blocks, its CPU producer at 64;
+    refused as two hash configurations, or (run.yaml cpu_index_at_gpu_blocks) the CPU index at 128-token blocks
+    with the same tokens of capacity: 41,000 x 64 = 20,500 x 128."""
+    from cacheresearch.routers.epp import EppConfigError, epp_knobs, read_epp
+
+    sp = read_epp(RUNS["gpt-oss-120b"] / "epp-offload.yaml")
+    with pytest.raises(EppConfigError, match="hash differently"):
+        epp_knobs(sp, block_tokens=128, capacity_blocks=1306)
+    k = epp_knobs(sp, block_tokens=128, capacity_blocks=1306, second_index_at_first_blocks=True)
+    assert (k["gie_cpu_lru_capacity"], k["gie_lru_capacity"], k["gie_cpu_w_pct"]) == (20_500, 1306, 100)
+    assert read_run("gpt-oss-120b")[1]["cpu_index_at_gpu_blocks"] is True

@@ -567,12 +567,18 @@ def _precise_producer_knobs(path, name: str, params: dict, w: float, block_token
                 gie_cpu_tier_w_pct=_pct(tw["cpu"]))
 
 
-def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = None) -> dict:
+def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = None,
+              second_index_at_first_blocks: bool = False) -> dict:
     """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
     ``block_tokens``-token blocks. The estimate mode's hashes are the stream's (:func:`epp_hash_config`); a second
     approximate prefix scorer (the tiered-prefix-cache guide's ``cpu-prefix-cache-scorer`` over its own
     ``approx-prefix-cache-producer``) is the CPU-tier scorer (``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``): the two
-    are the same algorithm, each its own index and weight, so which one fills which slot changes no decision."""
+    are the same algorithm, each its own index and weight, so which one fills which slot changes no decision.
+    Two producers that hash at different block sizes are refused (one stream carries one hash configuration) unless
+    ``second_index_at_first_blocks``: an approximation that hashes the second index at the first's block size (and
+    matches the first's number of blocks) with the same tokens of capacity (its ``lruCapacityPerServer`` scaled by
+    the ratio of the block sizes), so its matched / total differs from the producer's by at most one of the coarser
+    blocks."""
     path = spec["file"]
     if spec["picker"] == "random-picker":
         if spec["scorers"]:
@@ -583,7 +589,11 @@ def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = No
     ix = _approx_indexes(spec, block_tokens, capacity_blocks)
     if len(ix) == 2:
         a, b = ((e["hash_block_bytes"], e["max_blocks"]) for _, e in ix)
-        if a != b:
+        if a != b and second_index_at_first_blocks:
+            e = dict(ix[1][1])
+            e["lru_capacity"] = max(1, e["lru_capacity"] * e["hash_block_bytes"] // a[0])
+            ix[1] = (ix[1][0], e)
+        elif a != b:
             raise _err(path, "approx-prefix-cache-producer", f"the two approximate prefix scorers hash differently "
                        f"((block bytes, blocks matched) {a} and {b}); one stream carries one hash configuration")
         kn.update(gie_cpu_w_pct=_pct(ix[1][0]), gie_cpu_lru_capacity=ix[1][1]["lru_capacity"])

@@ -43,7 +43,8 @@ DEFAULTS = dict(run="qwen3-32b", max_requests_per_stage=None, stage_gap_s=600.0,
                 cpu_read_gbps=50.0, cpu_latency_us=10.0, load_mode="async", bytes_per_token=4.0, max_running=512,
                 gpu_overhead_gib=0.0, counter_mode="per_attempt", seed=0)
 _RUN_KEYS = {"model", "replicas", "tp", "gpu", "block_tokens", "gpu_cache_tokens", "gpu_memory_utilization",
-             "cpu_cache_tokens", "cpu_bytes", "max_num_seqs", "connector_supports_hma", "arms"}
+             "cpu_cache_tokens", "cpu_bytes", "max_num_seqs", "connector_supports_hma", "cpu_index_at_gpu_blocks",
+             "arms"}
 STAGE_VARS = ("ttft_mean_s", "ttft_p90_s", "e2e_mean_s", "e2e_p90_s", "tokens_per_s", "output_tokens_per_s",
               "requests_per_s",
               "gpu_hit_rate", "cpu_hit_rate")
@@ -255,7 +256,9 @@ def _arms(d: Path, r: dict, sz: dict, c: dict):
     gpu, bt = str(r.get("gpu", "h100_80gb")), int(r["block_tokens"])
     try:
         specs = {a: read_epp(d / s["epp"]) for a, s in r["arms"].items()}
-        knobs = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=sz[a]["gpu_blocks"]) for a, sp in specs.items()}
+        rehash = bool(r.get("cpu_index_at_gpu_blocks", False))  # an approximation run.yaml states (epp_knobs)
+        knobs = {a: epp_knobs(sp, block_tokens=bt, capacity_blocks=sz[a]["gpu_blocks"],
+                              second_index_at_first_blocks=rehash) for a, sp in specs.items()}
         step = step_coefficients(_model(d, r), gpu, int(r["tp"]))
     except (EppConfigError, ValueError) as e:
         raise StudyError(f"llmd_tiered ({d.name}): {e}") from None
