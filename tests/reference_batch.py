@@ -212,7 +212,8 @@ def reference_batch(workload, *, capacity_blocks, replicas=1, router="round_robi
                  load_weight_pct=100, queue_threshold=128, preble_rel_pct=150, preble_abs=16, gie_prefix_mode=0,
                  gie_prefix_w_pct=100, gie_kv_w_pct=100, gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0,
                  gie_load_threshold=128, gie_lru_capacity=31_250, gie_active_w_pct=0, gie_active_timeout_ms=120_000,
-                 gie_cpu_w_pct=0, gie_cpu_lru_capacity=31_250, gie_cpu_tier_w_pct=0)
+                 gie_cpu_w_pct=0, gie_cpu_lru_capacity=31_250, gie_cpu_tier_w_pct=0, gie_nohit_w_pct=0,
+                 gie_nohit_lru_size=1024)
     knobs.update(kn)
     # llm-d's CPU-tier prefix scorer: a second producer's index, fed as the first (gie_cpu_w_pct > 0)
     cix = GieIndexer(knobs["gie_cpu_lru_capacity"]) if knobs["gie_cpu_w_pct"] > 0 else None

@@ -48,7 +48,7 @@ from reference import drop_expired, policy_limits, touch
 from reference_blocks import BLOCK_ORACLES
 
 __all__ = ["reference_fleet", "POLICIES", "ROUTERS", "VIEWS", "route_one", "ring_nodes", "ORACLES", "register_oracle",
-           "router_oracle", "LeastRecent"]
+           "router_oracle", "LeastRecent", "Gie"]
 
 POLICIES = ("lru", "lru_plain", "ttl_refresh", "ttl_fixed", "unbounded")
 ROUTERS = (
@@ -135,10 +135,12 @@ def _ratio16(a: int, b: int) -> int:
     return ((int(a) >> s) * 65536) // max(b >> s, 1)
 
 
-def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=None, match_cpu=None) -> int:
+def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=None, match_cpu=None,
+         nohit=None) -> int:
     """GIE v0.5.1 scorers, llm-d's load-aware and active-request scorers, llm-d's CPU-tier prefix scorer (a
     second prefix-cache-scorer: matched / total in its own index, ``match_cpu``) and the max-score picker, in the
-    engine's fixed point (1/65536). ``active_req``: the EPP's in-flight counts (``queue`` when None)."""
+    engine's fixed point (1/65536). ``active_req``: the EPP's in-flight counts (``queue`` when None); ``nohit``:
+    the no-hit-lru-scorer's scores (:class:`Gie`; None: weight 0)."""
     Sc = 65536
     qmax, qmin = max(q), min(q)
     qs = [((qmax - x) * Sc) // (qmax - qmin) if qmax > qmin else Sc for x in q]
@@ -164,6 +166,8 @@ def _gie(n, R, m, q, kv_used, capacity, bits1, kn, match_total=None, active_req=
     cs = [_ratio16(min(x, tc), tc) if wc > 0 and tc > 0 else 0 for x in (match_cpu or [0] * R)]
     score = [kn["gie_prefix_w_pct"] * ps[r] + kn["gie_kv_w_pct"] * ks[r] + kn["gie_queue_w_pct"] * qs[r]
              + kn["gie_load_w_pct"] * ls[r] + kn.get("gie_active_w_pct", 0) * acs[r] + wc * cs[r] for r in range(R)]
+    if nohit is not None:
+        score = [score[r] + kn["gie_nohit_w_pct"] * nohit[r] for r in range(R)]
     best = max(score)
     tied = [r for r in range(R) if score[r] == best]
     return tied[_scale(bits1, len(tied))]
@@ -182,9 +186,45 @@ class LeastRecent:
         return r
 
 
+class Gie:
+    """``gie`` (cacheresearch/routers/gie.py) with llm-d's ``no-hit-lru-scorer`` (``gie_nohit_w_pct > 0``): a request
+    is cold when no pod has a hit in the router's view (on gie_estimate: more than h0, the model's hash); then the
+    pods never given a cold request score ``1 - i / (R - 1)`` in index order (``i``: their rank among themselves),
+    the others ``1 - (never + pos) / (R - 1)`` clipped at 0 (``pos``: 0 for the least recently given one), a single
+    pod 1; not cold: 0.5 each; after the pick of a cold request the chosen pod moves to the LRU's recent end (the
+    oldest leaves past ``gie_nohit_lru_size``). Scores in 1/65536, floored. With weight 0: the stateless rule."""
+
+    def __init__(self, R: int):
+        self.lru = []  # pods given a cold request, least recently first
+
+    def route(self, *, n, R, match, queue, active_blocks, bits, kn, kv_used=None, capacity=2**31 - 1,
+              match_total=None, active_req=None, match_cpu=None, **_) -> int:
+        wn = kn.get("gie_nohit_w_pct", 0)
+        cold = all(x <= (0 if match_total is None else 1) for x in match)  # gie_estimate: h0 alone is no hit
+        ns = None
+        if wn > 0:
+            ns = [32768] * R
+            if cold and R == 1:
+                ns = [65536]
+            elif cold:
+                never = [r for r in range(R) if r not in self.lru]
+                rank = {r: k for k, r in enumerate(never)}
+                rank.update({r: len(never) + k for k, r in enumerate(self.lru)})
+                ns = [max(0, (65536 * (R - 1 - rank[r])) // (R - 1)) for r in range(R)]
+        r = _gie(n, R, match, queue, active_blocks if kv_used is None else kv_used, capacity, bits[1], kn,
+                 match_total, active_req, match_cpu, ns)
+        if wn > 0 and cold:  # PreRequest: lruCache.Add(pod)
+            if r in self.lru:
+                self.lru.remove(r)
+            self.lru.append(r)
+            if len(self.lru) > kn.get("gie_nohit_lru_size", 1024):
+                self.lru.pop(0)
+        return r
+
+
 #: Routers with state: name -> a class whose instance (made per run with ``R``) holds the router's memory and
 #: routes by ``.route(**route_one's keywords)``. A plug-in registers its own with :func:`register_oracle`.
-ORACLES: dict = {"least_recent": LeastRecent}
+ORACLES: dict = {"least_recent": LeastRecent, "gie": Gie}
 
 
 def register_oracle(name: str, oracle) -> None:
@@ -210,7 +250,7 @@ def route_one(router: str, *, i: int, n: int, prefix_key: int, bits, R: int, mat
         return ORACLES[router](R).route(i=i, n=n, prefix_key=prefix_key, bits=bits, R=R, match=match, queue=queue,
                                         active_blocks=active_blocks, tree_size=tree_size, ring=ring, kn=kn,
                                         kv_used=kv_used, capacity=capacity, match_total=match_total,
-                                        active_req=active_req)
+                                        active_req=active_req, match_cpu=match_cpu)
     off = _scale(bits[0], R)
     if router == "random":
         return off
@@ -302,7 +342,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
                     preble_abs=8, prefill_tps=10_000, decode_us_per_token=0, kv_pressure=False,
                     restart_replica=-1, restart_ms=0, gie_prefix_mode=0, gie_prefix_w_pct=100, gie_kv_w_pct=100,
                     gie_queue_w_pct=100, gie_window_blocks=0, gie_load_w_pct=0, gie_load_threshold=128,
-                    gie_active_w_pct=0, block_knobs=None) -> dict:
+                    gie_active_w_pct=0, gie_nohit_w_pct=0, gie_nohit_lru_size=1024, block_knobs=None) -> dict:
     """Simulate ``workload`` on a fleet request by request; see the module docstring.
 
     ``bits``: uint32 array-like ``[n_requests, 4]`` (request ``i``'s random words; zeros by default).
@@ -364,6 +404,7 @@ def reference_fleet(workload, *, policy, capacity_blocks=None, ttl_s=None, repli
         gie_queue_w_pct=int(gie_queue_w_pct), gie_window_blocks=int(gie_window_blocks),
         gie_load_w_pct=int(gie_load_w_pct), gie_load_threshold=int(gie_load_threshold),
         gie_active_w_pct=int(gie_active_w_pct),  # the fcfs engine: its in-flight queue, no expiry
+        gie_nohit_w_pct=int(gie_nohit_w_pct), gie_nohit_lru_size=int(gie_nohit_lru_size),
     )
     ring = ring_nodes(R, int(vnodes)) if router == "chwbl" else None
     route = router_oracle(router, R)

@@ -779,9 +779,9 @@ def test_tiered_prefix_cache_guide_values_file():
     # 64-token blocks hashed as 4 bytes a token; 131,072 tokens matched at most (2,048 blocks)
     assert epp_hash_config(sp, block_tokens=64, capacity_blocks=2000) == (256, 2048)
     assert epp_hash_config(sp, block_tokens=16, capacity_blocks=2000) == (256, 2048)  # 16 tokens: raised to 64
-    # the later layout of the same guide adds no-hit-lru-scorer: refused by name
-    with pytest.raises(EppConfigError, match=r"plugins\[0\]\.type: no-hit-lru-scorer: .*not modelled"):
-        read_epp(TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml")
+    # the later layout of the same guide adds no-hit-lru-scorer (weight 1, llm-d's lruSize 1,024)
+    k = epp_knobs(read_epp(TIERED / "single-host-tiered-prefix-cache-cpu.values.yaml"), block_tokens=16)
+    assert (k["gie_nohit_w_pct"], k["gie_nohit_lru_size"]) == (100, 1024)
 
 
 def test_tiered_layouts_and_the_gpt_oss_weights(tmp_path):

@@ -340,7 +340,7 @@ def _backend_of(p, needs: tuple, backend: str, cpu: bool, scheduler: str) -> tup
     takes numba for them on any host."""
     closed = int(getattr(p, "client_permits", 0)) > 0 or int(getattr(p, "client_timeout_ms", 0)) > 0
     hybrid = int(getattr(p, "kv_groups", 1)) > 1 or int(getattr(p, "kv_window_groups", 0)) != 0
-    norule = any(r.rule is None for r in REGISTRY.routers() if r.id == int(p.router))  # a numba rule only
+    norule = any(r.numba_only(p) for r in REGISTRY.routers() if r.id == int(p.router))  # numba only (its state)
     nojax = needs[4] and needs[4] not in JAX_RULES  # a per-block policy with a numba kernel only
     numba_only = closed or hybrid or norule or nojax or (scheduler == "vllm"
                                                and _POLICY_NAME.get(int(p.policy)) not in VLLM_POLICIES)
@@ -377,8 +377,8 @@ def _group_cells(params, stream_of, backend: str, cpu: bool, scheduler: str) -> 
             refused[why] = refused.get(why, 0) + 1
         groups.setdefault(needs + (b,), {}).setdefault(int(stream_of[g]), []).append(g)
     if backend == "auto" and scheduler != "vllm":
-        norule = {r.id for r in REGISTRY.routers() if r.rule is None}  # these stay on numba
-        groups = _whole_programs(groups, {g for g, p in enumerate(params) if int(p.router) in norule})
+        norule = {r.id: r for r in REGISTRY.routers()}  # a router numba only runs (with its state) stays on numba
+        groups = _whole_programs(groups, {g for g, p in enumerate(params) if norule[int(p.router)].numba_only(p)})
     if refused:
         what = "; ".join(f"{why} ({n} configurations)" for why, n in refused.items())
         kinds = ("vllm",) if scheduler == "vllm" else ("fcfs", "blocks")  # the backends' own words

@@ -702,6 +702,14 @@ def check_bounds(params, max_replicas: int, st: Static | None = None, backend: s
             raise ValueError(f"router {norule[0].name!r} on the JAX engine: it has a numba rule and no JAX rule"
                              f"{' (it keeps state across requests)' if norule[0].stateful else ''}; run it on "
                              "engine.backend=numba or auto, where a numba engine models the rest of the configuration")
+        for r in REGISTRY.routers():  # a JAX rule that models its router's state knob at 0 only
+            if r.rule is not None and r.stateful and r.state_knob:
+                kv = np.broadcast_to(np.asarray(getattr(params, r.state_knob)), np.shape(np.asarray(params.router)))
+                if ((np.asarray(params.router) == r.id) & (kv > 0)).any():
+                    raise ValueError(f"router {r.name!r} with {r.state_knob} > 0 on the JAX engine: it then keeps "
+                                     "state across requests, which the JAX scan does not carry; run it on "
+                                     "engine.backend=numba or auto, where a numba engine models the rest of the "
+                                     "configuration")
     missing = sorted(set(int(x) for x in routers) - set(st.routers))
     if missing:
         names = [n for n, i in ROUTERS.items() if i in missing]

@@ -35,7 +35,11 @@ Plugins understood (GIE v0.5.1 and llm-d inference scheduler v0.2, the versions 
     ``speculativeIndexing: true`` and ``sessionManager`` are refused;
 
   ``prefixLengthWeight`` must be 0 (``maxModelLen`` then has no effect); a producer no scorer reads changes nothing;
-  ``no-hit-lru-scorer`` (the guide's later layout) is refused by name (not modelled);
+* ``no-hit-lru-scorer`` (llm-d's ``NoHitLRU``, the tiered guide's later layout) -> ``gie_nohit_w_pct`` and its
+  ``lruSize`` (default 1,024) -> ``gie_nohit_lru_size``: a request is cold when no pod has a hit in the producer it
+  reads (``prefixMatchInfoProducerName``; none: llm-d's default producer, taken to be the index of the profile's
+  first approximate prefix scorer, the one the router's view holds); it needs an approximate prefix scorer, and a
+  named producer must be that scorer's;
 * a Helm values file of llm-d's router chart (``router.epp.pluginsCustomConfig``, the entry ``pluginsConfigFile``
   names) or GIE's (``inferenceExtension``): its EndpointPickerConfig is read;
 * ``tokenizer`` (llm-d's later tokenizer plugin, any parameters): it tokenises prompts for the precise scorer,
@@ -96,10 +100,7 @@ _PRODUCER_KEYS = ("autoTune", "blockSizeTokens", "blockSize", "maxPrefixBlocksTo
 #: the prompt's blocks when a producer matches without a cap (both caps 0): more than any prompt here
 _UNLIMITED_BLOCKS = 2**20
 #: plugins a file may name that this reader refuses, by name, with the reason
-_REFUSED = {
-    "no-hit-lru-scorer": "it spreads requests without a prefix hit over the pods least recently given one (an LRU "
-                         "of pods in the EPP), which is not modelled",
-}
+_REFUSED: dict = {}
 
 _TOP = {"apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "saturationDetector", "data"}
 #: top-level sections of later GIE releases accepted without effect here: ``saturationDetector`` (its thresholds
@@ -128,6 +129,7 @@ _PARAMS = {
     "kv-cache-utilization-scorer": set(),
     "load-aware-scorer": {"threshold"},
     "active-request-scorer": {"requestTimeout"},
+    "no-hit-lru-scorer": {"lruSize", "prefixMatchInfoProducerName"},
     "max-score-picker": {"maxNumOfEndpoints"},
     "random-picker": {"maxNumOfEndpoints"},
     "decode-filter": set(),
@@ -138,7 +140,9 @@ _PASS_ALL_FILTERS = {"decode-filter"}
 _DISAGG = {"prefill-filter", "encode-filter", "pd-profile-handler", "disagg-profile-handler", "epd-profile-handler",
            "prefill-header-handler", "prefix-based-pd-decider", "always-disagg-pd-decider"}
 _SCORERS = {"prefix-cache-scorer", "precise-prefix-cache-scorer", "queue-scorer", "kv-cache-scorer",
-            "kv-cache-utilization-scorer", "load-aware-scorer", "active-request-scorer"}
+            "kv-cache-utilization-scorer", "load-aware-scorer", "active-request-scorer", "no-hit-lru-scorer"}
+#: llm-d's no-hit-lru-scorer: ``defaultLRUSize`` (pods its LRU holds)
+NOHIT_LRU_SIZE = 1024
 #: llm-d's active-request scorer: ``defaultRequestTimeout = 2 * time.Minute``
 DEFAULT_REQUEST_TIMEOUT_MS = 120_000
 _GO_UNITS_NS = {"ns": 1, "us": 10**3, "\u00b5s": 10**3, "\u03bcs": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,
@@ -371,7 +375,7 @@ def _check_params(path, where, t, params):
     zero_ok = ("maxPrefixBlocksToMatch", "maxPrefixTokensToMatch", "lruCapacityPerServer") \
         if t == "approx-prefix-cache-producer" else ()  # llm-d-router: 0 is "no cap" / "the default"
     for k in ("hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer", "threshold", "maxNumOfEndpoints",
-              "blockSize", "blockSizeTokens", "maxPrefixTokensToMatch", "maxModelLen"):
+              "blockSize", "blockSizeTokens", "maxPrefixTokensToMatch", "maxModelLen", "lruSize"):
         if k in params and not (k in zero_ok and params[k] == 0 and not isinstance(params[k], bool)):
             _pos_int(path, f"{where}.parameters.{k}", params[k])
     if "prefixMatchInfoProducerName" in params and not isinstance(params["prefixMatchInfoProducerName"], str):
@@ -567,6 +571,23 @@ def _precise_producer_knobs(path, name: str, params: dict, w: float, block_token
                 gie_cpu_tier_w_pct=_pct(tw["cpu"]))
 
 
+def _nohit_knobs(path, spec: dict, params: dict, w: float) -> dict:
+    """llm-d's ``no-hit-lru-scorer``: its weight and ``lruSize``. Its cold test reads the match of the router's view,
+    the index of the profile's first approximate prefix scorer: the producer it names must be that one (no name:
+    llm-d's default producer, assumed to be it)."""
+    key = "no-hit-lru-scorer.parameters.prefixMatchInfoProducerName"
+    ixs = [ix for ix in spec.get("index") or [] if ix is not None and ix[0] != "precise"]
+    if not ixs:
+        raise _err(path, "no-hit-lru-scorer", "its cold test (no pod with a prefix hit) reads an approximate prefix "
+                   "index; this profile has no approximate prefix scorer")
+    first = ixs[0][1] if ixs[0][0] == "producer" else None
+    name = params.get("prefixMatchInfoProducerName") or ""
+    if name and name != first:
+        raise _err(path, key, f"{name!r}: the cold test is modelled on the index of the profile's first approximate "
+                   f"prefix scorer ({first or 'its own index'}) only")
+    return dict(gie_nohit_w_pct=_pct(w), gie_nohit_lru_size=int(params.get("lruSize", NOHIT_LRU_SIZE)))
+
+
 def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = None,
               second_index_at_first_blocks: bool = False) -> dict:
     """The router knobs (``make_params`` keywords) of a :func:`read_epp` result, for a pool of
@@ -613,6 +634,8 @@ def epp_knobs(spec: dict, *, block_tokens: int, capacity_blocks: int | None = No
             to_ms = DEFAULT_REQUEST_TIMEOUT_MS if to is None else go_duration_ms(to)
             # a TTL past the engine's int32-ms span never expires within a run: exactly "no expiry" (0)
             kn["gie_active_timeout_ms"] = to_ms if to_ms <= 2**31 - 2 else 0
+        elif t == "no-hit-lru-scorer":
+            kn.update(_nohit_knobs(path, spec, params, w))
         elif t == "load-aware-scorer":
             kn["gie_load_w_pct"] = _pct(w)
             kn["gie_load_threshold"] = int(params.get("threshold", GIE_DEFAULTS["threshold"]))

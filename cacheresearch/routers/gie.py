@@ -1,7 +1,7 @@
 """``gie``: the Gateway API Inference Extension (GIE v0.5.1) / llm-d EPP scorers and max-score picker
 [``gie_prefix_mode``, ``gie_prefix_w_pct``, ``gie_kv_w_pct``, ``gie_queue_w_pct``, ``gie_window_blocks``,
 ``gie_load_w_pct``, ``gie_load_threshold``, ``gie_lru_capacity``, ``gie_active_w_pct``, ``gie_active_timeout_ms``,
-``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``, ``gie_cpu_tier_w_pct``].
+``gie_cpu_w_pct``, ``gie_cpu_lru_capacity``, ``gie_cpu_tier_w_pct``, ``gie_nohit_w_pct``, ``gie_nohit_lru_size``].
 
 Three scorers, each a score in [0, 1] held as an integer of 1/65536 (``S = 65536``), summed with their
 weights (hundredths) and the pod of the highest total picked, ties broken uniformly at random:
@@ -57,11 +57,27 @@ weights (hundredths) and the pod of the highest total picked, ties broken unifor
   the older ``precise-prefix-cache-scorer`` min-maxed the float sums). Without a cpu tier (every JAX run) it is
   the pool's prefix, today's view.
 
+* **no-hit-lru-scorer** (llm-d's ``NoHitLRU``, the tiered-prefix-cache guide's later layout; weight
+  ``gie_nohit_w_pct``, 0: off): a request is *cold* when no active pod has a hit in the router's view (``match = 0``
+  on every pod; on ``gie_estimate`` the GPU index's count, not the CPU-tier one, and ``match <= 1``: GIE v0.5.1's
+  ``h0``, the model's hash, is a hash of its own there, which llm-d-router's producer, the one this scorer reads,
+  folds into the first block's hash instead, so a match of ``h0`` alone is no hit). Not cold: every pod scores 0.5.
+  Cold, with ``R`` active pods (``R = 1``: 1): the pods never given a cold request score ``1 - i / (R - 1)`` in index
+  order (``i`` their rank among themselves; llm-d's endpoint order), the others ``1 - (never + pos) / (R - 1)``
+  clipped at 0 (``never`` the never-used count, ``pos`` 0 for the pod given a cold request longest ago). Held as
+  ``ratio16(R - 1 - rank, R - 1)``. After the pick of a cold request (``PreRequest``, ``lruCache.Add``) the chosen
+  pod moves to the LRU's recent end; past ``gie_nohit_lru_size`` pods (llm-d's ``lruSize``, default 1,024) the
+  oldest leaves and counts as never used again. The LRU is router state (``sr[r, 0]``: ``i + 1`` of the last cold
+  request sent to pod ``r``, 0: none), kept by the numba rule only: with ``gie_nohit_w_pct > 0`` the JAX engine
+  refuses the router (``state_knob``) and ``auto`` runs it on numba; at 0 the rule keeps no state and both engines
+  run it as before.
+
 ``ratio16(a, b) = floor(a' S / b')`` with ``a' = a >> s``, ``b' = b >> s`` and
 ``s = max(0, bitlen(b) - 15)`` (exact for ``b < 2**15``; integer arithmetic in int32 throughout).
 
 Total ``= gie_prefix_w_pct * prefix + gie_kv_w_pct * kv + gie_queue_w_pct * queue + gie_load_w_pct * load +
-gie_active_w_pct * active + gie_cpu_w_pct * cpu`` (int32: weights are at most 5,000, six terms below 2**31).
+gie_active_w_pct * active + gie_cpu_w_pct * cpu + gie_nohit_w_pct * nohit`` (int32: weights are at most 5,000, the
+no-hit one 2,000, the seven terms below 2**31).
 **max-score-picker**: the pods of the highest total; one of them uniformly at random,
 ``j = floor(bits[1] * k / 2**32)`` for ``k`` tied pods, the ``j``-th tied pod in index order (GIE shuffles the
 pods, then sorts them stably by score). **random-picker** is the ``random`` router. Scores are quantised to
@@ -92,7 +108,8 @@ def ratio16(a, b):
 
 
 def rule(ctx: Context):
-    """GIE scorers (queue, kv-cache, prefix) and the max-score picker."""
+    """GIE scorers (queue, kv-cache, prefix) and the max-score picker; the no-hit-lru-scorer at weight 0 only
+    (its state is the numba rule's: ``check_bounds`` refuses ``gie_nohit_w_pct > 0`` on the JAX engine)."""
     p, m, q, n, act = ctx.params, ctx.m, ctx.q, ctx.n, ctx.active
     # queue-scorer: min-max over the active pods, all equal -> 1
     qmax, qmin = ctx.qmax, ctx.qmin
@@ -134,15 +151,22 @@ def rule(ctx: Context):
 
 
 def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, kn, ring, elig, tmpv, sr, sg):
-    """The rule above over int64 (int32 products wrapped as the JAX rule's: ``nb_i32``)."""
+    """The rule above over int64 (int32 products wrapped as the JAX rule's: ``nb_i32``); with
+    ``gie_nohit_w_pct > 0`` the no-hit-LRU scorer over ``sr[r, 0]`` (``i + 1`` of the last cold request routed to
+    pod ``r``, 0: never; the LRU's order is the stamps' order)."""
     mode, wp, wk, wq, win, wl, thr, wa, wc = kn[0], kn[1], kn[2], kn[3], kn[4], kn[5], kn[6], kn[7], kn[10]
+    wn, nsz = kn[13], kn[14]
     qmax, qmin, mmax, mmin, cmax = 0, np.int64(2**31 - 1), 0, np.int64(2**31 - 1), 0
+    cold, nu, h0 = True, 0, 1 if total >= 0 else 0  # gie_estimate: h0 (the model's hash) alone is no hit
     for r in range(nrep):
         qmax, qmin = max(qmax, q[r]), min(qmin, q[r])
         cmax = max(cmax, ac[r])
         mg = m[r] & 0xFFFFFFFF  # the GPU view's count (the CPU index's, when on, sits above: m = gpu + cpu x 2**32)
         if mg > 0:
             mmax, mmin = max(mmax, mg), min(mmin, mg)
+        if mg > h0:
+            cold = False
+        nu += 1 if sr[r, 0] == 0 else 0
     c = max(cap, 1)
     tot = min(n, win) if win > 0 else n
     if total >= 0:  # view gie_estimate: GIE's own hashes
@@ -162,18 +186,41 @@ def numba_rule(i, n, pkh, pkl, bits, nrep, q, m, a, tree, kvu, ac, total, cap, k
         ls = nb_ratio16(T - min(q[r], T), T) // 2
         asc = nb_ratio16(cmax - ac[r], cmax) if cmax > 0 else 65536
         cs = nb_ratio16(min(mc, tot), tot) if wc > 0 and tot > 0 else 0
-        tmpv[r] = nb_i32(wp * ps + wk * ks + wq * qs + wl * ls + wa * asc + wc * cs)
+        ns = 0
+        if wn > 0:  # no-hit-lru-scorer: 0.5 unless cold; cold: 1 - rank / (n - 1), never-used pods first
+            ns = 32768 if not cold else 65536
+            if cold and nrep > 1:
+                rank = 0
+                for x in range(nrep):
+                    if sr[r, 0] == 0:  # never used: its index among the never-used pods
+                        rank += 1 if x < r and sr[x, 0] == 0 else 0
+                    else:  # used: after every never-used pod, then its position in the LRU (oldest first)
+                        rank += 1 if 0 < sr[x, 0] < sr[r, 0] else 0
+                rank += nu if sr[r, 0] > 0 else 0
+                ns = nb_ratio16(nrep - 1 - rank, nrep - 1) if rank < nrep - 1 else 0
+        tmpv[r] = nb_i32(wp * ps + wk * ks + wq * qs + wl * ls + wa * asc + wc * cs + wn * ns)
         best = max(best, tmpv[r])
     k = 0
     for r in range(nrep):
         k += 1 if tmpv[r] == best else 0
     j = nb_scale(bits[1], k)
+    pick = 0
     for r in range(nrep):
         if tmpv[r] == best:
             if j == 0:
-                return r
+                pick = r
+                break
             j -= 1
-    return 0
+    if wn > 0 and cold:  # PreRequest: the chosen pod to the LRU's most recent end; past lruSize the oldest leaves
+        sr[pick, 0] = i + 1
+        used, old = 0, 0
+        for x in range(nrep):
+            if sr[x, 0] > 0:
+                used += 1
+                old = x if sr[old, 0] == 0 or sr[x, 0] < sr[old, 0] else old
+        if used > nsz:
+            sr[old, 0] = 0
+    return pick
 
 
 KNOBS = (
@@ -203,17 +250,23 @@ KNOBS = (
     Knob("gie_cpu_lru_capacity", 31_250, 1, 2**31 - 2, doc="the CPU-tier scorer's index: hashes per pod in its LRU "
          "(the CPU producer's lruCapacityPerServer; llm-d's default 31,250)", unit="hashes"),
     Knob("gie_cpu_tier_w_pct", 0, 0, 5000, doc="view precise with the replicas' cpu tier (numba vllm backend): llm-d's "
-         "precise producer's weight of a block a pod holds in its cpu tier (kvCacheBackendConfigs cpu; llm-d's default "
-         "0.8 = 80; a block in both tiers weighs the larger of 1 and it); the match is int(sum of tier weights "
-         "along the prefix held in either tier); 0: the cpu tier unseen", unit="1/100"),
+         "precise producer's weight of a block a pod holds only in its cpu tier (kvCacheBackendConfigs cpu; llm-d's "
+         "default 0.8 = 80); the match is int(sum of tier weights along the prefix held in either tier); 0: the cpu "
+         "tier unseen", unit="1/100"),
+    Knob("gie_nohit_w_pct", 0, 0, 2000, doc="weight of llm-d's no-hit-lru-scorer (a request no pod has a prefix hit "
+         "for goes to the pods least recently given such a request: 1 - rank / (n - 1); 0.5 for every pod otherwise); "
+         "the router then keeps state (numba engines only); 0: off", unit="1/100"),
+    Knob("gie_nohit_lru_size", 1024, 1, 2**31 - 2, doc="the no-hit-lru-scorer's lruSize: pods its LRU remembers "
+         "(llm-d's default 1,024); a pod pushed out counts as never used", unit="pods"),
 )
 
 ROUTER = register(Router(
     name="gie", id=10, rule=rule, knobs=KNOBS, reads_cache=True, reads_load=True,
     summary="max-score picker (uniform ties) over ``w_p prefix + w_kv (1 - KV usage) + w_q (qmax - q) / "
     "(qmax - qmin)``; prefix = matched / total in a window (estimate) or min-max longest prefix (precise); "
-    "llm-d's CPU-tier prefix scorer ``w_c matched_cpu / total`` over a second index",
+    "llm-d's CPU-tier prefix scorer ``w_c matched_cpu / total`` over a second index; llm-d's no-hit-lru-scorer "
+    "(state: numba only)",
     source="Gateway API Inference Extension v0.5.1 scorers; llm-d inference scheduler v0.2 precise scorer; "
     "llm-d tiered-prefix-cache guide (llm-d-router approx / precise prefix-cache producers)",
-    doc=__doc__, numba=numba_rule,
+    doc=__doc__, numba=numba_rule, state_replica=1, state_knob="gie_nohit_w_pct",
 ))

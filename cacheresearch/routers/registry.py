@@ -7,9 +7,10 @@ A router is one file of :mod:`cacheresearch.routers` that calls :func:`register`
 rule reads (``uses``), the rule itself (``rule(ctx) -> replica``, a pure JAX function of a
 :class:`~cacheresearch.routers.common.Context`; ``numba=``: the same rule for the numba engines, over
 :data:`cacheresearch.routers.numba_rules.ARGS`), the int64 state slots a rule with memory keeps
-(``state_replica``, ``state_global``: numba only), a one-line summary, its source, and the rule in full
-(the file's docstring). Knobs that are not one router's own (the view, router instances, the prefix
-length, ``kv_pressure``) are declared once with :func:`register_knobs` (``views.py``).
+(``state_replica``, ``state_global``: numba only; ``state_knob``: only where that knob of its own is > 0), a
+one-line summary, its source, and the rule in full (the file's docstring). Knobs that are not one router's own
+(the view, router instances, the prefix length, ``kv_pressure``) are declared once with :func:`register_knobs`
+(``views.py``).
 
 Everything else follows from the registrations:
 
@@ -75,6 +76,7 @@ class Router:
     numba_refusal: Callable[[Any], str | None] | None = None  # a configuration its numba rule cannot model: why
     state_replica: int = 0  # int64 slots per replica the numba rule keeps across requests (sr)
     state_global: int = 0  # int64 slots for the whole fleet (sg)
+    state_knob: str = ""  # one of its knobs: the rule keeps state only where it is > 0 (at 0 its JAX rule runs)
 
     @property
     def module(self) -> str:
@@ -82,8 +84,16 @@ class Router:
 
     @property
     def stateful(self) -> bool:
-        """Keeps state across requests (its numba rule's ``sr`` / ``sg``): run by the numba engines only."""
+        """Keeps state across requests (its numba rule's ``sr`` / ``sg``): run by the numba engines only (with a
+        ``state_knob``: only where that knob is > 0)."""
         return self.state_replica > 0 or self.state_global > 0
+
+    def numba_only(self, p) -> bool:
+        """Configuration ``p`` (one ``Params``) of this router runs on the numba engines only: it has no JAX rule,
+        or it keeps state there (its ``state_knob`` > 0, or it has none)."""
+        if self.rule is None:
+            return True
+        return self.stateful and (not self.state_knob or int(getattr(p, self.state_knob)) > 0)
 
     @property
     def load_free(self) -> bool:
@@ -116,9 +126,12 @@ class Registry:
             raise ValueError(f"router {router.name!r}: give its JAX rule (rule=), its numba rule (numba=) or both")
         if min(router.state_replica, router.state_global) < 0:
             raise ValueError(f"router {router.name!r}: state_replica and state_global are slot counts (>= 0)")
-        if router.stateful and (router.rule is not None or router.numba is None):
+        if router.stateful and (router.numba is None or (router.rule is not None and not router.state_knob)):
             raise ValueError(f"router {router.name!r}: a router with state has a numba rule and no JAX rule (the JAX "
-                             "scan carries no router state)")
+                             "scan carries no router state), unless a knob of its own (state_knob) turns the state "
+                             "on: then its JAX rule models that knob at 0 only")
+        if router.state_knob and router.state_knob not in {k.name for k in router.knobs}:
+            raise ValueError(f"router {router.name!r}: state_knob {router.state_knob!r} is not one of its knobs")
         self._check_new_knobs(router.knobs, f"router {router.name!r}")
         self._routers[router.name] = router
         return router

@@ -37,7 +37,7 @@ KNOB_NAMES = (
     "temperature", "prefix_weight_pct", "load_weight_pct", "queue_threshold", "preble_rel_pct", "preble_abs",
     "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks", "gie_load_w_pct",
     "gie_load_threshold", "gie_active_w_pct", "gie_active_timeout_ms", "gie_lru_capacity", "gie_cpu_w_pct",
-    "gie_cpu_lru_capacity", "gie_cpu_tier_w_pct", "kv_pressure",
+    "gie_cpu_lru_capacity", "gie_cpu_tier_w_pct", "gie_nohit_w_pct", "gie_nohit_lru_size", "kv_pressure",
     "restart_replica", "restart_ms", "load_refresh_ms", "load_gauges", "client_permits", "client_timeout_ms",
     "counter_mode", "kv_groups", "kv_window_groups", "kv_window", "prefill_tps", "decode_us_per_token",
     "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns", "step_ctx_ps",
