@@ -38,8 +38,8 @@ KNOB_NAMES = (
     "gie_prefix_mode", "gie_prefix_w_pct", "gie_kv_w_pct", "gie_queue_w_pct", "gie_window_blocks", "gie_load_w_pct",
     "gie_load_threshold", "gie_active_w_pct", "gie_active_timeout_ms", "gie_lru_capacity", "gie_cpu_w_pct",
     "gie_cpu_lru_capacity", "gie_cpu_tier_w_pct", "gie_nohit_w_pct", "gie_nohit_lru_size", "kv_pressure",
-    "restart_replica", "restart_ms", "load_refresh_ms", "load_gauges", "client_permits", "client_timeout_ms",
-    "counter_mode", "kv_groups", "kv_window_groups", "kv_window", "prefill_tps", "decode_us_per_token",
+    "restart_replica", "restart_ms", "load_refresh_ms", "load_gauges", "client_permits", "kv_groups",
+    "kv_window_groups", "kv_window", "client_timeout_ms", "counter_mode", "prefill_tps", "decode_us_per_token",
     "max_num_seqs", "max_num_batched_tokens", "step_base_ns", "step_prefill_ns", "step_decode_ns", "step_ctx_ps",
     "step_prefill_ctx_fs", "warmup_ms", "s3fifo_small_pm", "s3fifo_ghost_pm", "s3fifo_promote",
 )
