@@ -423,7 +423,12 @@ def plot_llmd_tiered(ds: xr.Dataset):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    vars_ = ("ttft_mean_s", "e2e_mean_s", "tokens_per_s", "gpu_hit_rate", "cpu_hit_rate")
+    tok = "output_tokens_per_s" if "published_output_tokens_per_s" in ds else "tokens_per_s"
+    vars_ = ("ttft_mean_s", "e2e_mean_s", tok, "gpu_hit_rate", "cpu_hit_rate")
+    units = {"ttft_mean_s": "mean TTFT (s)", "e2e_mean_s": "mean request latency (s)",
+             "tokens_per_s": "input + output tokens per second", "output_tokens_per_s": "output tokens per second",
+             "gpu_hit_rate": "share of prompt tokens hit in the GPU pool",
+             "cpu_hit_rate": "share of prompt tokens loaded from the CPU tier"}
     fig, axes = plt.subplots(1, len(vars_), figsize=(4.2 * len(vars_), 4.2))
     x = ds.stage_rate.values
     for ax, v in zip(axes, vars_):
@@ -433,6 +438,7 @@ def plot_llmd_tiered(ds: xr.Dataset):
                 ax.plot(x, ds[f"published_{v}"].sel(arm=a).values, "x--", color=f"C{j}", ms=5,
                         label=f"{a} (published)")
         ax.set_xlabel("stage rate (QPS)")
+        ax.set_ylabel(units[v])
         ax.set_title(v)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize="x-small")
