@@ -622,21 +622,28 @@ def _hy_extend(r, h, start, target, f, store, rq, log0, rs, ps, pc):
 
 # ------------------------------------------------------------------------------ one engine step
 @njit(cache=True)
+def _leave(r, i, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc):
+    """Running slot ``i`` of replica ``r`` leaves (finished, or aborted by its client): its blocks are released
+    (a hybrid layout: every group's, tail first) and its working blocks and load counts taken off."""
+    h = sl[r, i, SREQ]
+    c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
+    if _hy(pc):
+        _hy_release(r, h, sl[r, i, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+        rs[r, WORK] -= _hy_work(pc, _kv(c, pt, d, d0), _keyed(c, rq[h, QIN], bt), sl[r, i, SWF], bt)
+    else:
+        _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
+        rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
+    rs[r, LREQ] -= 1
+    rs[r, LBLK] -= rq[h, QNB]
+
+
+@njit(cache=True)
 def _release_done(r, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc):
     """Step 1: release the requests that finished at the previous step; compact the slots in order."""
     k = 0
     for i in range(rs[r, NRUN]):
         if sl[r, i, SDONE] != 0:
-            h = sl[r, i, SREQ]
-            c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
-            if _hy(pc):
-                _hy_release(r, h, sl[r, i, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
-                rs[r, WORK] -= _hy_work(pc, _kv(c, pt, d, d0), _keyed(c, rq[h, QIN], bt), sl[r, i, SWF], bt)
-            else:
-                _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
-                rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
-            rs[r, LREQ] -= 1
-            rs[r, LBLK] -= rq[h, QNB]
+            _leave(r, i, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)
         else:
             if k != i:
                 sl[r, k, :] = sl[r, i, :]
@@ -918,15 +925,7 @@ def _abort(r, bt, Q, rq, log0, rs, sl, wq, ps, pref, pst, frun, fst, pbl, pq, pc
     for i in range(rs[r, NRUN]):
         h = sl[r, i, SREQ]
         if rq[h, QDL] <= now:
-            c, pt, d, d0 = sl[r, i, SC], sl[r, i, SPT], sl[r, i, SD], sl[r, i, SD0]
-            if _hy(pc):  # a hybrid layout: every group's blocks, as at a finish (_release_done)
-                _hy_release(r, h, sl[r, i, SWF], rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
-                rs[r, WORK] -= _hy_work(pc, _kv(c, pt, d, d0), _keyed(c, rq[h, QIN], bt), sl[r, i, SWF], bt)
-            else:
-                _release(r, h, rq, log0, rs, ps, pref, pst, frun, fst, pbl, pq, pc)
-                rs[r, WORK] -= _cdiv(_kv(c, pt, d, d0), bt) - _keyed(c, rq[h, QIN], bt)
-            rs[r, LREQ] -= 1
-            rs[r, LBLK] -= rq[h, QNB]
+            _leave(r, i, bt, rq, log0, rs, sl, ps, pref, pst, frun, fst, pbl, pq, pc)  # as at a finish
             fin[h] = -2
         else:
             if k != i:

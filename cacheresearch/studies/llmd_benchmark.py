@@ -80,7 +80,7 @@ from cacheresearch.workload.inference_perf import (
 )
 
 __all__ = ["BENCHMARKS", "BUNDLED", "BUNDLED_37", "BUNDLED_EPP", "BUNDLED_EPP_37", "PUBLISHED", "PUBLISHED_37",
-           "client_ttft_s", "inference_perf_itl_s", "llmd_benchmark_study", "summarize_llmd_benchmark",
+           "client_ttft_s", "gie_streams", "inference_perf_itl_s", "llmd_benchmark_study", "summarize_llmd_benchmark",
            "plot_llmd_benchmark", "STUDIES"]
 
 BUNDLED = Path(__file__).resolve().parent / "llmd" / "73-capacity"
@@ -310,6 +310,19 @@ def _tier_vars(mm, cpu_hit, offl, w, stage, K: int, bt: int) -> dict:
     return {"cpu_token_hit_rate": (("arm", "stage"), rate), "offloaded_blocks": (("arm",), offl.astype(np.float64))}
 
 
+def gie_streams(w, ip, hcfg: dict, bytes_per_token: float) -> tuple[list, list]:
+    """One compiled stream of the shared-prefix workload ``w`` per estimate-mode hash configuration among the arms'
+    ``hcfg`` (``{ARM: (hash block bytes, blocks matched) or None}``: GIE's prompt-byte hashes under
+    ``bytes_per_token``), and those configurations in order; arms without one read the first stream (with no
+    configuration at all, a stream without GIE hashes)."""
+    confs = sorted({c for c in hcfg.values() if c is not None})
+    streams = [compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes_shared_prefix(
+        w.tenant, w.meta["prompt"], system_len=ip.data.system_prompt_len, question_len=ip.data.question_len,
+        bytes_per_token=float(bytes_per_token), hash_block_bytes=hb, max_blocks=mb)) for hb, mb in confs] \
+        or [compile_stream(w, stateful_singletons=True)]
+    return streams, confs
+
+
 def _llmd_cfg(cfg) -> dict:
     given = cfg.get("llmd") if hasattr(cfg, "get") else None
     if given is not None and not isinstance(given, dict):
@@ -529,12 +542,7 @@ def llmd_benchmark_study(cfg) -> xr.Dataset:
     base = dict(max_num_seqs=sched["max_num_seqs"], max_num_batched_tokens=sched["max_num_batched_tokens"],
                 **{k: v for k, v in step.items() if k.startswith("step_")})
     base.update(knobs)
-    # one stream per estimate-mode hash configuration (GIE's prompt-byte hashes; arms without one read the first)
-    confs = sorted({c for c in hcfg.values() if c is not None})
-    streams = [compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes_shared_prefix(
-        w.tenant, w.meta["prompt"], system_len=ip.data.system_prompt_len, question_len=ip.data.question_len,
-        bytes_per_token=float(lc["bytes_per_token"]), hash_block_bytes=hb, max_blocks=mb)) for hb, mb in confs] \
-        or [compile_stream(w, stateful_singletons=True)]
+    streams, confs = gie_streams(w, ip, hcfg, float(lc["bytes_per_token"]))
     stage = w.meta["stage"]
     K = len(ip.stages)
     n_stage = np.bincount(stage, minlength=K)

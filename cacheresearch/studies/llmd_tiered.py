@@ -161,17 +161,13 @@ def _sizes(d: Path, r: dict, arm: str, overhead_gib: float = 0.0) -> dict:
 
 
 def _streams(w, ip, specs: dict, bt: int, caps: dict, bpt: float):
-    """One compiled stream per GIE hash configuration of the arms' EPP files (the first when none estimates)."""
-    from cacheresearch.core.stream import compile_stream  # noqa: PLC0415
+    """One compiled stream per GIE hash configuration of the arms' EPP files (llmd_benchmark.gie_streams) and
+    each arm's stream."""
     from cacheresearch.routers.epp import epp_hash_config  # noqa: PLC0415
-    from cacheresearch.workload.gie_hashes import gie_hashes_shared_prefix  # noqa: PLC0415
+    from cacheresearch.studies.llmd_benchmark import gie_streams  # noqa: PLC0415
 
     hcfg = {a: epp_hash_config(sp, block_tokens=bt, capacity_blocks=caps[a]) for a, sp in specs.items()}
-    confs = sorted({c for c in hcfg.values() if c is not None})
-    streams = [compile_stream(w, stateful_singletons=True, gie_hashes=gie_hashes_shared_prefix(
-        w.tenant, w.meta["prompt"], system_len=ip.data.system_prompt_len, question_len=ip.data.question_len,
-        bytes_per_token=bpt, hash_block_bytes=hb, max_blocks=mb)) for hb, mb in confs] \
-        or [compile_stream(w, stateful_singletons=True)]
+    streams, confs = gie_streams(w, ip, hcfg, bpt)
     return streams, {a: confs.index(c) if c is not None else 0 for a, c in hcfg.items()}
 
 
